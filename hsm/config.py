@@ -1,0 +1,60 @@
+"""Run-wide settings read from the environment: scale switch, data mirror, cache, seeding.
+
+One switch selects how big every notebook and experiment runs:
+
+``HSM_SCALE=quick`` (the default, what CI uses) runs on small slices in minutes;
+``HSM_SCALE=full`` runs at the paper's scale where the hardware allows.
+"""
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+Scale = Literal["quick", "full"]
+
+#: Environment variable naming a directory laid out like ``../shared/data`` (one folder per data set).
+MIRROR_ENV = "HSM_DATA_MIRROR"
+#: Environment variable naming the cache directory (downloaded archives, processed token ids).
+CACHE_ENV = "HSM_CACHE"
+#: Environment variable selecting quick or full scale.
+SCALE_ENV = "HSM_SCALE"
+
+
+def scale() -> Scale:
+    """The scale selected by ``HSM_SCALE`` (``quick`` unless set to ``full``)."""
+    value = os.environ.get(SCALE_ENV, "quick").strip().lower()
+    if value not in ("quick", "full"):
+        raise ValueError(f"{SCALE_ENV} must be 'quick' or 'full', got {value!r}")
+    return value  # type: ignore[return-value]
+
+
+def data_mirror() -> Path | None:
+    """The mirror directory named by ``HSM_DATA_MIRROR``, or None when unset."""
+    value = os.environ.get(MIRROR_ENV)
+    return Path(value).expanduser().resolve() if value else None
+
+
+def cache_dir() -> Path:
+    """Cache directory: ``HSM_CACHE``, else ``$XDG_CACHE_HOME/hsm``, else ``~/.cache/hsm``."""
+    value = os.environ.get(CACHE_ENV)
+    if value:
+        path = Path(value).expanduser()
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+        path = Path(base) / "hsm"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def seed_everything(seed: int) -> np.random.Generator:
+    """Seed Python, NumPy and torch; return a fresh NumPy generator for explicit use."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+    return np.random.default_rng(seed)
