@@ -1,0 +1,46 @@
+"""Data layer: registry, verified acquisition and loaders for every data set of the reproduction.
+
+Language modelling: :func:`load_ptb`, :func:`load_gutenberg` return an :class:`LMCorpus`.
+Classification: :func:`load_text_classification` (``cooking``, ``gutenberg-books``, ``trec-coarse``,
+``trec-fine``, ``20ng``, ``r8``, ``r52``) and :func:`load_fasttext_file` return a
+:class:`TextClassificationData`. Acquisition (cache -> mirror -> download, sha256-verified) is in
+:mod:`hsm.data.fetch`; the command line is ``python -m hsm data {list,fetch,verify,info}``.
+"""
+from __future__ import annotations
+
+from hsm.data.errors import (
+    ChecksumMismatchError,
+    CorruptArchiveError,
+    DataError,
+    EmptyCorpusError,
+    MirrorFileMissingError,
+    NetworkError,
+    UnknownDatasetError,
+    UnknownLabelError,
+)
+from hsm.data.fetch import fetch, fetch_file, verify
+from hsm.data.lm import EOS, UNK, LMCorpus, context_windows
+from hsm.data.ptb import load_ptb
+from hsm.data.registry import DATASETS, SOURCES, dataset
+
+__all__ = [
+    "ChecksumMismatchError",
+    "CorruptArchiveError",
+    "DataError",
+    "EmptyCorpusError",
+    "MirrorFileMissingError",
+    "NetworkError",
+    "UnknownDatasetError",
+    "UnknownLabelError",
+    "DATASETS",
+    "SOURCES",
+    "EOS",
+    "UNK",
+    "LMCorpus",
+    "context_windows",
+    "dataset",
+    "fetch",
+    "fetch_file",
+    "load_ptb",
+    "verify",
+]
