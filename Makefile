@@ -1,0 +1,88 @@
+# hsm: build the book, run the tests.
+#
+#   make test    set up .venv, run the package tests and every notebook in notebooks/ (nbval)
+#   make book    set up .venv, fetch the vendored JavaScript once, build the book (-W, clean _build)
+#   make clean   remove build outputs (keeps .venv and the vendored JavaScript)
+#
+# Works from a fresh clone with no network beyond PyPI and npm; after the first run the book
+# builds offline. HSM_SCALE=full switches every notebook to the paper's scale.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Reinstall only when the package metadata or the pins change.
+VENV_STAMP := $(VENV)/.hsm-installed
+
+# Data are read from a local mirror when one sits beside the clone (CI, this machine).
+ifneq ($(wildcard ../shared/data),)
+HSM_DATA_MIRROR ?= $(abspath ../shared/data)
+endif
+ifdef HSM_DATA_MIRROR
+export HSM_DATA_MIRROR
+endif
+HSM_SCALE ?= quick
+export HSM_SCALE
+
+# JavaScript the built pages need, served from the book itself instead of a CDN so that
+# math and widgets render with no network. Not named _static: Jupyter Book injects every
+# .js/.css found under a folder of that name into every page.
+VENDOR := book/vendor
+VENDOR_STAMP := $(VENDOR)/.complete
+NPM_PACKAGES := @jupyter-widgets/html-manager@1.0.6 requirejs@2.3.7 mathjax@3.2.2
+
+BUILD := _build
+
+.PHONY: help venv test book vendor check-offline clean distclean
+
+help:
+	@echo "make test   - package tests + nbval over notebooks/ (HSM_SCALE=$(HSM_SCALE))"
+	@echo "make book   - build the Jupyter Book into $(BUILD)/html (warnings are errors)"
+	@echo "make clean  - remove build outputs;  make distclean - also .venv and $(VENDOR)"
+
+$(VENV_STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,book]"
+	touch $@
+
+venv: $(VENV_STAMP)
+
+# One pytest run: the package tests, then every MyST notebook in notebooks/ executed cell by
+# cell (notebooks/conftest.py teaches nbval to read jupytext .md files). --nbval-lax: a cell
+# fails the run when it raises; the notebooks assert what they claim.
+test: $(VENV_STAMP)
+	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env
+
+# npm pack downloads each tarball once; later builds find the unpacked copy and stay offline.
+$(VENDOR_STAMP):
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/tarballs $(VENDOR)/widgets $(VENDOR)/mathjax
+	cd $(VENDOR)/tarballs && npm pack --silent $(NPM_PACKAGES) >/dev/null
+	tar -xzf $(VENDOR)/tarballs/jupyter-widgets-html-manager-1.0.6.tgz -C $(VENDOR)/widgets --strip-components=2 package/dist
+	tar -xzf $(VENDOR)/tarballs/requirejs-2.3.7.tgz -C $(VENDOR)/widgets --strip-components=1 package/require.js
+	tar -xzf $(VENDOR)/tarballs/mathjax-3.2.2.tgz -C $(VENDOR)/mathjax --strip-components=2 package/es5
+	rm -rf $(VENDOR)/tarballs
+	find $(VENDOR) -name '*.map' -delete
+	touch $@
+
+vendor: $(VENDOR_STAMP)
+
+book: $(VENV_STAMP) $(VENDOR_STAMP)
+	rm -rf $(BUILD)
+	$(BIN)/jupyter-book build . -W -n --keep-going
+	$(MAKE) --no-print-directory check-offline
+
+# No page may load a script, style sheet or font from a CDN.
+check-offline:
+	@if grep -rlE 'https?://(cdn\.|unpkg\.com|cdn\.jsdelivr\.net|cdnjs\.)' $(BUILD)/html --include='*.html'; then \
+	  echo "error: the pages above reference a CDN; vendor the asset under $(VENDOR)" >&2; exit 1; \
+	else echo "offline check: no CDN references in $(BUILD)/html"; fi
+
+clean:
+	rm -rf $(BUILD) .pytest_cache notebooks/.pytest_cache
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) $(VENDOR)

@@ -1,0 +1,411 @@
+"""Result files with provenance, and the reproduction-status table built from them.
+
+Every experiment writes its measured numbers to a JSON file under ``results/`` (committed), as
+
+.. code-block:: json
+
+    {"schema": 1,
+     "provenance": {"date_utc": "...", "git_commit": "...", "git_dirty": false, "hostname": "...",
+                    "cpu_model": "...", "cpu_count": 2, "python": "3.11.2", "torch": "2.13.0+cpu",
+                    "cuda_device": null, "hsm_scale": "quick", "config": {...}, "wall_time_s": 12.3},
+     "records": [{"claim": "icml2017.table2.learned_tree.perplexity", "value": 151.2, ...}, ...]}
+
+A record is a flat dict of JSON values. Two keys have a meaning here:
+
+* ``claim`` (optional): the key of the paper number it reproduces (:data:`hsm.paper.NUMBERS`);
+  records with a claim appear on the landing page of the book next to the paper's number.
+* ``value``: the measured number, in the paper number's unit, when ``claim`` is set.
+
+Anything else (data set, arity, seed, epoch, ...) is free-form and kept as is.
+The book's landing page calls :func:`reproduction_rows` at build time, so the table never goes
+stale: a claim with no result file says so.
+
+Usage::
+
+    prov = provenance(config={"arity": 65}, wall_time_s=elapsed)
+    write_results("results/gutenberg/learned_tree.json",
+                  [make_record("icml2017.table2.learned_tree.perplexity", 151.2, epochs=5)], prov)
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import socket
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping, Sequence
+
+from hsm import paper
+from hsm.config import scale as _scale
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "provenance",
+    "make_record",
+    "write_results",
+    "load_results",
+    "iter_results",
+    "default_results_root",
+    "hardware_summary",
+    "ReproductionRow",
+    "reproduction_rows",
+    "reproduction_table_markdown",
+]
+
+#: Version of the result-file layout written by :func:`write_results`.
+SCHEMA_VERSION = 1
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _git(*args: str) -> str | None:
+    """Output of a git command run in this package's checkout, or None outside a checkout."""
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=_PACKAGE_DIR, capture_output=True, text=True, timeout=10, check=True
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip()
+
+
+def _cpu_model() -> str:
+    """The CPU model name (Linux /proc/cpuinfo; platform.processor() elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.lower().startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | None = None) -> dict[str, Any]:
+    """Where, when and with what a result was produced.
+
+    Args:
+        config: the experiment's settings (JSON-serialisable), stored as given.
+        wall_time_s: how long the run took, in seconds.
+
+    Returns:
+        A dict with ``date_utc`` (ISO 8601), ``git_commit`` and ``git_dirty`` (tracked files
+        modified; None outside a git checkout), ``hostname``, ``cpu_model``, ``cpu_count``,
+        ``platform``, ``python``, ``torch``, ``numpy``, ``cuda_device`` (name of CUDA device 0,
+        or None), ``hsm_scale`` (``HSM_SCALE``: quick or full), ``config`` and ``wall_time_s``.
+    """
+    if config is not None and not isinstance(config, Mapping):
+        raise TypeError(f"config must be a dict (or None), got {type(config).__name__}")
+    if wall_time_s is not None:
+        if isinstance(wall_time_s, bool) or not isinstance(wall_time_s, (int, float)):
+            raise TypeError(f"wall_time_s must be a number of seconds, got {type(wall_time_s).__name__}")
+        if not math.isfinite(wall_time_s) or wall_time_s < 0:
+            raise ValueError(f"wall_time_s must be a finite, non-negative number of seconds, got {wall_time_s}")
+
+    import numpy
+    import torch
+
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    cuda_device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {
+        "date_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
+        "git_commit": commit or None,
+        "git_dirty": None if status is None else bool(status),
+        "hostname": socket.gethostname(),
+        "cpu_model": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "cuda_device": cuda_device,
+        "hsm_scale": _scale(),
+        "config": _to_json_value(dict(config), "config") if config is not None else None,
+        "wall_time_s": None if wall_time_s is None else float(wall_time_s),
+    }
+
+
+def _to_json_value(value: Any, where: str) -> Any:
+    """Convert numpy/torch scalars and arrays, tuples and paths to plain JSON values; reject
+    NaN/inf (not JSON) and anything else that JSON cannot hold, naming where it was found."""
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is {value}: JSON has no NaN/inf; record None or a string instead")
+        return value
+    if isinstance(value, Mapping):
+        out = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise TypeError(f"{where} has a non-string key {key!r}; JSON object keys are strings")
+            out[key] = _to_json_value(item, f"{where}[{key!r}]")
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_to_json_value(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    # numpy scalars / arrays and torch tensors expose .item() / .tolist()
+    if hasattr(value, "tolist") and callable(value.tolist):
+        return _to_json_value(value.tolist(), where)
+    if hasattr(value, "item") and callable(value.item):
+        return _to_json_value(value.item(), where)
+    raise TypeError(f"{where} has type {type(value).__name__}, which JSON cannot store")
+
+
+def make_record(claim: str | None, value: float, **fields: Any) -> dict[str, Any]:
+    """A result record for :func:`write_results`, checking that ``claim`` names a paper number.
+
+    Args:
+        claim: key of the paper number this value reproduces (see :data:`hsm.paper.NUMBERS`),
+            or None for a measurement with no counterpart in the papers.
+        value: the measured number, in the paper number's unit.
+        **fields: anything else worth keeping (data set, arity, seed, epoch, ...).
+    """
+    if claim is not None:
+        paper.get(claim)  # KeyError naming close keys when the claim does not exist
+    if isinstance(value, bool) or (not isinstance(value, (int, float)) and not hasattr(value, "item")):
+        raise TypeError(f"value must be a number, got {type(value).__name__}")
+    record: dict[str, Any] = {"claim": claim, "value": value, **fields}
+    return _to_json_value(record, "record")
+
+
+def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]], provenance: Mapping[str, Any]) -> Path:
+    """Write ``{"schema", "provenance", "records"}`` to ``path`` as JSON, atomically.
+
+    The file is written to a temporary file in the same directory and moved into place with
+    :func:`os.replace`, so a reader (or a crash) never sees a half-written result file.
+    Parent directories are created. Returns the path written.
+    """
+    path = Path(path)
+    if path.suffix != ".json":
+        raise ValueError(f"result files are JSON: expected a .json path, got {path}")
+    if isinstance(records, Mapping) or not isinstance(records, Sequence):
+        raise TypeError("records must be a list of dicts")
+    if not isinstance(provenance, Mapping):
+        raise TypeError(f"provenance must be a dict (from hsm.results.provenance), got {type(provenance).__name__}")
+    missing = {"date_utc", "git_commit", "hsm_scale"} - set(provenance)
+    if missing:
+        raise ValueError(f"provenance lacks {sorted(missing)}: build it with hsm.results.provenance()")
+    clean_records = []
+    for index, record in enumerate(records):
+        if not isinstance(record, Mapping):
+            raise TypeError(f"records[{index}] must be a dict, got {type(record).__name__}")
+        claim = record.get("claim")
+        if claim is not None:
+            paper.get(claim)
+            if "value" not in record:
+                raise ValueError(f"records[{index}] names claim {claim!r} but has no 'value'")
+        clean_records.append(_to_json_value(record, f"records[{index}]"))
+    payload = {
+        "schema": SCHEMA_VERSION,
+        "provenance": _to_json_value(provenance, "provenance"),
+        "records": clean_records,
+    }
+    text = json.dumps(payload, indent=2, sort_keys=False, allow_nan=False) + "\n"
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp_name, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_name)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def _is_result_payload(payload: Any) -> bool:
+    return isinstance(payload, dict) and isinstance(payload.get("provenance"), dict) and isinstance(payload.get("records"), list)
+
+
+def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Read a result file written by :func:`write_results`.
+
+    Raises:
+        FileNotFoundError: no such file.
+        ValueError: the file is not valid JSON or not a result file (no provenance/records).
+    """
+    path = Path(path)
+    try:
+        payload = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+    if not _is_result_payload(payload):
+        raise ValueError(f"{path} is not a result file: expected an object with 'provenance' and 'records'")
+    if payload.get("schema", SCHEMA_VERSION) > SCHEMA_VERSION:
+        raise ValueError(f"{path} has schema {payload['schema']}; this hsm reads up to {SCHEMA_VERSION}")
+    return payload
+
+
+def default_results_root() -> Path:
+    """``results/`` of the checkout: ``HSM_RESULTS`` if set, else the first ``results`` folder
+    beside a ``pyproject.toml`` found walking up from the working directory (notebooks run in
+    ``notebooks/`` or ``book/``), else the one beside this package."""
+    env = os.environ.get("HSM_RESULTS")
+    if env:
+        return Path(env).expanduser().resolve()
+    here = Path.cwd().resolve()
+    for folder in (here, *here.parents):
+        if (folder / "pyproject.toml").is_file() and (folder / "hsm").is_dir():
+            return folder / "results"
+    return _PACKAGE_DIR.parent / "results"
+
+
+def iter_results(root: str | os.PathLike[str] | None = None) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """Every result file under ``root`` (default :func:`default_results_root`), in path order,
+    as ``(path, payload)``. JSON files that are not result files (a saved tree, say) are skipped;
+    a result file that does not parse raises, so a broken committed file cannot go unnoticed."""
+    root = default_results_root() if root is None else Path(root)
+    if not root.exists():
+        return
+    if not root.is_dir():
+        raise NotADirectoryError(f"results root {root} is not a directory")
+    for path in sorted(root.rglob("*.json")):
+        if any(part.startswith(".") for part in path.relative_to(root).parts):
+            continue  # temporary files of an in-progress write, hidden folders
+        try:
+            payload = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
+        if _is_result_payload(payload):
+            yield path, payload
+
+
+def hardware_summary(prov: Mapping[str, Any]) -> str:
+    """Short description of the machine in a provenance dict: the CUDA device if one was used,
+    else the CPU model and core count."""
+    if prov.get("cuda_device"):
+        return str(prov["cuda_device"])
+    cpu = str(prov.get("cpu_model") or "")
+    for noise in ("(R)", "(TM)", " CPU", " Processor"):
+        cpu = cpu.replace(noise, "")
+    cpu = " ".join(cpu.split()) or "unknown CPU"
+    cores = prov.get("cpu_count")
+    return f"{cpu}, {cores} cores" if cores else cpu
+
+
+@dataclass(frozen=True)
+class ReproductionRow:
+    """One row of the reproduction-status table: a paper number and (if measured) ours."""
+
+    claim: str
+    description: str
+    source: str
+    unit: str
+    paper_value: float
+    paper_printed: str
+    ours: float | None = None
+    scale: str | None = None
+    hardware: str | None = None
+    date_utc: str | None = None
+    result_file: str | None = None
+
+    @property
+    def delta(self) -> float | None:
+        """ours - paper, in the paper's unit (None when not measured)."""
+        return None if self.ours is None else self.ours - self.paper_value
+
+    @property
+    def reproduced(self) -> bool:
+        return self.ours is not None
+
+
+def reproduction_rows(
+    root: str | os.PathLike[str] | None = None, claims: Iterable[str] | None = None
+) -> list[ReproductionRow]:
+    """The rows of the landing page's table: every claim in ``claims`` (default
+    :data:`hsm.paper.HEADLINE`) plus every other claim that a result file reports.
+
+    A claim measured at several scales gets one row per scale (full first), each from the most
+    recent result (by ``provenance.date_utc``); a claim with no result gets one row with
+    ``ours=None``.
+    """
+    root_path = default_results_root() if root is None else Path(root)
+    order = list(paper.HEADLINE if claims is None else claims)
+    for key in order:
+        paper.get(key)
+    latest: dict[tuple[str, str], tuple[str, float, Mapping[str, Any], Path]] = {}
+    for path, payload in iter_results(root_path):
+        prov = payload["provenance"]
+        for index, record in enumerate(payload["records"]):
+            claim = record.get("claim") if isinstance(record, dict) else None
+            if claim is None:
+                continue
+            paper.get(claim)  # a result naming an unknown claim is an error in that result file
+            value = record.get("value")
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ValueError(f"{path}: records[{index}] (claim {claim!r}) has a non-numeric value {value!r}")
+            scale = str(prov.get("hsm_scale") or "unknown")
+            date = str(prov.get("date_utc") or "")
+            previous = latest.get((claim, scale))
+            if previous is None or date >= previous[0]:
+                latest[(claim, scale)] = (date, float(value), prov, path)
+            if claim not in order:
+                order.append(claim)
+
+    rows: list[ReproductionRow] = []
+    scale_rank = {"full": 0, "quick": 1}
+    for claim in order:
+        number = paper.get(claim)
+        common = dict(
+            claim=claim, description=number.label(), source=number.source, unit=number.unit,
+            paper_value=number.value, paper_printed=number.printed,
+        )
+        measured = sorted(
+            ((scale, entry) for (c, scale), entry in latest.items() if c == claim),
+            key=lambda item: (scale_rank.get(item[0], 2), item[0]),
+        )
+        if not measured:
+            rows.append(ReproductionRow(**common))
+            continue
+        for scale, (date, value, prov, path) in measured:
+            try:
+                shown_path = str(path.relative_to(root_path.parent))
+            except ValueError:
+                shown_path = str(path)
+            rows.append(ReproductionRow(
+                **common, ours=value, scale=scale, hardware=hardware_summary(prov),
+                date_utc=date or None, result_file=shown_path,
+            ))
+    return rows
+
+
+def _format_number(value: float, unit: str) -> str:
+    text = f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
+    if unit == "x":
+        return f"{text}x"
+    if unit in ("", "points"):
+        return text
+    return f"{text} {unit}"
+
+
+def reproduction_table_markdown(rows: Sequence[ReproductionRow]) -> str:
+    """The rows as a Markdown table: claim, source, paper's number, ours, delta, scale, hardware."""
+    header = "| Claim | Source | Paper | Ours | Delta | Scale | Hardware |\n|---|---|---|---|---|---|---|\n"
+    lines = []
+    for row in rows:
+        paper_text = _format_number(row.paper_value, row.unit)
+        if row.ours is None:
+            ours, delta, scale, hardware = "not yet reproduced", "", "", ""
+        else:
+            ours = _format_number(row.ours, row.unit)
+            delta = f"{row.delta:+.3g}"
+            scale, hardware = row.scale or "", row.hardware or ""
+        cells = [row.description, row.source, paper_text, ours, delta, scale, hardware]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return header + "\n".join(lines) + "\n"

@@ -1,0 +1,191 @@
+"""hsm.results: provenance, atomic result files, and the reproduction-status table."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hsm import paper, results
+
+LEARNED = "icml2017.table2.learned_tree.perplexity"
+
+
+@pytest.fixture(scope="module")
+def prov() -> dict:
+    return results.provenance(config={"arity": 65, "depth": 3}, wall_time_s=1.5)
+
+
+def test_provenance_fields(prov: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    import torch
+
+    for key in ("date_utc", "git_commit", "git_dirty", "hostname", "cpu_model", "cpu_count", "python",
+                "torch", "cuda_device", "hsm_scale", "config", "wall_time_s"):
+        assert key in prov
+    assert prov["date_utc"].endswith("Z")
+    assert prov["python"] == platform.python_version()
+    assert prov["torch"] == torch.__version__
+    assert prov["config"] == {"arity": 65, "depth": 3}
+    assert prov["wall_time_s"] == 1.5
+    assert prov["hsm_scale"] in ("quick", "full")
+    assert (prov["cuda_device"] is None) == (not torch.cuda.is_available())
+    monkeypatch.setenv("HSM_SCALE", "full")
+    assert results.provenance()["hsm_scale"] == "full"
+
+
+def test_provenance_rejects_bad_input() -> None:
+    with pytest.raises(TypeError, match="config"):
+        results.provenance(config=[1, 2])  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="wall_time_s"):
+        results.provenance(wall_time_s=-1.0)
+    with pytest.raises(TypeError, match="wall_time_s"):
+        results.provenance(wall_time_s="3s")  # type: ignore[arg-type]
+
+
+def test_write_then_load_round_trip(tmp_path: Path, prov: dict) -> None:
+    records = [
+        results.make_record(LEARNED, np.float64(151.25), epochs=np.int64(5), arity=65),
+        {"name": "J_n at the root", "value": 0.05, "curve": np.array([0.01, 0.02])},
+    ]
+    path = results.write_results(tmp_path / "sub" / "run.json", records, prov)
+    assert path == tmp_path / "sub" / "run.json"
+    payload = results.load_results(path)
+    assert payload["schema"] == results.SCHEMA_VERSION
+    assert payload["provenance"] == json.loads(json.dumps(prov))
+    assert payload["records"][0] == {"claim": LEARNED, "value": 151.25, "epochs": 5, "arity": 65}
+    assert payload["records"][1]["curve"] == [0.01, 0.02]
+    assert [p.name for p in path.parent.iterdir()] == ["run.json"]  # no temporary file left behind
+
+
+json_scalars = st.one_of(st.none(), st.booleans(), st.integers(-10**12, 10**12),
+                         st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=20))
+json_values = st.recursive(json_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)), max_leaves=12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(records=st.lists(st.dictionaries(st.text(max_size=8).filter(lambda k: k != "claim"), json_values, max_size=5), max_size=4))
+def test_any_json_records_round_trip(tmp_path_factory: pytest.TempPathFactory, records: list[dict]) -> None:
+    prov = {"date_utc": "2026-01-01T00:00:00Z", "git_commit": None, "hsm_scale": "quick"}
+    path = results.write_results(tmp_path_factory.mktemp("r") / "x.json", records, prov)
+    assert results.load_results(path)["records"] == records
+
+
+def test_write_is_atomic_when_serialisation_fails(tmp_path: Path, prov: dict) -> None:
+    target = tmp_path / "run.json"
+    results.write_results(target, [{"value": 1.0}], prov)
+    before = target.read_text()
+    with pytest.raises(ValueError, match="NaN"):
+        results.write_results(target, [{"value": math.nan}], prov)
+    with pytest.raises(TypeError, match="JSON cannot store"):
+        results.write_results(target, [{"value": object()}], prov)
+    assert target.read_text() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_write_rejects_bad_arguments(tmp_path: Path, prov: dict) -> None:
+    with pytest.raises(ValueError, match=".json"):
+        results.write_results(tmp_path / "run.txt", [], prov)
+    with pytest.raises(TypeError, match="list of dicts"):
+        results.write_results(tmp_path / "run.json", {"value": 1}, prov)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"records\[0\]"):
+        results.write_results(tmp_path / "run.json", [3.0], prov)  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="provenance lacks"):
+        results.write_results(tmp_path / "run.json", [], {"date_utc": "x"})
+    with pytest.raises(KeyError, match="no paper number"):
+        results.write_results(tmp_path / "run.json", [{"claim": "icml2017.nope", "value": 1}], prov)
+    with pytest.raises(ValueError, match="no 'value'"):
+        results.write_results(tmp_path / "run.json", [{"claim": LEARNED}], prov)
+
+
+def test_make_record_checks_claim_and_value() -> None:
+    assert results.make_record(None, 2)["claim"] is None
+    with pytest.raises(KeyError):
+        results.make_record("icml2017.table2.learned_tree.perplexty", 150.0)
+    with pytest.raises(TypeError, match="number"):
+        results.make_record(LEARNED, "150")  # type: ignore[arg-type]
+
+
+def test_load_results_rejects_non_result_files(tmp_path: Path) -> None:
+    (tmp_path / "tree.json").write_text('{"arity": 2}')
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="not a result file"):
+        results.load_results(tmp_path / "tree.json")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        results.load_results(tmp_path / "broken.json")
+
+
+def test_iter_results_skips_other_json_and_hidden_files(tmp_path: Path, prov: dict) -> None:
+    results.write_results(tmp_path / "b" / "two.json", [{"value": 2}], prov)
+    results.write_results(tmp_path / "a.json", [{"value": 1}], prov)
+    (tmp_path / "tree.json").write_text('{"arity": 2}')
+    (tmp_path / ".a.json.123.tmp.json").write_text("{")
+    found = [path.relative_to(tmp_path).as_posix() for path, _ in results.iter_results(tmp_path)]
+    assert found == ["a.json", "b/two.json"]
+    assert list(results.iter_results(tmp_path / "missing")) == []
+    (tmp_path / "c.json").write_text("{")
+    with pytest.raises(ValueError, match="c.json"):
+        list(results.iter_results(tmp_path))
+
+
+def test_rows_without_results_say_not_yet_reproduced(tmp_path: Path) -> None:
+    rows = results.reproduction_rows(tmp_path / "results")
+    assert [row.claim for row in rows] == list(paper.HEADLINE)
+    assert not any(row.reproduced for row in rows)
+    table = results.reproduction_table_markdown(rows)
+    assert table.count("not yet reproduced") == len(paper.HEADLINE)
+    assert "| 148 |" in table
+
+
+def test_rows_pick_latest_result_per_scale(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+
+    def prov_at(date: str, scale: str, gpu: str | None = None) -> dict:
+        return {"date_utc": date, "git_commit": "abc", "hsm_scale": scale, "cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz",
+                "cpu_count": 2, "cuda_device": gpu}
+
+    results.write_results(root / "old.json", [results.make_record(LEARNED, 160.0)], prov_at("2026-01-01T00:00:00Z", "quick"))
+    results.write_results(root / "new.json", [results.make_record(LEARNED, 150.0)], prov_at("2026-02-01T00:00:00Z", "quick"))
+    results.write_results(root / "full.json", [results.make_record(LEARNED, 149.5),
+                                              results.make_record("sf2020.table1.trec.sota.accuracy", 90.0)],
+                          prov_at("2026-01-15T00:00:00Z", "full", gpu="NVIDIA H100"))
+    rows = results.reproduction_rows(root)
+    learned = [row for row in rows if row.claim == LEARNED]
+    assert [(r.scale, r.ours) for r in learned] == [("full", 149.5), ("quick", 150.0)]
+    assert learned[0].hardware == "NVIDIA H100"
+    assert learned[1].hardware == "Intel Xeon @ 2.20GHz, 2 cores"
+    assert learned[1].delta == pytest.approx(2.0)
+    assert learned[1].result_file == "results/new.json"
+    assert rows[-1].claim == "sf2020.table1.trec.sota.accuracy"  # non-headline claims are appended
+    table = results.reproduction_table_markdown(rows)
+    assert "| 149.5 | +1.5 | full | NVIDIA H100 |" in table
+
+
+def test_rows_reject_results_with_unknown_claims(tmp_path: Path) -> None:
+    prov = {"date_utc": "2026-01-01T00:00:00Z", "git_commit": None, "hsm_scale": "quick"}
+    (tmp_path / "bad.json").write_text(json.dumps({"provenance": prov, "records": [{"claim": "nope", "value": 1}]}))
+    with pytest.raises(KeyError, match="nope"):
+        results.reproduction_rows(tmp_path)
+    (tmp_path / "bad.json").write_text(json.dumps({"provenance": prov, "records": [{"claim": LEARNED, "value": "x"}]}))
+    with pytest.raises(ValueError, match="non-numeric"):
+        results.reproduction_rows(tmp_path)
+
+
+def test_default_results_root_finds_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
+    checkout = Path(results.__file__).resolve().parents[1]
+    monkeypatch.chdir(checkout / "tests")
+    assert results.default_results_root() == checkout / "results"
+    monkeypatch.setenv("HSM_RESULTS", "/tmp/elsewhere")
+    assert results.default_results_root() == Path("/tmp/elsewhere")
+
+
+def test_hardware_summary() -> None:
+    assert results.hardware_summary({"cuda_device": "NVIDIA H200"}) == "NVIDIA H200"
+    assert results.hardware_summary({"cpu_model": "AMD EPYC 7B13 64-Core Processor", "cpu_count": 16}) == "AMD EPYC 7B13 64-Core, 16 cores"
+    assert results.hardware_summary({}) == "unknown CPU"
