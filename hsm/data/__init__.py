@@ -20,8 +20,17 @@ from hsm.data.errors import (
 )
 from hsm.data.fetch import fetch, fetch_file, verify
 from hsm.data.lm import EOS, UNK, LMCorpus, context_windows
+from hsm.data.gutenberg import load_gutenberg
 from hsm.data.ptb import load_ptb
 from hsm.data.registry import DATASETS, SOURCES, dataset
+from hsm.data.text_classification import (
+    Ragged,
+    TextClassificationData,
+    TokenizedTexts,
+    check_taxonomy,
+    load_fasttext_file,
+    load_text_classification,
+)
 
 __all__ = [
     "ChecksumMismatchError",
@@ -37,6 +46,13 @@ __all__ = [
     "EOS",
     "UNK",
     "LMCorpus",
+    "Ragged",
+    "TextClassificationData",
+    "TokenizedTexts",
+    "check_taxonomy",
+    "load_fasttext_file",
+    "load_gutenberg",
+    "load_text_classification",
     "context_windows",
     "dataset",
     "fetch",

@@ -1,0 +1,454 @@
+"""Gutenberg: 678 Project Gutenberg books as a language-modelling corpus and as passage -> book classification.
+
+The paper's Gutenberg corpus (ICML §7.2, Table 2; arXiv §7) has "about 50M tokens" and a 250,000-word
+vocabulary; which books, which tokenizer and which split it used are not said (inventory §6.1, [AMBIG]). This
+module builds **our** corpus from the 678-book archive of the data mirror; every choice below is ours.
+
+Pipeline (one streaming pass over the archive, one book in memory at a time):
+
+1. **Read** each selected book from ``gutenberg-books.tar.xz`` (mirror layout ``gutenberg/<Author>/<Title>.txt``) or
+   from the GitHub archive of ``rcdm-uga/Gutenberg_Text`` (canonical download), where each book's git blob id is
+   checked against ``MANIFEST.tsv``. Bytes are decoded as UTF-8, falling back to Latin-1 for the old files that are
+   not UTF-8.
+2. **Strip** the Project Gutenberg header and footer (:func:`strip_boilerplate`). The header ends at the first
+   ``*** START OF THE/THIS PROJECT GUTENBERG EBOOK`` line, else at the end of the old "small print"
+   (``*END*THE SMALL PRINT!``, ``SMALL PRINT! FOR __ COMPLETE SHAKESPEARE``). The footer starts at the first
+   ``*** END OF ...``/``End of (the) Project Gutenberg ...``/``End of this Etext ...`` line after the start. A
+   book lacking a marker keeps that end (it is counted in ``stats``). The World Library copyright notices
+   ``<<THIS ELECTRONIC VERSION ... >>`` scattered inside the Shakespeare files are removed.
+3. **Tokenize** (:func:`tokenize`): lower-case, typographic quotes to ASCII, then the regular expression ``\\w+|[^\\w\\s]`` (runs of letters and
+   digits, and every other non-space character on its own: ``don't`` -> ``don ' t``), the tokenizer the mirror's
+   README counts with. Each paragraph (text between blank lines) ends with ``<eos>``, so the LM sees paragraph
+   boundaries much as PTB's LM sees sentence ends; line breaks inside a paragraph are hard wraps and are ignored.
+4. **Split by book** (:func:`book_order`, :func:`book_split`): the manifest's books are shuffled once with
+   ``numpy.random.default_rng(BOOK_ORDER_SEED)``; the book at position ``p`` of that order goes to *valid* if
+   ``p % 10 == 0``, *test* if ``p % 10 == 1``, else *train* (68 / 68 / 542 books: 10 % / 10 % / 80 % of the books).
+   ``max_books=n`` takes the first ``n`` books of the order, so each book's split never depends on ``n`` and
+   ``n >= 3`` gives at least one book per split.
+5. **Vocabulary**: the ``vocab_size - 1`` most frequent training types (ties alphabetically) plus ``<unk>``; every
+   other token maps to ``<unk>``. Ids are sorted by decreasing training count.
+
+Processed token ids are cached as ``.npy`` under ``hsm.config.cache_dir()/gutenberg/processed/<key>/`` where the key
+hashes the archive checksum, the pipeline version, the book selection and the vocabulary size, so a second call
+with the same configuration only loads arrays.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from array import array
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from hsm import config
+from hsm.data.errors import CorruptArchiveError, EmptyCorpusError
+from hsm.data.fetch import fetch_file, iter_tar_members
+from hsm.data.lm import EOS, UNK, LMCorpus
+from hsm.data.registry import SOURCES
+
+#: Seed of the one shuffle of the manifest that fixes book order (and so the split and the quick slices).
+BOOK_ORDER_SEED = 20170806
+#: Bump when stripping or tokenizing changes: it is part of every cache key.
+PIPELINE_VERSION = 1
+#: Positions ``p % 10`` of the book order that go to valid and test (10 % each); the rest is train.
+VALID_RESIDUE, TEST_RESIDUE, SPLIT_MODULUS = 0, 1, 10
+
+TOKEN_PATTERN = r"\w+|[^\w\s]"
+_TOKEN_RE = re.compile(TOKEN_PATTERN)
+_PARAGRAPH_BREAK = re.compile(r"\n[ \t]*\n\s*")
+# A paragraph break becomes this character before tokenizing: [^\w\s] makes it a one-character token, which
+# the type table maps to <eos> (id 0). It never occurs in the books (checked by the tokenizer).
+_EOS_CHAR = "\x00"
+
+_START_MARKERS = [
+    re.compile(r"^\W*\*\*\*\s*START OF (THE|THIS) PROJECT GUTENBERG", re.I | re.M),
+    re.compile(r"^\W*\*?\s*END\W*THE SMALL PRINT", re.I | re.M),
+    re.compile(r"^\W*\**\s*SMALL PRINT!? FOR .*COMPLETE SHAKESPEARE", re.I | re.M),
+]
+_END_MARKER = re.compile(
+    r"^\W*(?:the\s+)?end\s+of\s+(?:(?:the|this)\s+)?(?:project\s+gutenberg|etext|e-text|ebook)", re.I | re.M
+)
+# Typographic quotes become ASCII ones, so that "don’t" and "don't" tokenize alike.
+_QUOTES = str.maketrans({"\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"'})
+_WORLD_LIBRARY_NOTICE = re.compile(r"<<THIS ELECTRONIC VERSION OF THE COMPLETE WORKS.*?>>", re.S)
+
+
+# ---------------------------------------------------------------------------------------------------- manifest
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One book: ``path`` is ``<Author>/<Title>.txt`` as in the repository; ``git_blob`` its git object id."""
+
+    path: str
+    git_blob: str
+    size: int
+    regex_tokens: int
+
+    @property
+    def author(self) -> str:
+        return self.path.split("/", 1)[0]
+
+    @property
+    def title(self) -> str:
+        return self.path.split("/", 1)[1].removesuffix(".txt")
+
+
+def read_manifest(path: Path | None = None) -> list[ManifestEntry]:
+    """Parse ``MANIFEST.tsv`` (fetched and verified unless ``path`` is given).
+
+    Lines are split on ``\\n`` only: some titles contain a carriage return, which ``str.splitlines`` would break.
+    """
+    path = path or fetch_file(SOURCES["gutenberg"].file("gutenberg/MANIFEST.tsv"))
+    entries = []
+    for line in Path(path).read_bytes().decode("utf-8").split("\n"):
+        if not line or line.startswith("#") or line.startswith("path\t"):
+            continue
+        fields = line.split("\t")
+        if len(fields) != 4:
+            raise CorruptArchiveError(f"{path}: malformed manifest line {line!r}. Fix: fetch gutenberg again.")
+        entries.append(ManifestEntry(fields[0], fields[1], int(fields[2]), int(fields[3])))
+    if not entries:
+        raise EmptyCorpusError(f"{path} lists no books. Fix: fetch gutenberg again.")
+    return entries
+
+
+def book_order(entries: list[ManifestEntry]) -> list[ManifestEntry]:
+    """The manifest shuffled once with ``BOOK_ORDER_SEED`` (sorted by path first, so the file's order is moot)."""
+    entries = sorted(entries, key=lambda entry: entry.path)
+    permutation = np.random.default_rng(BOOK_ORDER_SEED).permutation(len(entries))
+    return [entries[i] for i in permutation]
+
+
+def book_split(position: int) -> str:
+    """Split of the book at ``position`` of :func:`book_order`: valid, test or train (10 / 10 / 80 %)."""
+    residue = position % SPLIT_MODULUS
+    return "valid" if residue == VALID_RESIDUE else "test" if residue == TEST_RESIDUE else "train"
+
+
+def select_books(max_books: int | None = None) -> list[ManifestEntry]:
+    """The first ``max_books`` books of :func:`book_order` (all 678 for None)."""
+    ordered = book_order(read_manifest())
+    if max_books is None:
+        return ordered
+    if not isinstance(max_books, int) or isinstance(max_books, bool) or max_books < 1:
+        raise ValueError(f"max_books must be a positive int or None, got {max_books!r}")
+    return ordered[:max_books]
+
+
+# ------------------------------------------------------------------------------------------ reading and cleaning
+
+
+def git_blob_id(content: bytes) -> str:
+    """Git's object id of a file: sha1 of ``b"blob <size>\\0" + content``."""
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
+
+
+def decode_book(raw: bytes) -> str:
+    """UTF-8 (BOM dropped), else Latin-1; Windows line ends normalized to ``\\n``."""
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        text = raw.decode("latin-1")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def strip_boilerplate(text: str) -> tuple[str, bool, bool]:
+    """The body of a Project Gutenberg file, and whether a start and an end marker were found.
+
+    See the module docstring for the markers. Without a start marker the text starts at the top; without an end
+    marker it runs to the bottom.
+    """
+    start = 0
+    found_start = False
+    for marker in _START_MARKERS:
+        match = marker.search(text)
+        if match:
+            line_end = text.find("\n", match.end())
+            start = len(text) if line_end < 0 else line_end + 1
+            found_start = True
+            break
+    end_match = _END_MARKER.search(text, start)
+    end = end_match.start() if end_match else len(text)
+    body = _WORLD_LIBRARY_NOTICE.sub(" ", text[start:end])
+    return body.strip(), found_start, end_match is not None
+
+
+def tokenize(text: str, paragraphs: bool = True, lowercase: bool = True) -> list[str]:
+    """``\\w+|[^\\w\\s]`` tokens (lower-cased by default); with ``paragraphs``, ``<eos>`` after every paragraph."""
+    if lowercase:
+        text = text.lower()
+    text = text.replace(_EOS_CHAR, " ").translate(_QUOTES)
+    if not paragraphs:
+        return _TOKEN_RE.findall(text)
+    tokens = _TOKEN_RE.findall(_PARAGRAPH_BREAK.sub(f" {_EOS_CHAR} ", text.strip()))
+    tokens = [EOS if token == _EOS_CHAR else token for token in tokens]
+    if tokens and tokens[-1] != EOS:
+        tokens.append(EOS)
+    return tokens
+
+
+def iter_books(selection: list[ManifestEntry]) -> Iterator[tuple[ManifestEntry, bytes]]:
+    """Stream ``(entry, raw bytes)`` for the selected books, in archive order, stopping once all are read.
+
+    From the mirror's archive (sha256-verified as a whole) or from the GitHub archive (each book verified against
+    its git blob id). A book missing from the archive raises :class:`CorruptArchiveError`.
+    """
+    archive = fetch_file(SOURCES["gutenberg"].file("gutenberg/gutenberg-books.tar.xz"))
+    github_layout = archive.name.startswith("Gutenberg_Text-")
+    wanted = {entry.path: entry for entry in selection}
+    for member, content in iter_tar_members(archive):
+        if github_layout:
+            # Gutenberg_Text-<commit>/<...>/<Author>/<Title>.txt: match on the trailing <Author>/<Title>.txt
+            parts = member.split("/")
+            path = "/".join(parts[-2:]) if len(parts) >= 2 else member
+        else:
+            path = member.removeprefix("gutenberg/")
+        entry = wanted.pop(path, None)
+        if entry is None:
+            continue
+        if github_layout and git_blob_id(content) != entry.git_blob:
+            raise CorruptArchiveError(
+                f"{archive}: {path} does not match its git blob id {entry.git_blob} in MANIFEST.tsv. "
+                f"Fix: delete {archive} and run `python -m hsm data fetch gutenberg` again."
+            )
+        yield entry, content
+        if not wanted:
+            return
+    if wanted:
+        missing = sorted(wanted)
+        raise CorruptArchiveError(
+            f"{archive} lacks {len(missing)} book(s) of the manifest, e.g. {missing[:3]}. "
+            f"Fix: delete it and run `python -m hsm data fetch gutenberg` again."
+        )
+
+
+# ----------------------------------------------------------------------------------------------- tokenized books
+
+
+@dataclass
+class TokenizedBooks:
+    """Every selected book as ids into one table of all types (``types[0] == '<eos>'``), books concatenated.
+
+    ``book_offsets[i]:book_offsets[i+1]`` are the ids of ``books[i]`` (in :func:`book_order`). ``stats`` counts
+    books without start/end markers and tokens.
+    """
+
+    types: list[str]
+    ids: np.ndarray  # int32
+    book_offsets: np.ndarray  # int64, len(books) + 1
+    books: list[ManifestEntry]
+    stats: dict[str, object]
+
+    def book_ids(self, i: int) -> np.ndarray:
+        return self.ids[self.book_offsets[i] : self.book_offsets[i + 1]]
+
+
+def _selection_key(selection: list[ManifestEntry], *extra: object) -> str:
+    archive = SOURCES["gutenberg"].file("gutenberg/gutenberg-books.tar.xz")
+    digest = hashlib.sha256()
+    digest.update(f"{PIPELINE_VERSION}|{archive.sha256}|{TOKEN_PATTERN}|{extra}".encode())
+    for entry in selection:
+        digest.update(f"\n{entry.path}\t{entry.git_blob}".encode())
+    return digest.hexdigest()[:16]
+
+
+def _processed_dir(kind: str, key: str) -> Path:
+    return config.cache_dir() / "gutenberg" / "processed" / f"{kind}-{key}"
+
+
+def _write_atomically(directory: Path, write) -> None:
+    """Fill a temporary sibling folder with ``write(folder)``, then rename it onto ``directory``."""
+    tmp = directory.with_name(f".{directory.name}.part-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        write(tmp)
+        if directory.exists():  # another process won the race: keep theirs
+            shutil.rmtree(tmp)
+        else:
+            os.replace(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def tokenized_books(max_books: int | None = None, *, lowercase: bool = True, progress: bool = True) -> TokenizedBooks:
+    """Read, strip and tokenize the selected books (cached; see the module docstring)."""
+    selection = select_books(max_books)
+    directory = _processed_dir("tokens", _selection_key(selection, lowercase))
+    if not (directory / "ids.npy").exists():
+        books = _tokenize_books(selection, lowercase=lowercase, progress=progress)
+
+        def write(folder: Path) -> None:
+            np.save(folder / "ids.npy", books.ids)
+            np.save(folder / "book_offsets.npy", books.book_offsets)
+            (folder / "types.txt").write_text("\n".join(books.types), encoding="utf-8")
+            (folder / "stats.json").write_text(json.dumps(books.stats, indent=1))
+
+        _write_atomically(directory, write)
+        return books
+    types = (directory / "types.txt").read_text(encoding="utf-8").split("\n")
+    return TokenizedBooks(
+        types=types,
+        ids=np.load(directory / "ids.npy"),
+        book_offsets=np.load(directory / "book_offsets.npy"),
+        books=selection,
+        stats=json.loads((directory / "stats.json").read_text()),
+    )
+
+
+def _tokenize_books(selection: list[ManifestEntry], *, lowercase: bool, progress: bool) -> TokenizedBooks:
+    from tqdm.auto import tqdm
+
+    index: dict[str, int] = {EOS: 0}
+    per_book: dict[str, array] = {}
+    no_start: list[str] = []
+    no_end: list[str] = []
+    raw_tokens = 0
+    started = time.perf_counter()
+    bar = tqdm(total=len(selection), desc="tokenize gutenberg", unit="book", disable=not progress, leave=False)
+    for entry, raw in iter_books(selection):
+        text = decode_book(raw)
+        body, has_start, has_end = strip_boilerplate(text)
+        if not has_start:
+            no_start.append(entry.path)
+        if not has_end:
+            no_end.append(entry.path)
+        tokens = tokenize(body, lowercase=lowercase)
+        raw_tokens += entry.regex_tokens
+        # New types first, then one C-level map: ~10x faster than a Python loop over 50M tokens.
+        for token in set(tokens).difference(index):
+            index[token] = len(index)
+        per_book[entry.path] = array("i", map(index.__getitem__, tokens))
+        bar.update(1)
+    bar.close()
+    lengths = [len(per_book[entry.path]) for entry in selection]
+    empty = [entry.path for entry, length in zip(selection, lengths) if length == 0]
+    if empty:
+        raise EmptyCorpusError(f"no tokens left after stripping the Gutenberg boilerplate of {empty[:3]}")
+    offsets = np.zeros(len(selection) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    ids = np.empty(int(offsets[-1]), dtype=np.int32)
+    for i, entry in enumerate(selection):
+        ids[offsets[i] : offsets[i + 1]] = np.frombuffer(per_book.pop(entry.path), dtype=np.int32)
+    types = [""] * len(index)
+    for token, token_id in index.items():
+        types[token_id] = token
+    stats = {
+        "books": len(selection),
+        "tokens_with_eos": int(offsets[-1]),
+        "eos_tokens": int(np.count_nonzero(ids == 0)),
+        "types": len(types),
+        "regex_tokens_before_stripping": raw_tokens,
+        "books_without_start_marker": no_start,
+        "books_without_end_marker": no_end,
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+    return TokenizedBooks(types=types, ids=ids, book_offsets=offsets, books=selection, stats=stats)
+
+
+# ----------------------------------------------------------------------------------------------- LM corpus
+
+
+def load_gutenberg(
+    max_books: int | None = None,
+    vocab_size: int = 250_000,
+    context: int | None = None,
+    *,
+    lowercase: bool = True,
+    progress: bool = True,
+) -> LMCorpus:
+    """The Gutenberg language-modelling corpus (our construction; see the module docstring).
+
+    ``max_books`` takes the first books of the fixed book order (quick mode: a handful; None: all 678).
+    ``vocab_size`` counts ``<unk>`` (paper: 250,000). ``context`` is the default ``T`` of
+    :meth:`LMCorpus.windows` (paper: 4). ``lowercase=False`` keeps case (more types: a larger vocabulary).
+    ``stats`` reports books and tokens per split, the number of training
+    types, the vocabulary's coverage of the training tokens and the out-of-vocabulary rate of each split.
+    """
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 2:
+        raise ValueError(f"vocab_size must be an int >= 2 (it counts <unk>), got {vocab_size!r}")
+    selection = select_books(max_books)
+    if len(selection) < 3:
+        raise ValueError(f"max_books={max_books} gives {len(selection)} book(s); at least 3 are needed "
+                         f"(one per split)")
+    directory = _processed_dir("lm", _selection_key(selection, lowercase, vocab_size))
+    if not (directory / "train.npy").exists():
+        corpus_arrays, vocab, counts, stats = _build_lm(selection, max_books, vocab_size, lowercase, progress)
+
+        def write(folder: Path) -> None:
+            for split, array_ in corpus_arrays.items():
+                np.save(folder / f"{split}.npy", array_)
+            np.save(folder / "counts.npy", counts)
+            (folder / "vocab.txt").write_text("\n".join(vocab), encoding="utf-8")
+            (folder / "stats.json").write_text(json.dumps(stats, indent=1))
+
+        _write_atomically(directory, write)
+    vocab = (directory / "vocab.txt").read_text(encoding="utf-8").split("\n")
+    splits = {split: torch.from_numpy(np.load(directory / f"{split}.npy").astype(np.int64))
+              for split in ("train", "valid", "test")}
+    return LMCorpus(
+        name=("gutenberg" if max_books is None else f"gutenberg-{len(selection)}books") + ("" if lowercase else "-cased"),
+        vocab=vocab,
+        counts=np.load(directory / "counts.npy"),
+        context=context,
+        stats=json.loads((directory / "stats.json").read_text()),
+        **splits,
+    )
+
+
+def _build_lm(selection, max_books, vocab_size, lowercase, progress):
+    books = tokenized_books(max_books, lowercase=lowercase, progress=progress)
+    split_of_book = [book_split(position) for position in range(len(books.books))]
+    n_types = len(books.types)
+    train_counts = np.zeros(n_types, dtype=np.int64)
+    for i, split in enumerate(split_of_book):
+        if split == "train":
+            train_counts += np.bincount(books.book_ids(i), minlength=n_types)
+    seen = np.flatnonzero(train_counts)
+    # Decreasing count, ties alphabetically: lexsort's last key is the primary one.
+    type_strings = np.array(books.types, dtype=object)[seen]
+    order = seen[np.lexsort((type_strings, -train_counts[seen]))]
+    kept = order[: vocab_size - 1]
+    unk_count = int(train_counts.sum() - train_counts[kept].sum())
+    # Place <unk> by its training count among the kept types, so ids stay in decreasing-count order.
+    kept_counts = train_counts[kept]
+    unk_position = int(np.searchsorted(-kept_counts, -unk_count, side="right"))
+    vocab_types = list(kept[:unk_position]) + [-1] + list(kept[unk_position:])
+    vocab = [UNK if t < 0 else books.types[t] for t in vocab_types]
+    counts = np.array([unk_count if t < 0 else train_counts[t] for t in vocab_types], dtype=np.int64)
+    unk_id = unk_position
+    lookup = np.full(n_types, unk_id, dtype=np.int32)
+    lookup[np.array([t for t in vocab_types if t >= 0], dtype=np.int64)] = np.array(
+        [i for i, t in enumerate(vocab_types) if t >= 0], dtype=np.int32
+    )
+    arrays: dict[str, np.ndarray] = {}
+    stats: dict[str, object] = {
+        "books": len(selection),
+        "vocab_size": len(vocab),
+        "train_types": int(seen.size),
+        "book_order_seed": BOOK_ORDER_SEED,
+        "split_rule": f"position p of the book order: p % {SPLIT_MODULUS} == {VALID_RESIDUE} valid, "
+        f"== {TEST_RESIDUE} test, else train",
+        "tokenizer": f"{'lower-case, ' if lowercase else ''}curly quotes to ASCII, regex {TOKEN_PATTERN}, <eos> after each paragraph",
+        **{f"tokenize_{k}": v for k, v in books.stats.items()},
+    }
+    for split in ("train", "valid", "test"):
+        members = [i for i, s in enumerate(split_of_book) if s == split]
+        pieces = [lookup[books.book_ids(i)] for i in members]
+        arrays[split] = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
+        n_tokens = int(arrays[split].size)
+        n_unk = int(np.count_nonzero(arrays[split] == unk_id))
+        stats[f"{split}_books"] = len(members)
+        stats[f"{split}_tokens"] = n_tokens
+        stats[f"{split}_oov_rate"] = n_unk / n_tokens if n_tokens else 0.0
+    stats["train_coverage"] = 1.0 - stats["train_oov_rate"]
+    return arrays, vocab, counts, stats
