@@ -131,7 +131,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     if args.name != "gutenberg":
         raise ValueError("only `build gutenberg` is supported (the other data sets need no build step)")
     selection = gutenberg.select_books(args.max_books)
-    lowercase = not args.cased
+    lowercase = args.lowercase
     for kind, key in (("tokens", gutenberg._selection_key(selection, lowercase)),
                       ("lm", gutenberg._selection_key(selection, lowercase, args.vocab_size))):
         shutil.rmtree(gutenberg._processed_dir(kind, key), ignore_errors=True)  # measure a real build
@@ -147,7 +147,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
         "what": "full build of the Gutenberg LM corpus from the mirror's archive (hsm.data.load_gutenberg)"
         if args.max_books is None else f"build of the first {args.max_books} books (hsm.data.load_gutenberg)",
         "command": f"python -m hsm data build gutenberg --vocab-size {args.vocab_size}"
-        + (f" --max-books {args.max_books}" if args.max_books else "") + (" --cased" if args.cased else ""),
+        + (f" --max-books {args.max_books}" if args.max_books else "") + (" --lowercase" if args.lowercase else ""),
         "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": _git_commit(),
         "machine": _machine(),
@@ -187,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("name", choices=["gutenberg"])
     build.add_argument("--max-books", type=int, default=None)
     build.add_argument("--vocab-size", type=int, default=250_000)
-    build.add_argument("--cased", action="store_true", help="keep case (default: lower-case)")
+    build.add_argument("--lowercase", action="store_true", help="lower-case the text (default: keep case)")
     build.add_argument("--report", default=None, help="write the measurements as JSON to this path")
     build.set_defaults(run=_cmd_build)
     return parser
