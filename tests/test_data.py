@@ -183,6 +183,37 @@ def test_gutenberg_slice_pipeline_and_cache(use_shared_cache, monkeypatch):
     assert again.vocab == corpus.vocab and torch.equal(again.test, corpus.test)
 
 
+@needs_mirror
+def test_gutenberg_from_github_archive_checks_blob_ids(tmp_path, monkeypatch):
+    """The canonical-download layout: books inside the repository archive, each checked by its git blob id."""
+    selection = gutenberg.select_books(3)
+    books = dict((entry.path, raw) for entry, raw in gutenberg.iter_books(selection))  # from the mirror
+    from_mirror = load_gutenberg(max_books=3, vocab_size=1_000, progress=False)
+
+    def write_github_archive(cache: Path, corrupt: bool) -> None:
+        target = cache / gutenberg.GUTENBERG_GITHUB_ARCHIVE
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(target, "w:gz") as tar:
+            for path, raw in books.items():
+                if corrupt:
+                    raw = raw[:-1] + bytes([raw[-1] ^ 1])
+                info = tarfile.TarInfo(f"Gutenberg_Text-{gutenberg.GUTENBERG_COMMIT}/{path}")
+                info.size = len(raw)
+                tar.addfile(info, io.BytesIO(raw))
+
+    monkeypatch.delenv(config.MIRROR_ENV, raising=False)  # no mirror: the manifest comes from the package
+    for corrupt in (False, True):
+        cache = tmp_path / f"cache-{corrupt}"
+        monkeypatch.setenv(config.CACHE_ENV, str(cache))
+        write_github_archive(cache, corrupt)
+        if corrupt:
+            with pytest.raises(CorruptArchiveError, match="git blob id"):
+                load_gutenberg(max_books=3, vocab_size=1_000, progress=False)
+        else:
+            from_github = load_gutenberg(max_books=3, vocab_size=1_000, progress=False)
+            assert from_github.vocab == from_mirror.vocab and torch.equal(from_github.train, from_mirror.train)
+
+
 def test_book_split_is_fixed_and_prefix_stable():
     splits = [gutenberg.book_split(p) for p in range(678)]
     assert (splits.count("train"), splits.count("valid"), splits.count("test")) == (542, 68, 68)

@@ -53,7 +53,7 @@ from hsm import config
 from hsm.data.errors import CorruptArchiveError, EmptyCorpusError
 from hsm.data.fetch import fetch_file, iter_tar_members
 from hsm.data.lm import EOS, UNK, LMCorpus
-from hsm.data.registry import SOURCES
+from hsm.data.registry import GUTENBERG_COMMIT, GUTENBERG_GITHUB_ARCHIVE, SOURCES  # noqa: F401 (re-exported)
 
 #: Seed of the one shuffle of the manifest that fixes book order (and so the split and the quick slices).
 BOOK_ORDER_SEED = 20170806
