@@ -22,7 +22,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hsm import config
 from hsm.data.errors import DataError
 from hsm.data.registry import DATASETS, SOURCES
 

@@ -253,8 +253,15 @@ def open_compressed(path: Path) -> BinaryIO:
     return open(path, "rb")
 
 
+def _require_file(path: Path) -> None:
+    # Checked up front: inside the try blocks below an OSError would read as a corrupt archive.
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"{path} does not exist (or is not a file)")
+
+
 def read_bytes(path: Path) -> bytes:
     """The whole (decompressed) content of ``path``; a damaged stream raises :class:`CorruptArchiveError`."""
+    _require_file(path)
     try:
         with open_compressed(path) as handle:
             return handle.read()
@@ -285,6 +292,7 @@ def iter_tar_members(path: Path) -> Iterator[tuple[str, bytes]]:
     Streaming mode (``r|*``) holds one member at a time, so a 245 MB archive costs one book's memory.
     A truncated or corrupt archive raises :class:`CorruptArchiveError` naming the file, even mid-way.
     """
+    _require_file(path)
     try:
         with tarfile.open(path, mode="r|*") as archive:
             for member in archive:

@@ -75,7 +75,8 @@ class LMCorpus:
         for split in ("train", "valid", "test"):
             tensor = getattr(self, split)
             if tensor.dim() != 1 or tensor.dtype != torch.int64:
-                raise TypeError(f"{self.name}.{split} must be a 1-D int64 tensor, got {tensor.dtype} {tuple(tensor.shape)}")
+                raise TypeError(f"{self.name}.{split} must be a 1-D int64 tensor, "
+                                f"got {tensor.dtype} {tuple(tensor.shape)}")
         if self.train.numel() == 0:
             raise EmptyCorpusError(f"{self.name}: the training split is empty")
         if len(self.counts) != len(self.vocab):

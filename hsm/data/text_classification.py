@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import re
 from array import array
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -29,6 +29,9 @@ from hsm.data.fetch import _DECODE_ERRORS, _corrupt, fetch_file, open_compressed
 from hsm.data.registry import SOURCES, dataset
 
 _WORD_RE = re.compile(r"\w+|[^\w\s]")
+
+#: A tokenizer maps raw text to its tokens.
+Tokenizer = Callable[[str], list[str]]
 
 #: ``gutenberg-books``: tokens per passage, and every ``TEST_EVERY``-th passage of a book goes to test.
 PASSAGE_TOKENS = 100
@@ -333,7 +336,7 @@ def _load_trec(fine: bool) -> TextClassificationData:
     return _single_label(name, splits["train"], splits["test"], taxonomy, dataset(name).description)
 
 
-def parse_fasttext_line(line: str, tokenizer=None) -> tuple[list[str], list[str]]:
+def parse_fasttext_line(line: str, tokenizer: Tokenizer | None = None) -> tuple[list[str], list[str]]:
     """``(labels, words)`` of one fastText line: the ``__label__`` prefixed words are labels, the rest text."""
     labels, words = [], []
     for piece in line.split():
@@ -348,6 +351,8 @@ def parse_fasttext_line(line: str, tokenizer=None) -> tuple[list[str], list[str]
 
 def _iter_lines(path: Path) -> Iterator[str]:
     """Decoded lines of a (possibly compressed) text file, streamed; damage raises CorruptArchiveError."""
+    if not path.is_file():
+        raise FileNotFoundError(f"fastText file {path} does not exist")
     try:
         with open_compressed(path) as handle:
             for raw in handle:
@@ -378,7 +383,7 @@ def _multilabel(name: str, train_rows: list[tuple[list[str], list[str]]], test_r
     )
 
 
-def _read_fasttext_rows(lines: Iterable[str], source: str, tokenizer) -> tuple[list, int]:
+def _read_fasttext_rows(lines: Iterable[str], source: str, tokenizer: Tokenizer | None) -> tuple[list, int]:
     rows, unlabelled = [], 0
     for line in lines:
         if not line.strip():
@@ -396,7 +401,7 @@ def load_fasttext_file(
     test_path: str | Path | None = None,
     *,
     test_last: int | None = None,
-    tokenizer=None,
+    tokenizer: Tokenizer | None = None,
     name: str | None = None,
 ) -> TextClassificationData:
     """A multi-label data set from fastText-format files (``__label__a __label__b words ...`` per line).
