@@ -240,6 +240,27 @@ def test_gutenberg_books_classification_slice(use_shared_cache):
     assert len(data.test_texts) / (len(data.train_texts) + len(data.test_texts)) == pytest.approx(0.2, abs=0.01)
 
 
+def test_gutenberg_books_passages_and_short_books(monkeypatch):
+    """Passages of 100 tokens without <eos>; every 5th to test; a book shorter than 5 passages gives its last."""
+    entries = [gutenberg.ManifestEntry(f"Author {a}/Book {a}.txt", "0" * 40, 0, 0) for a in "AB"]
+
+    def fake_books(lengths):
+        ids = [np.where(np.arange(n) % 7 == 6, 0, 1 + np.arange(n) % 50) for n in lengths]  # id 0 is <eos>
+        offsets = np.concatenate([[0], np.cumsum(lengths)])
+        return gutenberg.TokenizedBooks(["<eos>", *map(str, range(1, 51))], np.concatenate(ids).astype(np.int32),
+                                        offsets, entries, {})
+
+    # 1,400 tokens -> 1,200 without <eos> -> 12 passages (test: 4 and 9); 350 -> 300 -> 3 passages (test: 2)
+    monkeypatch.setattr(gutenberg, "tokenized_books", lambda *a, **k: fake_books([1_400, 350]))
+    data = load_text_classification("gutenberg-books", max_books=2)
+    assert np.bincount(data.train_labels).tolist() == [10, 2] and np.bincount(data.test_labels).tolist() == [2, 1]
+    assert data.taxonomy == {"Author A": ["Author A/Book A"], "Author B": ["Author B/Book B"]}
+    assert "<eos>" not in {token for i in range(len(data.train_texts)) for token in data.train_texts[i]}
+    monkeypatch.setattr(gutenberg, "tokenized_books", lambda *a, **k: fake_books([1_400, 150]))
+    with pytest.raises(EmptyCorpusError, match="Book B"):
+        load_text_classification("gutenberg-books", max_books=2)
+
+
 def test_strip_boilerplate_markers():
     modern = ("Title page\n*** START OF THIS PROJECT GUTENBERG EBOOK X ***\nCall me Ishmael.\n\n"
               "*** END OF THIS PROJECT GUTENBERG EBOOK X ***\nlicence text")

@@ -451,7 +451,8 @@ def _load_gutenberg_books(max_books: int | None = None, passage_tokens: int = PA
     Each book (boilerplate stripped, tokenized as in :mod:`hsm.data.gutenberg`, ``<eos>`` removed) is cut into
     consecutive non-overlapping passages of ``passage_tokens`` tokens (a shorter tail is dropped). Passage ``j`` of
     a book goes to test if ``j % test_every == test_every - 1`` (20 % by default, spread evenly through the
-    book), else to train. The class is the book (``Author/Title``); the taxonomy is author -> books.
+    book), else to train; a book with fewer than ``test_every`` passages (one of the 678 has 3) gives its last
+    passage to test, and a book with fewer than 2 passages is an error. The class is the book (``Author/Title``); the taxonomy is author -> books.
     """
     from hsm.data.gutenberg import tokenized_books
 
@@ -465,11 +466,13 @@ def _load_gutenberg_books(max_books: int | None = None, passage_tokens: int = PA
         ids = books.book_ids(i)
         ids = ids[ids != 0]  # drop <eos> (type id 0): a passage is a bag of words for the classifier
         n_passages = ids.size // passage_tokens
-        if n_passages < test_every:
-            raise EmptyCorpusError(f"{books.books[i].path} gives {n_passages} passages of {passage_tokens} "
-                                   f"tokens, fewer than {test_every}: it would have no test passage")
+        if n_passages < 2:
+            raise EmptyCorpusError(f"{books.books[i].path} gives {n_passages} passage(s) of {passage_tokens} "
+                                   f"tokens: at least 2 are needed (one train, one test)")
         passages = ids[: n_passages * passage_tokens].reshape(n_passages, passage_tokens)
         is_test = (np.arange(n_passages) % test_every) == test_every - 1
+        if n_passages < test_every:  # a very short book (one has 3 passages): its last passage is the test one
+            is_test[-1] = True
         for split, mask in (("train", ~is_test), ("test", is_test)):
             parts[split][0].append(passages[mask].reshape(-1))
             parts[split][1].extend([label] * int(mask.sum()))
