@@ -215,6 +215,7 @@ def test_gutenberg_from_github_archive_checks_blob_ids(tmp_path, monkeypatch):
 
 
 def test_book_split_is_fixed_and_prefix_stable():
+    assert gutenberg.books_for_scale("full") is None and gutenberg.books_for_scale("quick") == 10
     splits = [gutenberg.book_split(p) for p in range(678)]
     assert (splits.count("train"), splits.count("valid"), splits.count("test")) == (542, 68, 68)
     assert splits[:3] == ["valid", "test", "train"]  # three books suffice for one of each
@@ -352,6 +353,17 @@ def test_fasttext_file_multilabel(tmp_path):
     test_file.write_text("__label__boat boat\n")
     both = load_fasttext_file(packed, test_path=test_file)
     assert len(both.train_texts) == 4 and both.test_texts[0] == ["boat"]
+    # min_label_count counts train and test together: beach occurs once and goes; boat (train + test) stays.
+    frequent = load_fasttext_file(path, test_path=test_file, min_label_count=2)
+    assert frequent.label_names == ["boat", "cat", "sea"] and frequent.stats["labels_dropped"] == 1
+    assert [frequent.train_labels[i] for i in range(4)] == [[2], [1], [2, 0], [1]]
+    lonely = tmp_path / "lonely.txt"
+    lonely.write_text("__label__x lonely\n__label__y a\n__label__y b\n")
+    pruned = load_fasttext_file(lonely, min_label_count=2)  # the only example of x loses its only label
+    assert pruned.label_names == ["y"] and pruned.stats["train_examples_dropped"] == 1
+    assert [pruned.train_texts[i] for i in range(2)] == [["a"], ["b"]]
+    with pytest.raises(EmptyCorpusError):
+        load_fasttext_file(path, min_label_count=3)  # no tag occurs 3 times
 
 
 # ----------------------------------------------------------------------------------------------- error paths

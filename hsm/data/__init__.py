@@ -20,7 +20,7 @@ from hsm.data.errors import (
 )
 from hsm.data.fetch import fetch, fetch_file, verify
 from hsm.data.lm import EOS, UNK, LMCorpus, context_windows
-from hsm.data.gutenberg import load_gutenberg
+from hsm.data.gutenberg import books_for_scale, load_gutenberg
 from hsm.data.ptb import load_ptb
 from hsm.data.registry import DATASETS, SOURCES, dataset
 from hsm.data.text_classification import (
@@ -42,6 +42,7 @@ __all__ = [
     "UnknownDatasetError",
     "UnknownLabelError",
     "DATASETS",
+    "books_for_scale",
     "SOURCES",
     "EOS",
     "UNK",

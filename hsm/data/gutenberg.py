@@ -59,6 +59,8 @@ from hsm.data.registry import GUTENBERG_COMMIT, GUTENBERG_GITHUB_ARCHIVE, SOURCE
 BOOK_ORDER_SEED = 20170806
 #: Bump when stripping or tokenizing changes: it is part of every cache key.
 PIPELINE_VERSION = 1
+#: Books in the quick-mode slice (``HSM_SCALE=quick``): the first 10 of the book order, 8 / 1 / 1 by split.
+QUICK_BOOKS = 10
 #: Positions ``p % 10`` of the book order that go to valid and test (10 % each); the rest is train.
 VALID_RESIDUE, TEST_RESIDUE, SPLIT_MODULUS = 0, 1, 10
 
@@ -133,6 +135,14 @@ def book_split(position: int) -> str:
     """Split of the book at ``position`` of :func:`book_order`: valid, test or train (10 / 10 / 80 %)."""
     residue = position % SPLIT_MODULUS
     return "valid" if residue == VALID_RESIDUE else "test" if residue == TEST_RESIDUE else "train"
+
+
+def books_for_scale(scale: str | None = None) -> int | None:
+    """``max_books`` for a scale: :data:`QUICK_BOOKS` when quick, None (all 678) when full (default: ``HSM_SCALE``)."""
+    scale = scale or config.scale()
+    if scale not in ("quick", "full"):
+        raise ValueError(f"scale must be 'quick' or 'full', got {scale!r}")
+    return None if scale == "full" else QUICK_BOOKS
 
 
 def select_books(max_books: int | None = None) -> list[ManifestEntry]:

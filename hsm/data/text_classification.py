@@ -361,39 +361,102 @@ def _iter_lines(path: Path) -> Iterator[str]:
         raise _corrupt(path, exc) from exc
 
 
-def _multilabel(name: str, train_rows: list[tuple[list[str], list[str]]], test_rows,
-                description: str, stats: dict[str, object]) -> TextClassificationData:
-    label_names = sorted({label for labels, _ in train_rows + test_rows for label in labels})
-    label_id = {label: i for i, label in enumerate(label_names)}
-    encoder = _Encoder()
+def _encode_fasttext(lines: Iterable[str], tokenizer: Tokenizer | None, encoder: _Encoder,
+                     label_index: dict[str, int]) -> tuple[TokenizedTexts, Ragged, int]:
+    """Encode fastText lines as they stream in (no per-line Python objects are kept: YFCC100M has 91M lines).
 
-    def labels_of(rows):
-        return Ragged.from_lists(([label_id[label] for label in labels] for labels, _ in rows), dtype=np.int64)
+    Label ids are provisional (first-seen order, in ``label_index``); lines without a label are counted and
+    skipped, as fastText's supervised mode skips them.
+    """
+    unlabelled = 0
+    label_values, label_offsets = array("i"), array("q", [0])
 
+    def documents() -> Iterator[list[str]]:
+        nonlocal unlabelled
+        for line in lines:
+            if not line.strip():
+                continue
+            labels, words = parse_fasttext_line(line, tokenizer)
+            if not labels:
+                unlabelled += 1
+                continue
+            for label in labels:
+                if label not in label_index:
+                    label_index[label] = len(label_index)
+            label_values.extend(label_index[label] for label in labels)
+            label_offsets.append(len(label_values))
+            yield words
+
+    texts = encoder.encode(documents())
+    labels = Ragged(np.frombuffer(label_values, dtype=np.int32), np.frombuffer(label_offsets, dtype=np.int64))
+    return texts, labels, unlabelled
+
+
+def _relabel(labels: Ragged, mapping: np.ndarray) -> tuple[Ragged, np.ndarray]:
+    """Apply ``mapping`` (old id -> new id, -1 drops the label) to every row; also return which rows kept one."""
+    new_values = mapping[labels.values] if labels.values.size else labels.values.astype(np.int64)
+    keep = new_values >= 0
+    row_of_value = np.repeat(np.arange(len(labels)), labels.lengths())
+    kept_per_row = np.bincount(row_of_value[keep], minlength=len(labels))
+    offsets = np.zeros(len(labels) + 1, dtype=np.int64)
+    np.cumsum(kept_per_row, out=offsets[1:])
+    return Ragged(new_values[keep].astype(np.int64), offsets), kept_per_row > 0
+
+
+def _multilabel_from_fasttext(
+    name: str,
+    train_lines: Iterable[str],
+    test_lines: Iterable[str] | None,
+    *,
+    test_last: int | None,
+    tokenizer: Tokenizer | None,
+    min_label_count: int,
+    description: str,
+    source: str,
+) -> TextClassificationData:
+    encoder, label_index = _Encoder(), {}
+    texts, labels, unlabelled = _encode_fasttext(train_lines, tokenizer, encoder, label_index)
+    if len(texts) == 0:
+        raise EmptyCorpusError(f"{source} holds no labelled lines ('__label__tag words ...'). Fix: check the file.")
+    if test_lines is not None:
+        test_texts, test_labels, test_unlabelled = _encode_fasttext(test_lines, tokenizer, encoder, label_index)
+        unlabelled += test_unlabelled
+    elif test_last is not None:
+        if not 0 <= test_last < len(texts):
+            raise ValueError(f"test_last={test_last} must be in [0, {len(texts)}) for {source}")
+        cut = len(texts) - test_last
+        train_rows, test_rows = np.arange(cut), np.arange(cut, len(texts))
+        texts, labels, test_texts, test_labels = (
+            texts.subset(train_rows), labels.subset(train_rows), texts.subset(test_rows), labels.subset(test_rows))
+    else:
+        test_texts, test_labels = texts.subset([]), labels.subset([])
+    # Label ids in the order of the sorted names; labels seen fewer than min_label_count times (train and test
+    # together) are dropped: ICML §7.1 keeps the YFCC100M tags with at least 100 occurrences.
+    old_names = np.array(list(label_index), dtype=object)
+    label_counts = np.bincount(np.concatenate([labels.values, test_labels.values]), minlength=len(old_names))
+    kept_old = np.flatnonzero(label_counts >= min_label_count)
+    kept_old = kept_old[np.argsort(old_names[kept_old])]
+    mapping = np.full(len(old_names), -1, dtype=np.int64)
+    mapping[kept_old] = np.arange(kept_old.size)
+    stats: dict[str, object] = {"unlabelled_lines": unlabelled, "min_label_count": min_label_count,
+                                "labels_dropped": int(len(old_names) - kept_old.size)}
+    splits = {}
+    for split, (split_texts, split_labels) in {"train": (texts, labels), "test": (test_texts, test_labels)}.items():
+        relabelled, has_label = _relabel(split_labels, mapping)
+        rows = np.flatnonzero(has_label)
+        stats[f"{split}_examples_dropped"] = int(len(split_texts) - rows.size)
+        splits[split] = (split_texts.subset(rows), relabelled.subset(rows))
     return TextClassificationData(
         name=name,
-        train_texts=encoder.encode(words for _, words in train_rows),
-        train_labels=labels_of(train_rows),
-        test_texts=encoder.encode(words for _, words in test_rows),
-        test_labels=labels_of(test_rows),
-        label_names=label_names,
+        train_texts=splits["train"][0],
+        train_labels=splits["train"][1],
+        test_texts=splits["test"][0],
+        test_labels=splits["test"][1],
+        label_names=[str(label) for label in old_names[kept_old]],
         multilabel=True,
         description=description,
         stats=stats,
     )
-
-
-def _read_fasttext_rows(lines: Iterable[str], source: str, tokenizer: Tokenizer | None) -> tuple[list, int]:
-    rows, unlabelled = [], 0
-    for line in lines:
-        if not line.strip():
-            continue
-        labels, words = parse_fasttext_line(line, tokenizer)
-        if not labels:
-            unlabelled += 1  # fastText skips these in supervised training too; counted in stats
-            continue
-        rows.append((labels, words))
-    return rows, unlabelled
 
 
 def load_fasttext_file(
@@ -402,46 +465,46 @@ def load_fasttext_file(
     *,
     test_last: int | None = None,
     tokenizer: Tokenizer | None = None,
+    min_label_count: int = 1,
     name: str | None = None,
 ) -> TextClassificationData:
     """A multi-label data set from fastText-format files (``__label__a __label__b words ...`` per line).
 
     This is the format the fastText YFCC100M scripts produce (ICML §7.1 follows that setting), so a user holding
-    the real YFCC100M tag files can run the classification table on them. ``path`` may be ``.gz``/``.xz``/``.bz2``.
-    The test set is ``test_path`` if given, else the last ``test_last`` lines of ``path``, else empty (use
-    :meth:`TextClassificationData.validation_split`). Words are whitespace tokens (the scripts already
-    tokenized them) unless ``tokenizer`` is given. Lines without any label are skipped and counted in
-    ``stats['unlabelled_lines']``.
+    the real YFCC100M tag files can run the classification table on them. Files may be ``.gz``/``.xz``/``.bz2``
+    and are read as a stream into the compact encoding. The test set is ``test_path`` if given, else the last
+    ``test_last`` lines of ``path``, else empty (use :meth:`TextClassificationData.validation_split`). Words are
+    whitespace tokens (the scripts already tokenized them) unless ``tokenizer`` is given. Lines without any label
+    are skipped and counted in ``stats['unlabelled_lines']``. Labels occurring fewer than ``min_label_count`` times
+    (train and test together) are dropped (paper: 100), and examples left without a label with them (counted in
+    ``stats``).
     """
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"fastText file {path} does not exist")
-    rows, unlabelled = _read_fasttext_rows(_iter_lines(path), str(path), tokenizer)
-    if not rows:
-        raise EmptyCorpusError(f"{path} holds no labelled lines ('__label__tag words ...'). Fix: check the file.")
-    if test_path is not None:
-        test_rows, test_unlabelled = _read_fasttext_rows(_iter_lines(Path(test_path)), str(test_path), tokenizer)
-        unlabelled += test_unlabelled
-    elif test_last is not None:
-        if not 0 <= test_last < len(rows):
-            raise ValueError(f"test_last={test_last} must be in [0, {len(rows)}) for {path}")
-        rows, test_rows = rows[: len(rows) - test_last], rows[len(rows) - test_last :]
-    else:
-        test_rows = []
-    return _multilabel(name or path.name, rows, test_rows, f"fastText file {path}",
-                       {"unlabelled_lines": unlabelled})
+    if not isinstance(min_label_count, int) or min_label_count < 1:
+        raise ValueError(f"min_label_count must be a positive int, got {min_label_count!r}")
+    return _multilabel_from_fasttext(
+        name or path.name,
+        _iter_lines(path),
+        _iter_lines(Path(test_path)) if test_path is not None else None,
+        test_last=test_last,
+        tokenizer=tokenizer,
+        min_label_count=min_label_count,
+        description=f"fastText file {path}",
+        source=str(path),
+    )
 
 
 def _load_cooking() -> TextClassificationData:
     path = fetch_file(SOURCES["cooking"].file("cooking/cooking.stackexchange.tar.gz"))
     text = read_tar_member(path, "cooking.stackexchange.txt").decode("utf-8")
-    rows, unlabelled = _read_fasttext_rows(text.split("\n"), str(path), tokenize_words)
-    if not rows:
-        raise EmptyCorpusError(f"{path}: cooking.stackexchange.txt holds no labelled lines")
-    # fastText's supervised tutorial: `head -n 12404` train, `tail -n 3000` valid (our test).
-    train_rows, test_rows = rows[:-3000], rows[-3000:]
-    return _multilabel("cooking", train_rows, test_rows, dataset("cooking").description,
-                       {"unlabelled_lines": unlabelled, "examples": len(rows)})
+    # fastText's supervised tutorial: `head -n 12404` train, `tail -n 3000` valid (our test). Titles are raw text:
+    # lower-cased and punctuation split off, as the tutorial's preprocessing does.
+    data = _multilabel_from_fasttext(
+        "cooking", text.split("\n"), None, test_last=3000, tokenizer=tokenize_words, min_label_count=1,
+        description=dataset("cooking").description, source=f"{path}: cooking.stackexchange.txt",
+    )
+    data.stats["examples"] = len(data.train_texts) + len(data.test_texts)
+    return data
 
 
 def _load_gutenberg_books(max_books: int | None = None, passage_tokens: int = PASSAGE_TOKENS,
