@@ -1,0 +1,545 @@
+"""Label assignment: the greedy AssignLabels of ICML Algorithms 2 and 3.
+
+At a node ``n`` the algorithms rank every (label ``i``, child ``j``) pair by the paper's score
+
+* eq. 10 (``wrt="p"``):    (2/M) q_i (1 - q_i) sign(p_{j|i} - p_j)
+* eq. 12 (``wrt="logp"``): (2/M) q_i (1 - q_i) sign(p_{j|i} - p_j) p_{j|i}   (the language-model variant)
+
+and walk the pairs in decreasing score, giving label ``i`` to child ``j`` when ``i`` is still
+unassigned and ``j`` may still take labels. What "may take" means is the only difference:
+
+* **Algorithm 3** (depth constraint, ICML supplement; arXiv Algorithm 2): child ``j`` of a node at
+  depth ``d`` (root: d = 1) takes at most ``M**(D-d)`` labels, the leaves below it. The arXiv
+  pseudocode prints ``M**(D-d+1)``, which lets one child of the root take all ``M**D`` leaves'
+  worth of labels and so cannot produce a depth-``D`` tree (``capacity_rule="arxiv_printed"``
+  reproduces the failure).
+* **Algorithm 2** (well-formed trees, ICML): every child must end with a label count
+  ``= 1 (mod M-1)``, none empty, so the tree stays a full M-ary tree. The printed CheckFull
+  deadlocks for M = 2 and M >= 4 (inventory §3.3; ``rule="printed"`` reproduces it). The rule we
+  use is the released code's: a child that is *closed* (count ``= 1 mod (M-1)``) is eligible only
+  while the slack (labels left minus labels still needed to close every child) is at least
+  ``M - 1``, since one more label there opens a block of ``M - 1``.
+
+The greedy is the sequential scan of the sorted pairs in the paper. We run it with a heap
+holding each unassigned label's best remaining pair (compiled with numba), which visits the pairs
+in exactly the same order (ties broken by label id, then child id) without sorting all ``K M``
+pairs: a full re-assignment at K = 250k, M = 65, D = 3 takes about a second.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import numba
+import numpy as np
+
+from .tree import Tree
+
+__all__ = [
+    "AssignmentDeadlock",
+    "AssignmentError",
+    "Reassignment",
+    "StatisticsSource",
+    "assign_labels_depth_constrained",
+    "assign_labels_well_formed",
+    "assign_node",
+    "assign_node_well_formed",
+    "assignment_score",
+    "brute_force_assign",
+    "greedy_assign_reference",
+    "pair_scores",
+]
+
+Wrt = Literal["p", "logp"]
+
+
+class AssignmentError(ValueError):
+    """The assignment problem has no solution (not enough room, malformed input)."""
+
+
+class AssignmentDeadlock(AssignmentError):
+    """The greedy stopped with labels left and no child allowed to take them."""
+
+
+# ---------------------------------------------------------------------------- scores
+def _check_wrt(wrt: str) -> None:
+    if wrt not in ("p", "logp"):
+        raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}")
+
+
+def _segment_scores(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_groups: int, wrt: Wrt) -> np.ndarray:
+    """Eq. 10 / 12 scores for labels of several nodes at once (``group[i]`` = node of label i).
+
+    q is the label's share of its node's weight; p_j = sum_i q_i p_{j|i} is computed per node (eq. 7).
+    """
+    arity = p_cond.shape[1]
+    total = np.bincount(group, weights=weights, minlength=num_groups)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        q = np.where(total[group] > 0, weights / total[group], 0.0)
+    # p_j per node (eq. 7): rows sorted by node, then one reduceat instead of M bincounts
+    order = np.argsort(group, kind="stable")
+    starts = np.searchsorted(group[order], np.arange(num_groups))
+    marginal = np.zeros((num_groups, arity))
+    present = starts < len(group)
+    marginal[present] = np.add.reduceat(q[order, None] * p_cond[order], starts[present], axis=0)
+    marginal[np.bincount(group, minlength=num_groups) == 0] = 0.0
+    scores = np.sign(p_cond - marginal[group])
+    scores *= ((2.0 / arity) * q * (1.0 - q))[:, None]
+    if wrt == "logp":
+        scores *= p_cond
+    return scores
+
+
+def _validate_node_inputs(p_cond: Any, counts: Any) -> tuple[np.ndarray, np.ndarray]:
+    p_cond = np.asarray(p_cond, dtype=np.float64)
+    counts = np.asarray(counts, dtype=np.float64)
+    if p_cond.ndim != 2 or p_cond.shape[1] < 2:
+        raise ValueError(f"p_cond must be a [K, M] array with M >= 2, got shape {p_cond.shape}")
+    if counts.shape != (p_cond.shape[0],):
+        raise ValueError(f"counts must have shape ({p_cond.shape[0]},) to match p_cond, got {counts.shape}")
+    if not (np.isfinite(p_cond).all() and np.isfinite(counts).all()):
+        raise ValueError("p_cond and counts must be finite (NaN or inf found)")
+    if (p_cond < 0).any() or (counts < 0).any():
+        raise ValueError("p_cond and counts must be non-negative")
+    if counts.sum() <= 0:
+        raise ValueError("counts must not all be zero: q (eq. 6) is undefined")
+    return p_cond, counts
+
+
+def pair_scores(p_cond: Any, counts: Any, wrt: Wrt = "logp") -> np.ndarray:
+    """The [K, M] scores of eq. 10 (``wrt="p"``) or eq. 12 (``wrt="logp"``) at one node, with
+    ``q = counts / counts.sum()`` (the Counts statistics of Algorithm 1) and p_j from eq. 7."""
+    _check_wrt(wrt)
+    p_cond, counts = _validate_node_inputs(p_cond, counts)
+    return _segment_scores(p_cond, counts, np.zeros(len(counts), dtype=np.int64), 1, wrt)
+
+
+# ---------------------------------------------------------------------------- the greedy kernel
+@numba.njit(cache=True)
+def _before(score_a: float, label_a: int, score_b: float, label_b: int) -> bool:
+    return score_a > score_b or (score_a == score_b and label_a < label_b)
+
+
+@numba.njit(cache=True)
+def _sift_down(heap_score, heap_label, pos, size):  # pragma: no cover - compiled
+    while True:
+        left = 2 * pos + 1
+        if left >= size:
+            return
+        best = left
+        right = left + 1
+        if right < size and _before(heap_score[right], heap_label[right], heap_score[left], heap_label[left]):
+            best = right
+        if _before(heap_score[best], heap_label[best], heap_score[pos], heap_label[pos]):
+            heap_score[pos], heap_score[best] = heap_score[best], heap_score[pos]
+            heap_label[pos], heap_label[best] = heap_label[best], heap_label[pos]
+            pos = best
+        else:
+            return
+
+
+@numba.njit(cache=True)
+def _greedy_kernel(pref, pref_scores, group, capacity, well_formed, arity):  # pragma: no cover - compiled
+    """Visit (label, child) pairs in decreasing score; accept when allowed.
+
+    pref[i] lists label i's children by decreasing score (ties: lower child first), pref_scores
+    the matching scores. Each unassigned label keeps exactly one entry in the heap, its best
+    pair not yet rejected, so the heap top is always the next pair of the global sorted order.
+    Returns (child per label, -1) or (partial result, label that could not be placed).
+    """
+    n, m = pref.shape
+    num_groups = capacity.shape[0]
+    heap_score = pref_scores[:, 0].copy()
+    heap_label = np.arange(n)
+    pointer = np.zeros(n, dtype=np.int64)
+    result = np.full(n, -1, dtype=np.int64)
+    sizes = np.zeros((num_groups, m), dtype=np.int64)
+    remaining = np.zeros(num_groups, dtype=np.int64)
+    needed = np.full(num_groups, m, dtype=np.int64)  # labels still needed to close every child
+    for i in range(n):
+        remaining[group[i]] += 1
+    for pos in range(n // 2 - 1, -1, -1):
+        _sift_down(heap_score, heap_label, pos, n)
+    size = n
+    while size > 0:
+        label = heap_label[0]
+        g = group[label]
+        child = pref[label, pointer[label]]
+        if well_formed:
+            count = sizes[g, child]
+            closed = count >= 1 and (count - 1) % (arity - 1) == 0
+            allowed = (not closed) or (remaining[g] - needed[g] >= arity - 1)
+        else:
+            closed = False
+            allowed = capacity[g, child] > 0
+        if allowed:
+            result[label] = child
+            sizes[g, child] += 1
+            capacity[g, child] -= 1
+            remaining[g] -= 1
+            if closed:
+                needed[g] += arity - 2
+            else:
+                needed[g] -= 1
+            size -= 1
+            heap_score[0] = heap_score[size]
+            heap_label[0] = heap_label[size]
+            _sift_down(heap_score, heap_label, 0, size)
+        else:
+            pointer[label] += 1
+            if pointer[label] >= m:
+                return result, label
+            heap_score[0] = pref_scores[label, pointer[label]]  # a smaller key: sift down
+            _sift_down(heap_score, heap_label, 0, size)
+    return result, -1
+
+
+def _rank_in_group(group: np.ndarray) -> np.ndarray:
+    """Position of each label among the labels of its node, in label-id order."""
+    order = np.argsort(group, kind="stable")
+    sizes = np.bincount(group)
+    rank = np.empty(len(group), dtype=np.int64)
+    rank[order] = np.arange(len(group)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return rank
+
+
+def _child_preferences(scores: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Each label's children by decreasing score. Equal scores (eq. 10 has only +/- values, and
+    labels without statistics score 0 everywhere) are broken by rotating from child
+    ``rank mod M``, rank = the label's position at its node: uninformed labels are then dealt
+    round-robin instead of all landing in child 0 (which, under the well-formed rule, would
+    grow a chain of depth K / (M - 1)). The released code breaks the same symmetry by seeding
+    each label's statistics with 0.5 on child (position mod M)."""
+    arity = scores.shape[1]
+    rotation = (np.arange(arity)[None, :] - _rank_in_group(group)[:, None]) % arity
+    return np.lexsort((rotation, -scores), axis=-1)
+
+
+def _run_greedy(scores: np.ndarray, group: np.ndarray, capacity: np.ndarray, well_formed: bool) -> np.ndarray:
+    arity = scores.shape[1]
+    if not np.isfinite(scores).all():
+        raise ValueError("assignment scores must be finite (NaN in the node statistics?)")
+    pref = _child_preferences(scores, group)
+    pref_scores = np.take_along_axis(scores, pref, axis=1)
+    result, stuck = _greedy_kernel(
+        pref, np.ascontiguousarray(pref_scores), group.astype(np.int64), capacity.astype(np.int64).copy(), well_formed, arity
+    )
+    if stuck >= 0:
+        raise AssignmentDeadlock(
+            f"label {stuck} could not be placed: every child of its node is full"
+            + (" under the well-formedness rule" if well_formed else " (capacity too small for the labels)")
+        )
+    return result
+
+
+# ---------------------------------------------------------------------------- node level
+def _capacity_row(capacity: Any, arity: int) -> np.ndarray:
+    cap = np.asarray(capacity)
+    if cap.ndim == 0:
+        cap = np.full(arity, int(cap))
+    if cap.shape != (arity,):
+        raise ValueError(f"capacity must be an int or one int per child ({arity}), got shape {cap.shape}")
+    if (cap < 0).any():
+        raise ValueError("capacities must be non-negative")
+    return cap.astype(np.int64)
+
+
+def assign_node(p_cond: Any, counts: Any, capacity: Any, wrt: Wrt = "logp") -> np.ndarray:
+    """Greedy assignment of the labels at one node under per-child capacities (ICML Algorithm 3,
+    lines "argmax over (i, j) with j not full ... if |assigned_j| = M^{D-d}: full").
+
+    Parameters
+    ----------
+    p_cond: [K, M] p_{j|i} at the node. counts: [K] examples per label (q = counts / sum).
+    capacity: an int (every child) or [M] ints. wrt: "logp" ranks by eq. 12, "p" by eq. 10.
+
+    Returns the child index of every label, shape [K].
+    """
+    _check_wrt(wrt)
+    p_cond, counts = _validate_node_inputs(p_cond, counts)
+    cap = _capacity_row(capacity, p_cond.shape[1])
+    if cap.sum() < len(counts):
+        raise AssignmentError(f"{len(counts)} labels do not fit in total capacity {cap.sum()}")
+    scores = _segment_scores(p_cond, counts, np.zeros(len(counts), dtype=np.int64), 1, wrt)
+    return _run_greedy(scores, np.zeros(len(counts), dtype=np.int64), cap[None, :], well_formed=False)
+
+
+def assign_node_well_formed(
+    p_cond: Any, counts: Any, wrt: Wrt = "logp", rule: Literal["corrected", "printed"] = "corrected"
+) -> np.ndarray:
+    """Greedy assignment at one node of a well-formed M-ary tree (ICML Algorithm 2): every child
+    ends with ``= 1 (mod M-1)`` labels and none is empty. Needs ``K = 1 (mod M-1)``, K >= M.
+
+    ``rule="corrected"`` is the released code's eligibility rule (module docstring);
+    ``rule="printed"`` runs the CheckFull procedure exactly as printed in the paper, which raises
+    :class:`AssignmentDeadlock` for M = 2 and M >= 4 as soon as K > M (inventory §3.3).
+    """
+    _check_wrt(wrt)
+    p_cond, counts = _validate_node_inputs(p_cond, counts)
+    num_labels, arity = p_cond.shape
+    if num_labels < arity or (num_labels - 1) % (arity - 1) != 0:
+        raise AssignmentError(
+            f"a well-formed split needs K >= M and K = 1 (mod M-1); got K = {num_labels}, M = {arity}: "
+            "pad with zero-count dummy labels"
+        )
+    scores = _segment_scores(p_cond, counts, np.zeros(num_labels, dtype=np.int64), 1, wrt)
+    if rule == "printed":
+        return _check_full_printed(scores)
+    if rule != "corrected":
+        raise ValueError(f"rule must be 'corrected' or 'printed', got {rule!r}")
+    zeros = np.zeros(num_labels, dtype=np.int64)
+    return _run_greedy(scores, zeros, np.zeros((1, arity), dtype=np.int64), well_formed=True)
+
+
+def _sorted_pairs(scores: np.ndarray) -> list[tuple[int, int]]:
+    """All (label, child) pairs in the greedy's order: decreasing score, then label id, then child
+    rotated to start at ``label mod M`` (the tie rule of :func:`_child_preferences`)."""
+    num_labels, arity = scores.shape
+    labels, children = np.meshgrid(np.arange(num_labels), np.arange(arity), indexing="ij")
+    rotation = (children - labels) % arity
+    order = np.lexsort((rotation.ravel(), labels.ravel(), -scores.ravel()))
+    return [(int(labels.ravel()[k]), int(children.ravel()[k])) for k in order]
+
+
+def _check_full_printed(scores: np.ndarray) -> np.ndarray:
+    """ICML Algorithm 2 with CheckFull transcribed literally (non-nested reading, inventory §3.3)."""
+    num_labels, arity = scores.shape
+    assigned = np.full(num_labels, -1)
+    sizes = [0] * arity
+    full: set[int] = set()
+    count = num_labels - (arity - 1)
+    while (assigned < 0).any():
+        pair = next(((i, j) for i, j in _sorted_pairs(scores) if assigned[i] < 0 and j not in full), None)
+        if pair is None:
+            raise AssignmentDeadlock(
+                f"printed CheckFull deadlocked: child sizes {sizes}, {(assigned < 0).sum()} labels unassigned, "
+                f"every child marked full (M = {arity}, K = {num_labels})"
+            )
+        i, j = pair
+        assigned[i] = j
+        sizes[j] += 1
+        # procedure CheckFull(full, assigned, count, j)
+        if sizes[j] % (arity - 1) == 2 % (arity - 1):
+            count -= arity - 1
+        if count == 0:
+            full.add(j)
+        if count == 1:
+            count = 0
+            full.update(jj for jj in range(arity) if sizes[jj] % (arity - 1) == 1 % (arity - 1))
+    return assigned
+
+
+def greedy_assign_reference(
+    p_cond: Any, counts: Any, capacity: Any, wrt: Wrt = "logp", return_order: bool = False
+) -> Any:
+    """Plain-Python transcription of the capacity greedy (the test oracle for :func:`assign_node`):
+    sort all pairs, scan them once. With ``return_order`` also returns the accepted pairs in order."""
+    p_cond, counts = _validate_node_inputs(p_cond, counts)
+    cap = list(_capacity_row(capacity, p_cond.shape[1]))
+    scores = pair_scores(p_cond, counts, wrt)
+    assigned = np.full(len(counts), -1)
+    accepted = []
+    for i, j in _sorted_pairs(scores):
+        if assigned[i] < 0 and cap[j] > 0:
+            assigned[i] = j
+            cap[j] -= 1
+            accepted.append((i, j, float(scores[i, j])))
+    if (assigned < 0).any():
+        raise AssignmentError("labels left over: total capacity too small")
+    return (assigned, accepted) if return_order else assigned
+
+
+def assignment_score(p_cond: Any, counts: Any, assignment: Any, wrt: Wrt = "logp") -> float:
+    """The first-order gain the greedy maximises: sum_i score[i, assignment[i]] (eqs. 13 / 14)."""
+    scores = pair_scores(p_cond, counts, wrt)
+    assignment = np.asarray(assignment, dtype=np.int64)
+    return float(scores[np.arange(len(assignment)), assignment].sum())
+
+
+def brute_force_assign(p_cond: Any, counts: Any, capacity: Any, wrt: Wrt = "logp") -> tuple[np.ndarray, float]:
+    """The best assignment under the capacities by enumeration (M**K candidates; small K only).
+    Lemma 1 claims the greedy attains this; it does not always (see the book's Lemmas chapter)."""
+    p_cond, counts = _validate_node_inputs(p_cond, counts)
+    num_labels, arity = p_cond.shape
+    if arity**num_labels > 2_000_000:
+        raise ValueError(f"M**K = {arity}**{num_labels} candidates is too many to enumerate")
+    cap = _capacity_row(capacity, arity)
+    scores = pair_scores(p_cond, counts, wrt)
+    best, best_value = None, -np.inf
+    for candidate in itertools.product(range(arity), repeat=num_labels):
+        if (np.bincount(candidate, minlength=arity) > cap).any():
+            continue
+        value = scores[np.arange(num_labels), candidate].sum()
+        if value > best_value + 1e-15:
+            best, best_value = np.array(candidate), value
+    if best is None:
+        raise AssignmentError("no assignment fits the capacities")
+    return best, float(best_value)
+
+
+# ---------------------------------------------------------------------------- tree level
+class StatisticsSource(Protocol):
+    """What the tree-level algorithms read: the SumProbas / Counts of Algorithm 1."""
+
+    def label_weights(self) -> np.ndarray:
+        """[num_leaves] example counts per label (0 for dummy leaves); q is their share at a node."""
+
+    def p_cond(self, depth: int, labels: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """[len(labels), M] estimate of p_{.|i} at ``nodes[k]`` (depth ``depth``, root 0) for
+        ``labels[k]``; a node the label was not seen at gets the prior."""
+
+
+@dataclass
+class Reassignment:
+    """Result of a tree-level re-assignment."""
+
+    tree: Tree
+    #: internal node ids whose place in the tree is new (their old parameters describe another node)
+    moved_nodes: np.ndarray
+    #: fraction of real labels whose path (node, child) sequence changed
+    moved_labels: float
+
+
+def _moved_fraction(old: Tree, new: Tree) -> float:
+    k = old.num_labels
+    if old.path_nodes.shape != new.path_nodes.shape:
+        width = max(old.max_depth, new.max_depth)
+        pad = lambda a: np.pad(a[:k], ((0, 0), (0, width - a.shape[1])), constant_values=-1)  # noqa: E731
+        a = np.where(old.path_mask[:k], old.path_children[:k], -1)
+        b = np.where(new.path_mask[:k], new.path_children[:k], -1)
+        return float((pad(a) != pad(b)).any(axis=1).mean())
+    same = (old.path_children[:k] == new.path_children[:k]) & (old.path_nodes[:k] == new.path_nodes[:k])
+    return float((~(same | ~old.path_mask[:k])).any(axis=1).mean())
+
+
+def assign_labels_depth_constrained(
+    tree: Tree,
+    statistics: StatisticsSource,
+    wrt: Wrt = "logp",
+    capacity_rule: Literal["icml", "arxiv_printed"] = "icml",
+) -> Reassignment:
+    """ICML supplement Algorithm 3 (arXiv Algorithm 2): re-assign every label top-down in a
+    fixed-depth tree. A child of a node at depth d (root d = 1) takes at most ``M**(D-d)`` labels.
+
+    All nodes of one depth are solved in one greedy pass (their problems are independent). Node
+    ids are the heap positions, so they never move: the node parameters stay in place.
+    ``capacity_rule="arxiv_printed"`` uses the arXiv pseudocode's ``M**(D-d+1)`` and raises
+    :class:`AssignmentError` when, as it can, a subtree receives more labels than it has leaves.
+    """
+    _check_wrt(wrt)
+    if tree.depth_limit is None:
+        raise ValueError("Algorithm 3 needs a fixed-depth tree (Tree.random / balanced / complete)")
+    arity, depth, num_labels = tree.arity, tree.depth_limit, tree.num_labels
+    weights = np.asarray(statistics.label_weights(), dtype=np.float64)[:num_labels]
+    labels = np.arange(num_labels)
+    node = np.zeros(num_labels, dtype=np.int64)
+    position = np.zeros(num_labels, dtype=np.int64)
+    for level in range(depth):
+        exponent = depth - 1 - level if capacity_rule == "icml" else depth - level
+        uniq, group = np.unique(node, return_inverse=True)
+        p_cond = np.asarray(statistics.p_cond(level, labels, node), dtype=np.float64)
+        scores = _segment_scores(p_cond, weights, group, len(uniq), wrt)
+        capacity = np.full((len(uniq), arity), arity**exponent, dtype=np.int64)
+        child = _run_greedy(scores, group, capacity, well_formed=False)
+        node = node * arity + child + 1
+        position = position * arity + child
+        leaves_below = arity ** (depth - 1 - level)
+        if capacity_rule != "icml":
+            loads = np.bincount(position, minlength=position.max() + 1)
+            if loads.max() > leaves_below:
+                raise AssignmentError(
+                    f"with the arXiv print's capacity M^(D-d+1) a depth-{level + 2} subtree received "
+                    f"{loads.max()} labels but has only {leaves_below} leaves"
+                )
+    return Reassignment(Tree.complete(position, arity, depth, label_names=tree.label_names), np.zeros(0, np.int64),
+                        _moved_fraction(tree, Tree.complete(position, arity, depth)))
+
+
+def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, wrt: Wrt = "logp") -> Reassignment:
+    """ICML Algorithm 2: re-assign every label (and dummy leaf) top-down so that the tree stays a
+    full M-ary tree; the number of internal nodes, (K' - 1) / (M - 1), never changes.
+
+    Node ids are reused so that parameters stay where they were: a new internal node at slot j of
+    a node that kept its id gets the id that sat there before, if that was an internal node; the
+    other new nodes take the ids left over, and are reported in ``moved_nodes`` (their parameters
+    were trained for another place in the tree: :meth:`HierarchicalSoftmax.set_tree` can reset
+    them).
+    """
+    _check_wrt(wrt)
+    arity = tree.arity
+    num_leaves = tree.num_leaves
+    if (num_leaves - 1) % (arity - 1) != 0 or not tree.is_well_formed():
+        raise ValueError(
+            "Algorithm 2 needs a well-formed tree (every node with M children, leaves = 1 mod (M-1)); "
+            "start from Tree.huffman(...) or another full M-ary tree"
+        )
+    num_nodes = (num_leaves - 1) // (arity - 1)
+    weights = np.asarray(statistics.label_weights(), dtype=np.float64)
+    if weights.shape != (num_leaves,):
+        raise ValueError(f"label_weights() must give {num_leaves} values (labels and dummy leaves)")
+
+    # provisional nodes in creation order; final ids resolved at the end
+    prov_final = [0]  # root keeps id 0
+    claimed = np.zeros(num_nodes, dtype=bool)
+    claimed[0] = True
+    child_node_prov: list[np.ndarray] = []
+    child_label_prov: list[np.ndarray] = []
+
+    active = np.arange(num_leaves)
+    active_prov = np.zeros(num_leaves, dtype=np.int64)
+    level = 0
+    while active.size:
+        uniq, group = np.unique(active_prov, return_inverse=True)
+        final_of_group = np.array([prov_final[p] for p in uniq])
+        nodes_for_stats = final_of_group[group]  # -1 (not yet known) means: no statistics, use the prior
+        p_cond = np.asarray(statistics.p_cond(level, active, nodes_for_stats), dtype=np.float64)
+        scores = _segment_scores(p_cond, weights[active], group, len(uniq), wrt)
+        child = _run_greedy(scores, group, np.zeros((len(uniq), arity), dtype=np.int64), well_formed=True)
+
+        key = group * arity + child
+        sizes = np.bincount(key, minlength=len(uniq) * arity)
+        while len(child_node_prov) < max(uniq) + 1:
+            child_node_prov.append(np.full(arity, -1, dtype=np.int64))
+            child_label_prov.append(np.full(arity, -1, dtype=np.int64))
+        singles = sizes[key] == 1
+        for g, j, label in zip(group[singles], child[singles], active[singles]):
+            child_label_prov[uniq[g]][j] = label
+        # every (group, child) with several labels becomes a new internal node
+        multi_keys = np.nonzero(sizes > 1)[0]
+        new_prov = {}
+        for k in multi_keys:
+            g, j = divmod(int(k), arity)
+            parent_prov = int(uniq[g])
+            prov = len(prov_final)
+            new_prov[k] = prov
+            parent_final = prov_final[parent_prov]
+            preferred = tree.child_node[parent_final, j] if parent_final >= 0 else -1
+            if preferred >= 0 and not claimed[preferred]:
+                claimed[preferred] = True
+                prov_final.append(int(preferred))
+            else:
+                prov_final.append(-1)
+            child_node_prov[parent_prov][j] = prov
+        keep = ~singles
+        active = active[keep]
+        active_prov = np.array([new_prov[k] for k in key[keep]], dtype=np.int64)
+        level += 1
+
+    if len(prov_final) != num_nodes:
+        raise AssertionError(f"well-formed rebuild made {len(prov_final)} nodes, expected {num_nodes}")
+    free = iter(np.nonzero(~claimed)[0].tolist())
+    moved = []
+    for prov, final in enumerate(prov_final):
+        if final < 0:
+            prov_final[prov] = next(free)
+            moved.append(prov_final[prov])
+    to_final = np.array(prov_final)
+    child_node = np.full((num_nodes, arity), -1, dtype=np.int64)
+    child_label = np.full((num_nodes, arity), -1, dtype=np.int64)
+    for prov in range(num_nodes):
+        row = child_node_prov[prov]
+        child_node[to_final[prov]] = np.where(row >= 0, to_final[np.maximum(row, 0)], -1)
+        child_label[to_final[prov]] = child_label_prov[prov]
+    new_tree = Tree(child_node, child_label, tree.num_labels, label_names=tree.label_names)
+    return Reassignment(new_tree, np.array(sorted(moved), dtype=np.int64), _moved_fraction(tree, new_tree))

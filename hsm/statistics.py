@@ -1,0 +1,179 @@
+"""Node statistics of Algorithm 1 (SumProbas and Counts), kept cheaply during training.
+
+Algorithm 1 keeps, for every node ``n`` and label ``i``, the sum of the node's output
+distributions over the examples of class ``i`` that reached ``n`` (SumProbas[n, i], an M-vector)
+and their number (Counts[n, i]); AssignLabels reads ``p_{.|i} = SumProbas / Counts`` (eq. 9) and
+``q_i`` from the counts. A dense [N, K, M] table is out of the question at K = 250k, but a label
+only ever reaches the D nodes on its path, so we store the statistics by (label, depth):
+
+* ``sum_probas[i, d]``: sum of the softmax at the depth-d node of i's path ([K', L, M]);
+* ``path_counts[i, d]``: how many examples contributed to it;
+* ``label_counts[i]``: examples of label i, the Counts that give q (every example of class i
+  reaches every node of its path, so Counts[n, i] is the same for all of them);
+* ``stat_node[i, d]``: the node those sums were collected at.
+
+The papers leave three things open (inventory §3.1); our choices:
+
+1. **Initialisation / prior (0/0 in the arXiv and ICML pseudocode).** The thesis' prior:
+   SumProbas = 1/M, Counts = 1, applied at read time as a pseudo-count ``prior`` (default 1), so
+   an unseen label gets the uniform p_{.|i} instead of a division by zero.
+2. **A label that moves.** When re-assignment sends label i to a different node at depth d, its
+   sums at depth d describe another node's outputs: they are dropped (the label falls back to
+   the prior there until it has been seen at its new node). Reading is checked too: the tree
+   algorithms ask for p_{.|i} *at a given node*, and get the prior unless the sums were
+   collected there. The label's count (q) is kept: its frequency does not depend on the tree.
+3. **Decay.** The node functions change during training, so old sums grow stale; at every
+   re-assignment all statistics are multiplied by ``decay`` (default 0.5: the last period
+   weighs as much as everything before it). ``decay=1`` keeps everything (the released code),
+   ``decay=0`` starts every period afresh (rare labels then fall back to the prior).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from .tree import Tree
+
+__all__ = ["NodeStatistics", "node_objectives"]
+
+
+class NodeStatistics:
+    """SumProbas / Counts of Algorithm 1, stored per (label, depth); see the module docstring."""
+
+    def __init__(
+        self,
+        tree: Tree,
+        prior: float = 1.0,
+        decay: float = 0.5,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        if prior <= 0:
+            raise ValueError(f"prior must be > 0 (it is the pseudo-count that avoids 0/0), got {prior}")
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must lie in [0, 1], got {decay}")
+        self.prior = float(prior)
+        self.decay = float(decay)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.dtype = dtype
+        self.arity = tree.arity
+        self.num_labels = tree.num_labels
+        num_leaves = tree.num_leaves
+        self.label_counts = torch.zeros(num_leaves, device=self.device, dtype=dtype)
+        self._allocate(tree)
+
+    def _allocate(self, tree: Tree) -> None:
+        num_leaves, length = tree.num_leaves, tree.max_depth
+        self.sum_probas = torch.zeros(num_leaves, length, self.arity, device=self.device, dtype=self.dtype)
+        self.path_counts = torch.zeros(num_leaves, length, device=self.device, dtype=self.dtype)
+        self.stat_node = torch.as_tensor(np.where(tree.path_mask, tree.path_nodes, -1), device=self.device)
+
+    @property
+    def max_depth(self) -> int:
+        return int(self.sum_probas.shape[1])
+
+    # ------------------------------------------------------------------ collection
+    @torch.no_grad()
+    def accumulate(self, target: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add one batch: ``probs`` [B, L, M] are the node distributions on each example's path
+        (computed before the gradient step, as Algorithm 1's NodeCompute), ``mask`` [B, L] marks
+        the real steps of each path, ``target`` [B] the labels."""
+        length = self.max_depth
+        if probs.shape[1] != length:
+            raise ValueError(f"probs cover {probs.shape[1]} depths, statistics {length}: was the tree changed "
+                             "without NodeStatistics.on_reassign?")
+        flat = (target[:, None] * length + torch.arange(length, device=target.device)).reshape(-1)
+        keep = mask.reshape(-1)
+        index = flat[keep]
+        self.sum_probas.view(-1, self.arity).index_add_(0, index, probs.reshape(-1, self.arity)[keep].to(self.dtype))
+        self.path_counts.view(-1).index_add_(0, index, torch.ones_like(index, dtype=self.dtype))
+        self.label_counts.index_add_(0, target, torch.ones_like(target, dtype=self.dtype))
+
+    # ------------------------------------------------------------------ reading (StatisticsSource)
+    def label_weights(self) -> np.ndarray:
+        """Counts with the prior for real labels, 0 for dummy leaves (they carry no examples)."""
+        weights = self.label_counts.double().cpu().numpy() + self.prior
+        weights[self.num_labels :] = 0.0
+        return weights
+
+    def p_cond(self, depth: int, labels: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """p_{.|i} (eq. 9) for ``labels`` at ``nodes`` (depth ``depth``): (sums + prior/M) /
+        (count + prior), using the sums only where they were collected at that node."""
+        labels_t = torch.as_tensor(labels, device=self.device)
+        nodes_t = torch.as_tensor(nodes, device=self.device)
+        if depth >= self.max_depth:
+            sums = torch.zeros(len(labels), self.arity, dtype=torch.float64)
+            counts = torch.zeros(len(labels), dtype=torch.float64)
+        else:
+            valid = (self.stat_node[labels_t, depth] == nodes_t) & (nodes_t >= 0)
+            sums = (self.sum_probas[labels_t, depth] * valid[:, None]).double().cpu()
+            counts = (self.path_counts[labels_t, depth] * valid).double().cpu()
+        return ((sums + self.prior / self.arity) / (counts + self.prior)[:, None]).numpy()
+
+    # ------------------------------------------------------------------ after a re-assignment
+    @torch.no_grad()
+    def on_reassign(self, new_tree: Tree, reset_nodes: Any = None) -> None:
+        """Decay everything, drop the sums whose node changed, follow the new tree's depth."""
+        self.sum_probas.mul_(self.decay)
+        self.path_counts.mul_(self.decay)
+        self.label_counts.mul_(self.decay)
+        new_nodes = torch.as_tensor(np.where(new_tree.path_mask, new_tree.path_nodes, -1), device=self.device)
+        old_nodes = self.stat_node
+        if reset_nodes is not None and len(reset_nodes):
+            stale = torch.isin(old_nodes, torch.as_tensor(np.asarray(reset_nodes), device=self.device))
+            old_nodes = old_nodes.masked_fill(stale, -2)
+        length = new_nodes.shape[1]
+        if length != old_nodes.shape[1]:
+            width = min(length, old_nodes.shape[1])
+            sums = torch.zeros(new_nodes.shape[0], length, self.arity, device=self.device, dtype=self.dtype)
+            counts = torch.zeros(new_nodes.shape[0], length, device=self.device, dtype=self.dtype)
+            sums[:, :width] = self.sum_probas[:, :width]
+            counts[:, :width] = self.path_counts[:, :width]
+            padded = torch.full((new_nodes.shape[0], length), -3, device=self.device, dtype=old_nodes.dtype)
+            padded[:, :width] = old_nodes[:, :width]
+            self.sum_probas, self.path_counts, old_nodes = sums, counts, padded
+        changed = old_nodes != new_nodes
+        self.sum_probas[changed] = 0.0
+        self.path_counts[changed] = 0.0
+        self.stat_node = new_nodes
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"sum_probas": self.sum_probas, "path_counts": self.path_counts, "label_counts": self.label_counts,
+                "stat_node": self.stat_node, "prior": self.prior, "decay": self.decay}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("sum_probas", "path_counts", "label_counts", "stat_node"):
+            setattr(self, key, state[key].to(self.device))
+        self.prior, self.decay = float(state["prior"]), float(state["decay"])
+
+
+def node_objectives(tree: Tree, statistics: NodeStatistics) -> dict[str, np.ndarray]:
+    """J_n (eq. 6) of every internal node that real labels reach, estimated from the statistics
+    (continuous definition, eqs. 8-9). Returns arrays ``node``, ``depth``, ``objective``,
+    ``mass`` (share of examples reaching the node)."""
+    weights = statistics.label_weights()[: tree.num_labels]
+    labels = np.arange(tree.num_labels)
+    out_node, out_depth, out_j, out_mass = [], [], [], []
+    for depth in range(tree.max_depth):
+        on_path = tree.path_mask[: tree.num_labels, depth]
+        if not on_path.any():
+            break
+        lab = labels[on_path]
+        nodes = tree.path_nodes[lab, depth]
+        uniq, group = np.unique(nodes, return_inverse=True)
+        p_cond = statistics.p_cond(depth, lab, nodes)
+        w = weights[lab]
+        total = np.bincount(group, weights=w, minlength=len(uniq))
+        q = w / total[group]
+        marginal = np.stack([np.bincount(group, weights=q * p_cond[:, j], minlength=len(uniq))
+                             for j in range(tree.arity)], axis=1)
+        per_label = q * np.abs(marginal[group] - p_cond).sum(axis=1)
+        objective = (2.0 / tree.arity) * np.bincount(group, weights=per_label, minlength=len(uniq))
+        out_node.append(uniq)
+        out_depth.append(np.full(len(uniq), depth))
+        out_j.append(objective)
+        out_mass.append(total / weights.sum())
+    return {"node": np.concatenate(out_node), "depth": np.concatenate(out_depth),
+            "objective": np.concatenate(out_j), "mass": np.concatenate(out_mass)}
