@@ -1,0 +1,59 @@
+"""hsm: learned-tree hierarchical softmax (Jernite, Choromanska & Sontag, ICML 2017), reproduced.
+
+The pieces follow the paper's concepts:
+
+* :mod:`hsm.objective`: the node objective J_n (eqs. 6-12), purity, balance, the bounds;
+* :class:`hsm.Tree`: M-ary label trees (random, balanced, Huffman, taxonomy, clustering);
+* :mod:`hsm.assign`: AssignLabels, Algorithms 2 (well-formed) and 3 (depth constraint);
+* :class:`hsm.HierarchicalSoftmax` / :class:`hsm.FlatSoftmax`: output layers with the interface
+  of ``torch.nn.AdaptiveLogSoftmaxWithLoss``;
+* :class:`hsm.TreeLearner`: Algorithm 1 (the tree learned during training);
+* :mod:`hsm.data`: the data sets, through a mirror or the canonical download.
+
+Quick start::
+
+    import torch, hsm
+    tree = hsm.Tree.random(num_labels=10_000, arity=25, depth=3, seed=0)
+    layer = hsm.HierarchicalSoftmax(in_features=200, tree=tree)
+    learner = hsm.TreeLearner(layer, reassign_every=500)   # Algorithm 1
+    out = layer(h, target)          # out.output = log p(target | h), out.loss = mean NLL
+    out.loss.backward(); optimizer.step(); learner.step()
+"""
+from .assign import (
+    AssignmentDeadlock,
+    AssignmentError,
+    assign_labels_depth_constrained,
+    assign_labels_well_formed,
+    assign_node,
+    assign_node_well_formed,
+)
+from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, TopK
+from .objective import balance, max_objective, node_objective, node_objective_grad, purity
+from .statistics import NodeStatistics
+from .training import TreeLearner, evaluate, train_epoch
+from .tree import Tree
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AssignmentDeadlock",
+    "AssignmentError",
+    "FlatSoftmax",
+    "HSMOutput",
+    "HierarchicalSoftmax",
+    "NodeStatistics",
+    "TopK",
+    "Tree",
+    "TreeLearner",
+    "assign_labels_depth_constrained",
+    "assign_labels_well_formed",
+    "assign_node",
+    "assign_node_well_formed",
+    "balance",
+    "evaluate",
+    "max_objective",
+    "node_objective",
+    "node_objective_grad",
+    "purity",
+    "train_epoch",
+]

@@ -1,0 +1,206 @@
+"""Algorithm 1 (joint learning of the representation, the node functions and the tree) and the
+training loops the experiments share.
+
+Algorithm 1 interleaves two things:
+
+* ordinary gradient steps on the tree log-likelihood (eq. 5; the LM variant of §6 uses
+  ``d log p_target`` in NodeCompute, which for a fixed tree is exactly hierarchical-softmax
+  training), during which the node statistics SumProbas / Counts are collected from the node
+  outputs of the forward pass (:class:`hsm.NodeStatistics`);
+* every so often, AssignLabels: the tree is rebuilt top-down from those statistics with
+  Algorithm 3 (fixed depth) or Algorithm 2 (well-formed trees).
+
+:class:`TreeLearner` is that second half, attached to any :class:`HierarchicalSoftmax`; call
+:meth:`TreeLearner.step` after each optimiser step. :func:`train_epoch` and :func:`evaluate`
+are the loops (device-agnostic, progress bar, NaN check).
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from .assign import Reassignment, assign_labels_depth_constrained, assign_labels_well_formed
+from .layers import HierarchicalSoftmax
+from .statistics import NodeStatistics, node_objectives
+
+__all__ = ["ReassignRecord", "TreeLearner", "evaluate", "train_epoch"]
+
+
+@dataclass
+class ReassignRecord:
+    """What one AssignLabels call did (kept in :attr:`TreeLearner.history`)."""
+
+    step: int
+    seconds: float
+    moved_labels: float  #: fraction of labels whose path changed
+    moved_nodes: int  #: internal nodes placed somewhere new (Algorithm 2 only)
+    objective_by_depth: dict[int, float] = field(default_factory=dict)  #: mass-weighted mean J_n before the rebuild
+
+
+class TreeLearner:
+    """Learn the tree of a :class:`HierarchicalSoftmax` during training (Algorithm 1).
+
+    Parameters
+    ----------
+    layer: the tree softmax whose tree is learned.
+    reassign_every: optimiser steps between two AssignLabels calls (the papers: 20 or 50 per
+        epoch, i.e. ``steps_per_epoch // 50``).
+    wrt: ``"logp"`` ranks by eq. 12 (the LM variant, default), ``"p"`` by eq. 10.
+    algorithm: ``"depth"`` (Algorithm 3), ``"well_formed"`` (Algorithm 2) or ``"auto"``
+        (Algorithm 3 for fixed-depth trees, else Algorithm 2).
+    decay, prior: see :mod:`hsm.statistics`.
+    reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 moves to a new place.
+    """
+
+    def __init__(
+        self,
+        layer: HierarchicalSoftmax,
+        reassign_every: int,
+        wrt: Literal["p", "logp"] = "logp",
+        algorithm: Literal["auto", "depth", "well_formed"] = "auto",
+        decay: float = 0.5,
+        prior: float = 1.0,
+        reset_moved_nodes: bool = True,
+    ) -> None:
+        if not isinstance(layer, HierarchicalSoftmax):
+            raise TypeError("TreeLearner needs an hsm.HierarchicalSoftmax layer")
+        if reassign_every < 1:
+            raise ValueError(f"reassign_every must be >= 1, got {reassign_every}")
+        if algorithm == "auto":
+            algorithm = "depth" if layer.tree.depth_limit is not None else "well_formed"
+        if algorithm not in ("depth", "well_formed"):
+            raise ValueError(f"algorithm must be 'auto', 'depth' or 'well_formed', got {algorithm!r}")
+        if algorithm == "depth" and layer.tree.depth_limit is None:
+            raise ValueError("algorithm='depth' (Algorithm 3) needs a fixed-depth tree")
+        self.layer = layer
+        self.reassign_every = reassign_every
+        self.wrt = wrt
+        self.algorithm = algorithm
+        self.reset_moved_nodes = reset_moved_nodes
+        self.statistics = NodeStatistics(layer.tree, prior=prior, decay=decay, device=layer.weight.device)
+        layer.statistics = self.statistics
+        self.steps = 0
+        self.frozen = False
+        self.history: list[ReassignRecord] = []
+
+    def step(self) -> Reassignment | None:
+        """Count one optimiser step; run AssignLabels when one is due."""
+        self.steps += 1
+        if not self.frozen and self.steps % self.reassign_every == 0:
+            return self.reassign()
+        return None
+
+    def objective_by_depth(self) -> dict[int, float]:
+        """Mass-weighted mean J_n (eq. 6, continuous estimate) of the nodes at each depth."""
+        stats = node_objectives(self.layer.tree, self.statistics)
+        out = {}
+        for depth in np.unique(stats["depth"]):
+            sel = stats["depth"] == depth
+            out[int(depth)] = float(np.average(stats["objective"][sel], weights=stats["mass"][sel]))
+        return out
+
+    def reassign(self) -> Reassignment:
+        """AssignLabels over the whole tree from the statistics collected so far."""
+        start = time.perf_counter()
+        before = self.objective_by_depth()
+        if self.algorithm == "depth":
+            result = assign_labels_depth_constrained(self.layer.tree, self.statistics, wrt=self.wrt)
+        else:
+            result = assign_labels_well_formed(self.layer.tree, self.statistics, wrt=self.wrt)
+        reset = result.moved_nodes if self.reset_moved_nodes else None
+        self.layer.set_tree(result.tree, reset_nodes=reset)
+        self.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
+        self.history.append(ReassignRecord(self.steps, time.perf_counter() - start, result.moved_labels,
+                                           len(result.moved_nodes), before))
+        return result
+
+    def freeze(self) -> None:
+        """Stop learning the tree (the ICML classification schedule freezes it half-way)."""
+        self.frozen = True
+        self.layer.statistics = None
+
+    def unfreeze(self) -> None:
+        self.frozen = False
+        self.layer.statistics = self.statistics
+
+
+Batch = tuple[Tensor, Tensor]
+
+
+def _progress(iterable: Iterable[Any], enabled: bool, **kwargs: Any) -> Iterable[Any]:
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, **kwargs)
+
+
+def train_epoch(
+    model: nn.Module,
+    output_layer: nn.Module,
+    batches: Iterable[Batch],
+    optimizer: torch.optim.Optimizer,
+    learner: TreeLearner | None = None,
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+    max_steps: int | None = None,
+    on_step: Callable[[int, float], None] | None = None,
+) -> float:
+    """One pass over ``batches`` of ``(x, y)``: ``h = model(x)``, ``loss = output_layer(h, y).loss``.
+
+    Raises :class:`FloatingPointError` naming the step as soon as the loss is not finite (a
+    diverging learning rate, typically), rather than training on NaNs. Returns the mean loss.
+    """
+    model.train()
+    output_layer.train()
+    total, count = 0.0, 0
+    for step, (x, y) in enumerate(_progress(batches, progress, desc="train", leave=False)):
+        if max_steps is not None and step >= max_steps:
+            break
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        loss = output_layer(model(x), y).loss
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise FloatingPointError(f"loss is {value} at step {step}: lower the learning rate or check the inputs")
+        loss.backward()
+        optimizer.step()
+        if learner is not None:
+            learner.step()
+        total += value * len(y)
+        count += len(y)
+        if on_step is not None:
+            on_step(step, value)
+    if count == 0:
+        raise ValueError("no batches to train on (empty data?)")
+    return total / count
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module,
+    output_layer: nn.Module,
+    batches: Iterable[Batch],
+    device: torch.device | str = "cpu",
+    progress: bool = False,
+) -> dict[str, float]:
+    """Mean negative log-likelihood (nats), perplexity exp(NLL) and top-1 accuracy."""
+    model.eval()
+    output_layer.eval()
+    nll, correct, count = 0.0, 0, 0
+    for x, y in _progress(batches, progress, desc="eval", leave=False):
+        x, y = x.to(device), y.to(device)
+        h = model(x)
+        nll -= float(output_layer(h, y).output.sum())
+        correct += int((output_layer.predict(h) == y).sum())
+        count += len(y)
+    if count == 0:
+        raise ValueError("no batches to evaluate (empty data?)")
+    return {"nll": nll / count, "perplexity": math.exp(nll / count), "accuracy": correct / count}
