@@ -387,9 +387,9 @@ def reproduction_rows(
 
 def _format_number(value: float, unit: str) -> str:
     text = f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
-    if unit == "x":
-        return f"{text}x"
-    if unit in ("", "points"):
+    if unit in ("x", "%"):
+        return f"{text}{unit}"
+    if unit == "":
         return text
     return f"{text} {unit}"
 
