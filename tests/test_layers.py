@@ -1,0 +1,175 @@
+"""hsm.layers: the tree softmax against a brute-force per-example computation."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hsm.layers import FlatSoftmax, HierarchicalSoftmax
+from hsm.tree import Tree
+
+
+def _trees():
+    return [
+        Tree.random(50, 4, 3, seed=1),  # fixed depth with unused leaves
+        Tree.random(27, 3, 3, seed=2),  # exactly full
+        Tree.huffman(np.arange(1, 38), 3),  # well formed, variable depth
+        Tree.huffman(np.arange(1, 21), 4),  # with dummy leaves
+        Tree.huffman(np.arange(1, 20), 2),  # binary (fastText's tree)
+        Tree.from_taxonomy({"a": ["x", "y", "z"], "b": ["w"], "c": ["u", "v"]}, list("xyzwuv")),  # ragged
+    ]
+
+
+def _layer(tree, d=6, scale=3.0, seed=0):
+    torch.manual_seed(seed)
+    layer = HierarchicalSoftmax(d, tree).double()
+    with torch.no_grad():
+        layer.weight.mul_(scale)
+        layer.bias.normal_()
+    return layer
+
+
+def _brute_force_log_prob(layer, tree, h, label):
+    weight = layer.weight.view(tree.num_nodes, tree.arity, -1)
+    total = torch.zeros((), dtype=h.dtype)
+    for node, child in tree.path(label):
+        logits = weight[node] @ h + layer.bias[node]
+        logits = logits.masked_fill(~torch.as_tensor(tree.slot_mask[node]), -math.inf)
+        total = total + torch.log_softmax(logits, 0)[child]
+    return total
+
+
+@pytest.mark.parametrize("tree", _trees(), ids=repr)
+def test_forward_equals_brute_force_and_log_prob(tree):
+    layer = _layer(tree)
+    h = torch.randn(17, 6, dtype=torch.double)
+    y = torch.randint(0, tree.num_labels, (17,))
+    out = layer(h, y)
+    expected = torch.stack([_brute_force_log_prob(layer, tree, h[b], int(y[b])) for b in range(17)])
+    torch.testing.assert_close(out.output, expected)
+    torch.testing.assert_close(out.loss, -expected.mean())
+    full = layer.log_prob(h)
+    assert full.shape == (17, tree.num_labels)
+    torch.testing.assert_close(full.exp().sum(1), torch.ones(17, dtype=torch.double))
+    torch.testing.assert_close(full[torch.arange(17), y], out.output)
+
+
+@pytest.mark.parametrize("tree", _trees(), ids=repr)
+def test_predict_and_topk_are_exact(tree):
+    layer = _layer(tree, scale=5.0, seed=3)
+    h = torch.randn(40, 6, dtype=torch.double)
+    full = layer.log_prob(h)
+    assert (layer.predict(h) == full.argmax(1)).all()
+    k = min(4, tree.num_labels)
+    top = layer.topk(h, k)
+    ref = full.topk(k, dim=1)
+    torch.testing.assert_close(top.values, ref.values)
+    assert (top.nodes_visited >= 1).all()
+    beam = layer.topk(h, k, method="beam", beam=1)
+    assert (beam.values <= top.values + 1e-12).all()  # beam search never beats the exact search
+
+
+def test_branch_and_bound_prunes_on_a_confident_model():
+    tree = Tree.random(4096, 16, 3, seed=0)
+    layer = HierarchicalSoftmax(8, tree)
+    with torch.no_grad():
+        layer.weight.mul_(20.0)
+    top = layer.topk(torch.randn(32, 8), 1)
+    # beam pass visits 3 nodes; pruning keeps the exact pass far below all 273 nodes
+    assert top.nodes_visited.float().mean() < 40
+
+
+def test_gradients_match_autograd_of_reference_and_are_sparse():
+    tree = Tree.huffman(np.arange(1, 30), 3)
+    dense = _layer(tree)
+    sparse = HierarchicalSoftmax(6, tree, sparse=True).double()
+    sparse.load_state_dict(dense.state_dict())
+    h = torch.randn(9, 6, dtype=torch.double, requires_grad=True)
+    y = torch.randint(0, tree.num_labels, (9,))
+    ref = -torch.stack([_brute_force_log_prob(dense, tree, h[b], int(y[b])) for b in range(9)]).mean()
+    grads_ref = torch.autograd.grad(ref, [h, dense.weight, dense.bias])
+    out = sparse(h, y)
+    grads = torch.autograd.grad(out.loss, [h, sparse.weight, sparse.bias])
+    assert grads[1].is_sparse and grads[2].is_sparse
+    for got, want in zip(grads, grads_ref):
+        torch.testing.assert_close(got.to_dense(), want)
+
+
+def test_gradcheck_small():
+    tree = Tree.random(10, 3, 3, seed=0)
+    layer = _layer(tree, d=4)
+    h = torch.randn(3, 4, dtype=torch.double, requires_grad=True)
+    y = torch.tensor([0, 5, 9])
+    assert torch.autograd.gradcheck(lambda x: layer(x, y).output, (h,))
+
+
+def test_sparse_optimisers_accept_the_gradients():
+    tree = Tree.random(100, 5, 3, seed=0)
+    layer = HierarchicalSoftmax(8, tree, sparse=True)
+    for opt in (torch.optim.SGD(layer.parameters(), lr=0.1), torch.optim.Adagrad(layer.parameters(), lr=0.1)):
+        before = layer.weight.detach().clone()
+        layer(torch.randn(4, 8), torch.tensor([1, 2, 3, 4])).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        changed = (layer.weight.detach() != before).any(dim=1)
+        touched = set(np.unique(tree.path_nodes[[1, 2, 3, 4]]).tolist())
+        assert set(torch.nonzero(changed).flatten().tolist()) <= touched
+
+
+def test_set_tree_and_reset_nodes():
+    tree = Tree.random(20, 3, 3, seed=0)
+    layer = HierarchicalSoftmax(5, tree)
+    w = layer.weight.detach().clone()
+    layer.set_tree(Tree.random(20, 3, 3, seed=1), reset_nodes=np.array([2]))
+    assert torch.equal(layer.weight[0], w[0]) and not torch.equal(layer.weight[2], w[2])
+    with pytest.raises(ValueError, match="built for"):
+        layer.set_tree(Tree.random(20, 4, 3))
+
+
+@pytest.mark.parametrize(
+    "call, exc, message",
+    [
+        (lambda l: l(torch.randn(2, 5), torch.tensor([0, 20])), ValueError, "unknown label 20"),
+        (lambda l: l(torch.randn(2, 5), torch.tensor([0, -1])), ValueError, "unknown label -1"),
+        (lambda l: l(torch.randn(2, 4), torch.tensor([0, 1])), ValueError, "shape \\[B, 5\\]"),
+        (lambda l: l(torch.randn(2, 5), torch.tensor([0.0, 1.0])), TypeError, "integer tensor"),
+        (lambda l: l(torch.randn(2, 5), torch.tensor([0, 1, 2])), ValueError, "target must have shape"),
+        (lambda l: l.topk(torch.randn(2, 5), 0), ValueError, "k must be"),
+    ],
+)
+def test_errors(call, exc, message):
+    layer = HierarchicalSoftmax(5, Tree.random(20, 3, 3))
+    with pytest.raises(exc, match=message):
+        call(layer)
+
+
+def test_flat_softmax_interface():
+    flat = FlatSoftmax(6, 30).double()
+    h = torch.randn(8, 6, dtype=torch.double)
+    y = torch.randint(0, 30, (8,))
+    out = flat(h, y)
+    torch.testing.assert_close(out.output, torch.log_softmax(flat.linear(h), 1)[torch.arange(8), y])
+    assert (flat.predict(h) == flat.log_prob(h).argmax(1)).all()
+    assert flat.topk(h, 3).indices.shape == (8, 3)
+
+
+@settings(max_examples=20, deadline=None)
+@given(k=st.integers(2, 80), m=st.integers(2, 6), seed=st.integers(0, 1000))
+def test_full_distribution_sums_to_one(k, m, seed):
+    tree = Tree.huffman(np.random.default_rng(seed).integers(1, 9, size=k), m) if seed % 2 else Tree.random(k, m, seed=seed)
+    layer = _layer(tree, seed=seed)
+    torch.testing.assert_close(layer.log_prob(torch.randn(3, 6, dtype=torch.double)).exp().sum(1), torch.ones(3, dtype=torch.double))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_cpu_and_cuda_agree():
+    tree = Tree.huffman(np.arange(1, 100), 4)
+    layer = _layer(tree)
+    h = torch.randn(16, 6, dtype=torch.double)
+    y = torch.randint(0, tree.num_labels, (16,))
+    cpu = layer(h, y).output
+    gpu = layer.cuda()(h.cuda(), y.cuda()).output.cpu()
+    torch.testing.assert_close(cpu, gpu)
+    assert (layer.predict(h.cuda()).cpu() == layer.cpu().predict(h)).all()
