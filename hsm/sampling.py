@@ -1,0 +1,458 @@
+"""Approximations of the softmax likelihood that avoid the sum over all classes (Barber & Botev, seed 004).
+
+The softmax ``p(c|x) = u(c, x) / Z(x)`` with ``u = exp(s)`` needs ``Z(x) = sum_d u(d, x)`` over all C
+classes (their Eq. 1-2). This module gives, as losses to *minimise* (so each is minus the paper's
+objective), every approximation the paper compares:
+
+* :func:`exact_nll`: minus Eq. 3, the exact log-likelihood;
+* :func:`sampled_softmax_nll`: minus Eq. 23 with ``Z~`` of Eq. 22, the paper's proposal. The explicit
+  classes ``C_n`` (which must contain the target ``c_n``, so that ``gamma~`` stays in [-1, 1],
+  Eq. 26) enter with weight 1, the sampled negatives ``N_n`` with ``kappa = 1 / (K q_n(d))``
+  (importance sampling, :func:`sample_importance`) or ``kappa = 1 / b_d`` (Bernoulli sampling,
+  :func:`sample_bernoulli`, :func:`bernoulli_inclusion`);
+* :func:`ranking_loss`: minus Eq. 35 (log-ranking with offset ``alpha``; Eq. 41 shows that
+  ``alpha = log(C - 1)`` is a one-sample likelihood approximation, :func:`ranking_offset`);
+* :func:`blackout_loss`: minus Eq. 47 (BlackOut, Ji et al. 2016);
+* :func:`nce_loss`: the NCE objective whose gradient is Eq. 30, with ``z_m = 1`` (Eq. 31);
+* :func:`negative_sampling_loss`: minus Eq. 43 with the negative terms scaled by ``1/K`` (Eq. 45).
+
+All losses take ``scores`` of the classes involved, ``s = w_c^T h + b_c``, gathered by the caller
+(:func:`gather_scores`), so they are output layers for any network (the softmax regression of the
+paper's §4 has ``h = x``). Autograd then gives exactly the paper's ``gamma``-weighted gradients
+(Eq. 24-25, 34-35, 44-45; checked in ``tests/test_sampling.py``).
+
+Also here: the variance formulas (18) and (21) and the expected variances of footnote 2 (the
+paper's, and the corrected importance-sampling one), used by the notebook
+``notebooks/sampling_softmax.md``.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = [
+    "SampledClasses",
+    "bernoulli_inclusion",
+    "bernoulli_variance",
+    "blackout_loss",
+    "class_frequencies",
+    "exact_nll",
+    "expected_variance_bernoulli",
+    "expected_variance_importance",
+    "expected_variance_importance_as_printed",
+    "gather_scores",
+    "importance_variance",
+    "nce_loss",
+    "negative_sampling_loss",
+    "normalisation_classes",
+    "ranking_loss",
+    "ranking_offset",
+    "sample_bernoulli",
+    "sample_importance",
+    "sample_uniform_negatives",
+    "sampled_softmax_nll",
+]
+
+
+class SampledClasses(NamedTuple):
+    """The classes one approximation looks at, per example.
+
+    ``classes[b, j]`` is a class id (``-1``/anything where ``log_weight`` is ``-inf``: padding),
+    ``log_weight[b, j]`` is ``log kappa`` (0 for the explicit classes ``C_n``; ``-inf`` for padding),
+    ``target_column[b]`` is the column of ``classes`` holding the target ``c_n``.
+    """
+
+    classes: Tensor  #: [B, S] int64
+    log_weight: Tensor  #: [B, S] float
+    target_column: Tensor  #: [B] int64
+
+
+# ------------------------------------------------------------------------------------------ checks
+
+
+def _check_scores(scores: Tensor, name: str = "scores") -> None:
+    if not isinstance(scores, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(scores).__name__}")
+    if scores.dim() != 2:
+        raise ValueError(f"{name} must have shape [B, S], got {list(scores.shape)}")
+    if not scores.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got {scores.dtype}")
+
+
+def _check_target(target: Tensor, batch: int, num_classes: int, name: str = "target") -> None:
+    if not isinstance(target, Tensor) or target.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must be an integer tensor")
+    if target.shape != (batch,):
+        raise ValueError(f"{name} must have shape [{batch}], got {list(target.shape)}")
+    if batch and (int(target.min()) < 0 or int(target.max()) >= num_classes):
+        raise ValueError(f"{name} holds ids outside 0..{num_classes - 1}")
+
+
+def _check_frequencies(freq: Tensor) -> None:
+    if not isinstance(freq, Tensor) or freq.dim() != 1 or not freq.is_floating_point():
+        raise TypeError("freq must be a 1-d floating-point tensor of class frequencies")
+    if bool((freq <= 0).any()):
+        raise ValueError("class frequencies must be > 0 (smooth them: class_frequencies(..., smoothing=1)); "
+                         "a class with zero probability is never sampled and the estimate of Z is biased")
+
+
+# ------------------------------------------------------------------------------------------ scores
+
+
+def gather_scores(hidden: Tensor, weight: Tensor, bias: Tensor | None, classes: Tensor) -> Tensor:
+    """Scores ``s[b, j] = w_{classes[b, j]}^T h_b + bias`` of only the classes asked for.
+
+    ``classes`` is ``[S]`` (one set shared by the batch: a matrix product) or ``[B, S]`` (a set per
+    example). Negative ids (padding) are scored as class 0; mask them with ``log_weight = -inf``.
+    This is the only place the cost is paid: ``B * S`` dot products instead of ``B * C``.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(f"hidden [B, d] and weight [C, d] do not match: {list(hidden.shape)}, {list(weight.shape)}")
+    safe = classes.clamp_min(0)
+    if classes.dim() == 1:
+        scores = hidden @ weight[safe].t()
+        if bias is not None:
+            scores = scores + bias[safe]
+        return scores
+    if classes.dim() != 2 or classes.shape[0] != hidden.shape[0]:
+        raise ValueError(f"classes must be [S] or [B, S] with B = {hidden.shape[0]}, got {list(classes.shape)}")
+    scores = torch.einsum("bd,bsd->bs", hidden, weight[safe])
+    if bias is not None:
+        scores = scores + bias[safe]
+    return scores
+
+
+# ------------------------------------------------------------------------------------------ samplers
+
+
+def class_frequencies(labels: Tensor, num_classes: int, smoothing: float = 1.0) -> Tensor:
+    """Empirical class frequencies ``f(c)`` (§2.1.2, §4), with add-``smoothing`` counts.
+
+    The paper uses the raw empirical frequency. A class absent from the training set then has
+    ``f = 0`` and is never sampled, so neither the importance nor the Bernoulli estimate of ``Z``
+    is unbiased for it (both need ``q, b > 0`` wherever ``u > 0``); ``smoothing = 1`` (our default)
+    keeps every class reachable. Returns a float64 tensor summing to one.
+    """
+    if smoothing < 0:
+        raise ValueError(f"smoothing must be >= 0, got {smoothing}")
+    labels = torch.as_tensor(labels)
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ValueError(f"labels must be in 0..{num_classes - 1}")
+    counts = torch.bincount(labels.reshape(-1).long(), minlength=num_classes).double() + smoothing
+    if float(counts.sum()) <= 0:
+        raise ValueError("no labels and no smoothing: frequencies are undefined")
+    return counts / counts.sum()
+
+
+def bernoulli_inclusion(freq: Tensor, num_negatives: float, exclude: Tensor | None = None,
+                        tol: float = 1e-10) -> tuple[Tensor, Tensor]:
+    """Bernoulli probabilities ``b_c = f(c)^alpha`` with ``alpha`` set so that ``sum_{c not in C_n} b_c = K`` (§2.1.2).
+
+    Args:
+        freq: [C] class frequencies, all > 0 and < 1.
+        num_negatives: K, the expected number of sampled classes, ``0 < K <= |C_n^c|``.
+        exclude: [C] or [B, C] bool, the explicit classes ``C_n`` (not sampled, ``b = 0`` there).
+
+    Returns:
+        ``(b, alpha)``: b of the shape of ``exclude`` (or [C]) and ``alpha`` ([] or [B]).
+        ``alpha`` is found by bisection on [0, 1]: the sum decreases in ``alpha`` since ``f < 1``,
+        equals ``|C_n^c|`` at 0 and ``f(C_n^c) <= 1`` at 1 (so ``0 < alpha < 1`` when ``1 < K < |C_n^c|``).
+    """
+    _check_frequencies(freq)
+    if exclude is None:
+        exclude = torch.zeros_like(freq, dtype=torch.bool)
+    if exclude.dtype != torch.bool or exclude.shape[-1] != freq.shape[0] or exclude.dim() > 2:
+        raise ValueError("exclude must be a bool tensor [C] or [B, C]")
+    free = (~exclude).sum(-1).double()
+    if bool((free < num_negatives).any()) or num_negatives <= 0:
+        raise ValueError(f"K = {num_negatives} must be in (0, |C_n^c|]; the complement has {int(free.min())} classes")
+    log_f = freq.double().log()
+    if bool((freq >= 1).any()):
+        raise ValueError("class frequencies must be < 1 (b = f^alpha decreases in alpha only then)")
+    lo = torch.zeros(free.shape, dtype=torch.float64)
+    hi = torch.ones(free.shape, dtype=torch.float64)
+    # at alpha = 1 the sum is f(C_n^c) <= 1; double hi until the sum falls below K (needed when K < 1)
+    for _ in range(64):
+        total = torch.where(exclude, 0.0, torch.exp(hi.unsqueeze(-1) * log_f)).sum(-1)
+        if not bool((total > num_negatives).any()):
+            break
+        hi = torch.where(total > num_negatives, hi * 2, hi)
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        total = torch.where(exclude, 0.0, torch.exp(mid.unsqueeze(-1) * log_f)).sum(-1)
+        too_many = total > num_negatives
+        lo = torch.where(too_many, mid, lo)
+        hi = torch.where(too_many, hi, mid)
+        if float((hi - lo).max()) < tol:
+            break
+    alpha = (lo + hi) / 2
+    b = torch.where(exclude, 0.0, torch.exp(alpha.unsqueeze(-1) * log_f)).to(freq.dtype)
+    return b, alpha
+
+
+def sample_bernoulli(b: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """One joint sample ``s ~ prod_i Bernoulli(b_i)`` (Eq. 19-20): a bool mask of the shape of ``b``."""
+    if bool(((b < 0) | (b > 1)).any()):
+        raise ValueError("Bernoulli probabilities must lie in [0, 1]")
+    return torch.rand(b.shape, generator=generator, dtype=b.dtype) < b
+
+
+def sample_importance(freq: Tensor, num_samples: int, exclude: Tensor | None = None,
+                      generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """``K`` draws with replacement from ``q_n(d) proportional to f(d)`` over the complement of ``C_n`` (footnote 3).
+
+    Returns ``(samples, q)``: ids ``[K]`` (or ``[B, K]`` when ``exclude`` is ``[B, C]``) and their
+    probabilities under ``q_n``; Eq. 22's weight is ``kappa = 1 / (K q_n(d))``.
+    """
+    _check_frequencies(freq)
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    q = freq.double()
+    if exclude is not None:
+        q = torch.where(exclude, 0.0, q)
+    q = q / q.sum(-1, keepdim=True)
+    rows = q if q.dim() == 2 else q.unsqueeze(0)
+    samples = torch.multinomial(rows, num_samples, replacement=True, generator=generator)
+    probs = rows.gather(1, samples)
+    if q.dim() == 1:
+        samples, probs = samples[0], probs[0]
+    return samples, probs.to(freq.dtype)
+
+
+def sample_uniform_negatives(target: Tensor, num_classes: int, num_samples: int,
+                             generator: torch.Generator | None = None) -> Tensor:
+    """``[B, K]`` classes drawn uniformly from ``{d != c_b}`` with replacement (the ``q(d) = 1/(C-1)`` of Eq. 38)."""
+    if num_classes < 2:
+        raise ValueError("need at least 2 classes to draw a negative")
+    draws = torch.randint(0, num_classes - 1, (target.shape[0], num_samples), generator=generator)
+    return draws + (draws >= target.unsqueeze(1)).long()  # skip the target: uniform over the other C-1
+
+
+def normalisation_classes(target: Tensor, freq: Tensor, num_negatives: int, method: str = "bernoulli",
+                          explicit: str = "minibatch", generator: torch.Generator | None = None) -> SampledClasses:
+    """The classes and weights of Eq. 22 for a minibatch, ready for :func:`gather_scores` and
+    :func:`sampled_softmax_nll`.
+
+    Args:
+        target: [B] labels ``c_n``.
+        freq: [C] class frequencies ``f(c) > 0`` (:func:`class_frequencies`).
+        num_negatives: K.
+        method: ``"importance"`` (K draws with replacement from ``q_n proportional to f`` on the
+            complement, ``kappa = 1/(K q_n)``, §4: ``Q(c) = f(c)``) or ``"bernoulli"`` (one joint draw with
+            ``b = f^alpha``, ``sum b = K`` on the complement, ``kappa = 1/b``, §2.1.2).
+        explicit: ``"minibatch"``: ``C_n`` = every class of the minibatch, shared by its examples
+            (the Fig. 2 caption: K negatives "in addition to the classes in each minibatch"); the
+            negatives are shared too. ``"target"``: ``C_n = {c_n}`` and K negatives per example (the
+            "closest comparator to BlackOut" of §2.1.3; 1 + K classes per example, the caption's
+            "roughly 1050 calculations" for 50 examples and K = 20).
+
+    Returns:
+        :class:`SampledClasses` with ``classes`` ``[B, S]`` (the shared case is broadcast).
+    """
+    if method not in ("importance", "bernoulli"):
+        raise ValueError(f"method must be 'importance' or 'bernoulli', got {method!r}")
+    if explicit not in ("minibatch", "target"):
+        raise ValueError(f"explicit must be 'minibatch' or 'target', got {explicit!r}")
+    _check_frequencies(freq)
+    num_classes = freq.shape[0]
+    _check_target(target, target.shape[0] if target.dim() == 1 else -1, num_classes)
+    batch = target.shape[0]
+    if explicit == "minibatch":
+        explicit_classes, target_column = torch.unique(target, return_inverse=True)
+        exclude = torch.zeros(num_classes, dtype=torch.bool)
+        exclude[explicit_classes] = True
+        explicit_classes = explicit_classes.unsqueeze(0).expand(batch, -1)
+    else:
+        explicit_classes = target.unsqueeze(1)
+        target_column = torch.zeros(batch, dtype=torch.long)
+        exclude = F.one_hot(target, num_classes).bool()
+    if method == "importance":
+        negatives, q = sample_importance(freq, num_negatives, exclude, generator)
+        log_kappa = -(math.log(num_negatives) + q.log())
+        if negatives.dim() == 1:
+            negatives, log_kappa = negatives.expand(batch, -1), log_kappa.expand(batch, -1)
+    else:
+        b, _ = bernoulli_inclusion(freq, num_negatives, exclude)
+        chosen = sample_bernoulli(b, generator)
+        if chosen.dim() == 1:
+            negatives = torch.nonzero(chosen).squeeze(1).expand(batch, -1)
+            log_kappa = -b[negatives].log()
+        else:  # a different number per example: pad to the longest with -inf weights
+            width = max(int(chosen.sum(1).max()), 1)
+            order = torch.argsort(chosen.int(), dim=1, descending=True, stable=True)[:, :width]
+            valid = chosen.gather(1, order)
+            negatives = torch.where(valid, order, torch.full_like(order, -1))
+            log_kappa = torch.where(valid, -b.gather(1, order).log(), torch.full(order.shape, -math.inf, dtype=b.dtype))
+    classes = torch.cat([explicit_classes, negatives], dim=1)
+    log_weight = torch.cat([torch.zeros(explicit_classes.shape, dtype=log_kappa.dtype), log_kappa], dim=1)
+    return SampledClasses(classes, log_weight, target_column)
+
+
+# ------------------------------------------------------------------------------------------ losses
+
+
+def exact_nll(scores: Tensor, target: Tensor, reduction: str = "sum") -> Tensor:
+    """Minus the exact log-likelihood, Eq. 3, from all C scores ``[B, C]``.
+
+    ``reduction="sum"`` matches Eq. 8 (the minibatch gradient is a sum), ``"mean"`` / ``"none"`` too.
+    """
+    _check_scores(scores)
+    _check_target(target, scores.shape[0], scores.shape[1])
+    return _reduce(-torch.log_softmax(scores, dim=1).gather(1, target[:, None]).squeeze(1), reduction)
+
+
+def sampled_softmax_nll(scores: Tensor, log_weight: Tensor, target_column: Tensor, reduction: str = "sum") -> Tensor:
+    """Minus the approximate log-likelihood of Eq. 23 (with the ``log`` the paper drops on ``u(c_n, x_n)``).
+
+    ``log Z~ = logsumexp_j (s_j + log kappa_j)`` over the columns: the explicit classes ``C_n``
+    (``log kappa = 0``) and the sampled negatives ``N_n`` (``log kappa = -log(K q_n(d))`` or
+    ``-log b_d``); ``-inf`` masks padding. The target's column must be an explicit one
+    (``log kappa = 0``): that is what keeps ``p~(c_n|x_n) <= 1`` and ``gamma~`` in [-1, 1] (Eq. 26).
+    The gradient with respect to ``s_j`` is ``-(delta_{j, c_n} - p~_j)`` with ``p~`` of Eq. 25.
+    """
+    _check_scores(scores)
+    if log_weight.shape != scores.shape:
+        raise ValueError(f"log_weight must have the shape of scores {list(scores.shape)}, got {list(log_weight.shape)}")
+    _check_target(target_column, scores.shape[0], scores.shape[1], "target_column")
+    target_lw = log_weight.gather(1, target_column[:, None]).squeeze(1)
+    if bool((target_lw != 0).any()):
+        raise ValueError("the target must be an explicit class (log_weight 0 in its column): Eq. 15 requires c_n in C_n")
+    log_z = torch.logsumexp(scores + log_weight.to(scores.dtype), dim=1)
+    return _reduce(log_z - scores.gather(1, target_column[:, None]).squeeze(1), reduction)
+
+
+def ranking_loss(target_scores: Tensor, negative_scores: Tensor, alpha: float,
+                 negative_mask: Tensor | None = None, reduction: str = "sum") -> Tensor:
+    """Minus the log-ranking objective of Eq. 33/35: ``-(1/|N_m|) sum_d log sigma(s_c - s_d - alpha)``.
+
+    ``sigma`` is the logistic ``1/(1 + e^{-x})`` (the paper prints ``1/(1 + e^{x})``, a typo: with it the
+    objective would reward ranking the negative above the target). ``alpha = log(C - 1)`` makes each
+    term the one-sample likelihood approximation of Eq. 41 (:func:`ranking_offset`).
+    """
+    _check_scores(negative_scores, "negative_scores")
+    if target_scores.shape != (negative_scores.shape[0],):
+        raise ValueError("target_scores must be [B] to match negative_scores [B, K]")
+    terms = F.logsigmoid(target_scores[:, None] - negative_scores - alpha)
+    return _reduce(-_masked_mean(terms, negative_mask), reduction)
+
+
+def blackout_loss(target_scores: Tensor, negative_scores: Tensor, log_q_target: Tensor, log_q_negative: Tensor,
+                  negative_mask: Tensor | None = None, reduction: str = "sum") -> Tensor:
+    """Minus the BlackOut objective, Eq. 46-47: ``log p~(c) + sum_{d in N} log(1 - p~(d))`` with
+    ``p~(j) proportional to u(j)/Q(j)`` normalised over ``{c} union N``.
+
+    ``log_q_*`` are ``log Q`` of the proposal ``Q(c) proportional to f(c)^alpha`` (the weights are ``q_c = 1/Q(c)``).
+    """
+    _check_scores(negative_scores, "negative_scores")
+    logits = torch.cat([(target_scores - log_q_target)[:, None], negative_scores - log_q_negative], dim=1)
+    if negative_mask is not None:
+        keep = torch.cat([torch.ones_like(negative_mask[:, :1]), negative_mask], dim=1)
+        logits = logits.masked_fill(~keep, -math.inf)
+    log_p = logits - torch.logsumexp(logits, dim=1, keepdim=True)
+    # log(1 - p) computed as log(sum of the other columns) - log(sum of all), stable for p near 1
+    log_one_minus = _log1mexp(log_p[:, 1:])
+    if negative_mask is not None:
+        log_one_minus = torch.where(negative_mask, log_one_minus, torch.zeros_like(log_one_minus))
+    return _reduce(-(log_p[:, 0] + log_one_minus.sum(1)), reduction)
+
+
+def nce_loss(target_scores: Tensor, noise_scores: Tensor, log_noise_target: Tensor, log_noise_samples: Tensor,
+             num_noise: int, log_z: float | Tensor = 0.0, reduction: str = "sum") -> Tensor:
+    """Noise-contrastive estimation (Gutmann & Hyvarinen) with ``p'(c|x) = u(c, x) / z`` (Eq. 31).
+
+    Minus ``log sigma(D_c) + sum_i log(1 - sigma(D_{d_i}))`` with ``D_j = log p'(j) - log(k p_n(j))``:
+    its gradient is Eq. 30. ``log_z = 0`` is the ``z_m = 1`` of Mnih & Teh that the paper tests (and
+    finds very poor for softmax regression). The noise samples ``d_i ~ p_n`` range over all classes.
+    """
+    _check_scores(noise_scores, "noise_scores")
+    log_k = math.log(num_noise)
+    delta_target = target_scores - log_z - (log_k + log_noise_target)
+    delta_noise = noise_scores - log_z - (log_k + log_noise_samples)
+    objective = F.logsigmoid(delta_target) + F.logsigmoid(-delta_noise).sum(1)
+    return _reduce(-objective, reduction)
+
+
+def negative_sampling_loss(target_scores: Tensor, negative_scores: Tensor, scale_negatives: bool = True,
+                           negative_mask: Tensor | None = None, reduction: str = "sum") -> Tensor:
+    """Minus the negative-sampling objective, Eq. 43 (Mikolov et al.): ``log sigma(s_c) + sum_d log sigma(-s_d)``.
+
+    ``scale_negatives`` divides the negative terms by their number, which is the normalisation of
+    Eq. 45 (the positive term keeps weight 1).
+    """
+    _check_scores(negative_scores, "negative_scores")
+    neg = F.logsigmoid(-negative_scores)
+    neg_term = _masked_mean(neg, negative_mask) if scale_negatives else _masked_sum(neg, negative_mask)
+    return _reduce(-(F.logsigmoid(target_scores) + neg_term), reduction)
+
+
+def ranking_offset(num_classes: int) -> float:
+    """``alpha = log(C - 1)``, the offset that makes the ranking objective the one-sample likelihood
+    approximation (Eq. 36-41). ``log(999) = 6.9068``; the paper's 6.2126 is ``log(499)``."""
+    if num_classes < 2:
+        raise ValueError("num_classes must be >= 2")
+    return math.log(num_classes - 1)
+
+
+# ------------------------------------------------------------------------------------------ variances
+
+
+def importance_variance(z: Tensor, q: Tensor, num_samples: int) -> Tensor:
+    """Variance of the importance estimate ``(1/S) sum_s z_s / q(s)`` of ``Z = sum z``, Eq. 18."""
+    return ((z**2 / q).sum(-1) - z.sum(-1) ** 2) / num_samples
+
+
+def bernoulli_variance(z: Tensor, b: Tensor) -> Tensor:
+    """Variance of the Bernoulli estimate ``sum_{s_i = 1} z_i / b_i`` of ``Z``, Eq. 21."""
+    return ((1.0 / b - 1.0) * z**2).sum(-1)
+
+
+def expected_variance_importance_as_printed(mu: float, sigma: float, num_classes: int, fraction: float) -> float:
+    """Footnote 2 as printed: ``(sigma^2 + mu^2) C/f - mu^2 / (f C)`` (uniform q, ``S = f C``)."""
+    return (sigma**2 + mu**2) * num_classes / fraction - mu**2 / (fraction * num_classes)
+
+
+def expected_variance_importance(mu: float, sigma: float, num_classes: int, fraction: float) -> float:
+    """The correct expectation of Eq. 18 over i.i.d. ``z_i ~ (mu, sigma^2)``, uniform ``q``, ``S = f C``:
+    ``(1/S)(C^2 (sigma^2 + mu^2) - E[Z^2])`` with ``E[Z^2] = C^2 mu^2 + C sigma^2``, i.e. ``sigma^2 (C - 1) / f``.
+    (The footnote subtracts ``mu^2`` where ``E[Z^2]`` belongs.) It does not grow with ``mu``."""
+    return sigma**2 * (num_classes - 1) / fraction
+
+
+def expected_variance_bernoulli(mu: float, sigma: float, num_classes: int, fraction: float) -> float:
+    """Footnote 2's Bernoulli expectation of Eq. 21 with ``b_c = f``: ``(sigma^2 + mu^2) C (1/f - 1)`` (correct as printed)."""
+    return (sigma**2 + mu**2) * num_classes * (1.0 / fraction - 1.0)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _reduce(values: Tensor, reduction: str) -> Tensor:
+    if reduction == "sum":
+        return values.sum()
+    if reduction == "mean":
+        return values.mean()
+    if reduction == "none":
+        return values
+    raise ValueError(f"reduction must be 'sum', 'mean' or 'none', got {reduction!r}")
+
+
+def _masked_mean(values: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return values.mean(1)
+    count = mask.sum(1).clamp_min(1)
+    return torch.where(mask, values, torch.zeros_like(values)).sum(1) / count
+
+
+def _masked_sum(values: Tensor, mask: Tensor | None) -> Tensor:
+    if mask is None:
+        return values.sum(1)
+    return torch.where(mask, values, torch.zeros_like(values)).sum(1)
+
+
+def _log1mexp(log_p: Tensor) -> Tensor:
+    """``log(1 - exp(x))`` for ``x <= 0``, accurate at both ends (Machler 2012)."""
+    return torch.where(log_p > -math.log(2.0), torch.log(-torch.expm1(log_p)), torch.log1p(-torch.exp(log_p)))
