@@ -68,26 +68,43 @@ def _check_wrt(wrt: str) -> None:
         raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}")
 
 
-def _segment_scores(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_groups: int, wrt: Wrt) -> np.ndarray:
-    """Eq. 10 / 12 scores for labels of several nodes at once (``group[i]`` = node of label i).
+#: |p_{j|i} - p_j| at or below this counts as equal: sign(0) = 0 in eqs. 10 / 12. Without it a
+#: label with no statistics (p_{.|i} uniform) would score +-1 from the last bit of p_j's rounding.
+TIE_TOLERANCE = 1e-12
 
-    q is the label's share of its node's weight; p_j = sum_i q_i p_{j|i} is computed per node (eq. 7).
-    """
-    arity = p_cond.shape[1]
-    total = np.bincount(group, weights=weights, minlength=num_groups)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        q = np.where(total[group] > 0, weights / total[group], 0.0)
-    # p_j per node (eq. 7): rows sorted by node, then one reduceat instead of M bincounts
-    order = np.argsort(group, kind="stable")
-    starts = np.searchsorted(group[order], np.arange(num_groups))
-    marginal = np.zeros((num_groups, arity))
-    present = starts < len(group)
-    marginal[present] = np.add.reduceat(q[order, None] * p_cond[order], starts[present], axis=0)
-    marginal[np.bincount(group, minlength=num_groups) == 0] = 0.0
-    scores = np.sign(p_cond - marginal[group])
-    scores *= ((2.0 / arity) * q * (1.0 - q))[:, None]
+
+@numba.njit(cache=True)
+def _node_terms_kernel(p_cond, weights, group, num_groups):  # pragma: no cover - compiled
+    n, m = p_cond.shape
+    total = np.zeros(num_groups)
+    for i in range(n):
+        total[group[i]] += weights[i]
+    coef = np.zeros(n)
+    marginal = np.zeros((num_groups, m))
+    for i in range(n):
+        g = group[i]
+        q = weights[i] / total[g] if total[g] > 0 else 0.0
+        coef[i] = (2.0 / m) * q * (1.0 - q)
+        for j in range(m):
+            marginal[g, j] += q * p_cond[i, j]
+    return coef, marginal
+
+
+def _node_terms(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """(2/M) q_i (1 - q_i) per label and p_j = sum_i q_i p_{j|i} per node (eq. 7), where q_i is the
+    label's share of its node's weight and ``group[i]`` the node of label i."""
+    return _node_terms_kernel(np.ascontiguousarray(p_cond, dtype=np.float64), np.ascontiguousarray(weights, dtype=np.float64),
+                              np.ascontiguousarray(group, dtype=np.int64), num_groups)
+
+
+def _segment_scores(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_groups: int, wrt: Wrt) -> np.ndarray:
+    """Eq. 10 / 12 scores [n, M] for labels of several nodes at once (materialised; the greedy
+    computes the same numbers on the fly)."""
+    coef, marginal = _node_terms(p_cond, weights, group, num_groups)
+    diff = p_cond - marginal[group]
+    scores = np.where(np.abs(diff) <= TIE_TOLERANCE, 0.0, np.sign(diff)) * coef[:, None]
     if wrt == "logp":
-        scores *= p_cond
+        scores = scores * p_cond
     return scores
 
 
@@ -140,32 +157,65 @@ def _sift_down(heap_score, heap_label, pos, size):  # pragma: no cover - compile
 
 
 @numba.njit(cache=True)
-def _greedy_kernel(pref, pref_scores, group, capacity, well_formed, arity):  # pragma: no cover - compiled
+def _pair_score(p_cond, marginal, coef, logp, i, g, j):  # pragma: no cover - compiled
+    diff = p_cond[i, j] - marginal[g, j]
+    sign = 0.0 if abs(diff) <= TIE_TOLERANCE else (1.0 if diff > 0 else -1.0)
+    score = sign * coef[i]
+    return score * p_cond[i, j] if logp else score
+
+
+@numba.njit(cache=True)
+def _next_child(p_cond, marginal, coef, logp, i, g, rank, last_score, last_rot, arity):  # pragma: no cover
+    """Label i's best child strictly after (last_score, last_rot) in the order: score
+    decreasing, then rotation (j - rank) mod M increasing. Returns (child, score, rotation)."""
+    best_j, best_s, best_r = -1, -np.inf, arity
+    for j in range(arity):
+        s = _pair_score(p_cond, marginal, coef, logp, i, g, j)
+        r = (j - rank) % arity
+        if s < last_score or (s == last_score and r > last_rot):
+            if best_j < 0 or s > best_s or (s == best_s and r < best_r):
+                best_j, best_s, best_r = j, s, r
+    return best_j, best_s, best_r
+
+
+@numba.njit(cache=True)
+def _greedy_kernel(p_cond, marginal, coef, group, rank, capacity, allowed_child, well_formed, logp):  # pragma: no cover
     """Visit (label, child) pairs in decreasing score; accept when allowed.
 
-    pref[i] lists label i's children by decreasing score (ties: lower child first), pref_scores
-    the matching scores. Each unassigned label keeps exactly one entry in the heap, its best
-    pair not yet rejected, so the heap top is always the next pair of the global sorted order.
-    Returns (child per label, -1) or (partial result, label that could not be placed).
+    Each unassigned label keeps one entry in a heap, its best pair not yet rejected, so the heap
+    top is always the next pair of the global sorted order (score, then label id, then rotated
+    child); a rejected label's next pair is found by one scan of its M scores. Children with
+    ``allowed_child[g, j]`` False are never proposed. Returns (child per label, -1) or
+    (partial result, label that could not be placed).
     """
-    n, m = pref.shape
+    n, arity = p_cond.shape
     num_groups = capacity.shape[0]
-    heap_score = pref_scores[:, 0].copy()
+    heap_score = np.empty(n)
     heap_label = np.arange(n)
-    pointer = np.zeros(n, dtype=np.int64)
+    child_of = np.empty(n, dtype=np.int64)
+    rot_of = np.empty(n, dtype=np.int64)
     result = np.full(n, -1, dtype=np.int64)
-    sizes = np.zeros((num_groups, m), dtype=np.int64)
+    sizes = np.zeros((num_groups, arity), dtype=np.int64)
     remaining = np.zeros(num_groups, dtype=np.int64)
-    needed = np.full(num_groups, m, dtype=np.int64)  # labels still needed to close every child
+    needed = np.full(num_groups, arity, dtype=np.int64)  # labels still needed to close every child
     for i in range(n):
         remaining[group[i]] += 1
+        s_last, r_last = np.inf, -1
+        while True:
+            j, s, r = _next_child(p_cond, marginal, coef, logp, i, group[i], rank[i], s_last, r_last, arity)
+            if j < 0 or allowed_child[group[i], j]:
+                break
+            s_last, r_last = s, r
+        if j < 0:
+            return result, i
+        child_of[i], heap_score[i], rot_of[i] = j, s, r
     for pos in range(n // 2 - 1, -1, -1):
         _sift_down(heap_score, heap_label, pos, n)
     size = n
     while size > 0:
         label = heap_label[0]
         g = group[label]
-        child = pref[label, pointer[label]]
+        child = child_of[label]
         if well_formed:
             count = sizes[g, child]
             closed = count >= 1 and (count - 1) % (arity - 1) == 0
@@ -187,16 +237,26 @@ def _greedy_kernel(pref, pref_scores, group, capacity, well_formed, arity):  # p
             heap_label[0] = heap_label[size]
             _sift_down(heap_score, heap_label, 0, size)
         else:
-            pointer[label] += 1
-            if pointer[label] >= m:
+            s_last, r_last = heap_score[0], rot_of[label]
+            while True:
+                j, s, r = _next_child(p_cond, marginal, coef, logp, label, g, rank[label], s_last, r_last, arity)
+                if j < 0 or allowed_child[g, j]:
+                    break
+                s_last, r_last = s, r
+            if j < 0:
                 return result, label
-            heap_score[0] = pref_scores[label, pointer[label]]  # a smaller key: sift down
+            child_of[label], rot_of[label] = j, r
+            heap_score[0] = s  # a smaller key: sift down
             _sift_down(heap_score, heap_label, 0, size)
     return result, -1
 
 
 def _rank_in_group(group: np.ndarray) -> np.ndarray:
-    """Position of each label among the labels of its node, in label-id order."""
+    """Position of each label among the labels of its node, in label-id order. Ties between
+    equal scores are broken by rotating from child ``rank mod M``: uninformed labels (no
+    statistics: every score 0) are then dealt round-robin instead of all landing in child 0,
+    which under the well-formed rule would grow a chain of depth K / (M - 1). The released code
+    breaks the same symmetry by seeding each label's statistics with 0.5 on child (position mod M)."""
     order = np.argsort(group, kind="stable")
     sizes = np.bincount(group)
     rank = np.empty(len(group), dtype=np.int64)
@@ -204,27 +264,26 @@ def _rank_in_group(group: np.ndarray) -> np.ndarray:
     return rank
 
 
-def _child_preferences(scores: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Each label's children by decreasing score. Equal scores (eq. 10 has only +/- values, and
-    labels without statistics score 0 everywhere) are broken by rotating from child
-    ``rank mod M``, rank = the label's position at its node: uninformed labels are then dealt
-    round-robin instead of all landing in child 0 (which, under the well-formed rule, would
-    grow a chain of depth K / (M - 1)). The released code breaks the same symmetry by seeding
-    each label's statistics with 0.5 on child (position mod M)."""
-    arity = scores.shape[1]
-    rotation = (np.arange(arity)[None, :] - _rank_in_group(group)[:, None]) % arity
-    return np.lexsort((rotation, -scores), axis=-1)
-
-
-def _run_greedy(scores: np.ndarray, group: np.ndarray, capacity: np.ndarray, well_formed: bool) -> np.ndarray:
-    arity = scores.shape[1]
-    if not np.isfinite(scores).all():
-        raise ValueError("assignment scores must be finite (NaN in the node statistics?)")
-    pref = _child_preferences(scores, group)
-    pref_scores = np.take_along_axis(scores, pref, axis=1)
-    result, stuck = _greedy_kernel(
-        pref, np.ascontiguousarray(pref_scores), group.astype(np.int64), capacity.astype(np.int64).copy(), well_formed, arity
-    )
+def _run_greedy(
+    p_cond: np.ndarray,
+    weights: np.ndarray,
+    group: np.ndarray,
+    capacity: np.ndarray,
+    well_formed: bool,
+    wrt: Wrt,
+    allowed_child: np.ndarray | None = None,
+) -> np.ndarray:
+    """The greedy over all labels of several nodes (``group[i]`` = node of label i)."""
+    if not np.isfinite(p_cond).all():
+        raise ValueError("p_{j|i} must be finite (NaN in the node statistics?)")
+    group = np.ascontiguousarray(group, dtype=np.int64)
+    num_groups = capacity.shape[0]
+    p_cond = np.ascontiguousarray(p_cond, dtype=np.float64)
+    coef, marginal = _node_terms(p_cond, weights, group, num_groups)
+    if allowed_child is None:
+        allowed_child = np.ones(capacity.shape, dtype=np.bool_)
+    result, stuck = _greedy_kernel(p_cond, marginal, coef, group, _rank_in_group(group),
+                                   capacity.astype(np.int64).copy(), allowed_child, well_formed, wrt == "logp")
     if stuck >= 0:
         raise AssignmentDeadlock(
             f"label {stuck} could not be placed: every child of its node is full"
@@ -261,8 +320,7 @@ def assign_node(p_cond: Any, counts: Any, capacity: Any, wrt: Wrt = "logp") -> n
     cap = _capacity_row(capacity, p_cond.shape[1])
     if cap.sum() < len(counts):
         raise AssignmentError(f"{len(counts)} labels do not fit in total capacity {cap.sum()}")
-    scores = _segment_scores(p_cond, counts, np.zeros(len(counts), dtype=np.int64), 1, wrt)
-    return _run_greedy(scores, np.zeros(len(counts), dtype=np.int64), cap[None, :], well_formed=False)
+    return _run_greedy(p_cond, counts, np.zeros(len(counts), dtype=np.int64), cap[None, :], False, wrt)
 
 
 def assign_node_well_formed(
@@ -283,18 +341,17 @@ def assign_node_well_formed(
             f"a well-formed split needs K >= M and K = 1 (mod M-1); got K = {num_labels}, M = {arity}: "
             "pad with zero-count dummy labels"
         )
-    scores = _segment_scores(p_cond, counts, np.zeros(num_labels, dtype=np.int64), 1, wrt)
     if rule == "printed":
-        return _check_full_printed(scores)
+        return _check_full_printed(_segment_scores(p_cond, counts, np.zeros(num_labels, dtype=np.int64), 1, wrt))
     if rule != "corrected":
         raise ValueError(f"rule must be 'corrected' or 'printed', got {rule!r}")
     zeros = np.zeros(num_labels, dtype=np.int64)
-    return _run_greedy(scores, zeros, np.zeros((1, arity), dtype=np.int64), well_formed=True)
+    return _run_greedy(p_cond, counts, zeros, np.zeros((1, arity), dtype=np.int64), True, wrt)
 
 
 def _sorted_pairs(scores: np.ndarray) -> list[tuple[int, int]]:
     """All (label, child) pairs in the greedy's order: decreasing score, then label id, then child
-    rotated to start at ``label mod M`` (the tie rule of :func:`_child_preferences`)."""
+    rotated to start at ``label mod M`` (the tie rule of :func:`_rank_in_group`)."""
     num_labels, arity = scores.shape
     labels, children = np.meshgrid(np.arange(num_labels), np.arange(arity), indexing="ij")
     rotation = (children - labels) % arity
@@ -439,9 +496,8 @@ def assign_labels_depth_constrained(
         exponent = depth - 1 - level if capacity_rule == "icml" else depth - level
         uniq, group = np.unique(node, return_inverse=True)
         p_cond = np.asarray(statistics.p_cond(level, labels, node), dtype=np.float64)
-        scores = _segment_scores(p_cond, weights, group, len(uniq), wrt)
         capacity = np.full((len(uniq), arity), arity**exponent, dtype=np.int64)
-        child = _run_greedy(scores, group, capacity, well_formed=False)
+        child = _run_greedy(p_cond, weights, group, capacity, False, wrt)
         node = node * arity + child + 1
         position = position * arity + child
         leaves_below = arity ** (depth - 1 - level)
@@ -494,8 +550,7 @@ def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, wrt: Wrt
         final_of_group = np.array([prov_final[p] for p in uniq])
         nodes_for_stats = final_of_group[group]  # -1 (not yet known) means: no statistics, use the prior
         p_cond = np.asarray(statistics.p_cond(level, active, nodes_for_stats), dtype=np.float64)
-        scores = _segment_scores(p_cond, weights[active], group, len(uniq), wrt)
-        child = _run_greedy(scores, group, np.zeros((len(uniq), arity), dtype=np.int64), well_formed=True)
+        child = _run_greedy(p_cond, weights[active], group, np.zeros((len(uniq), arity), dtype=np.int64), True, wrt)
 
         key = group * arity + child
         sizes = np.bincount(key, minlength=len(uniq) * arity)
