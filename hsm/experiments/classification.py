@@ -640,8 +640,9 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
                      label_names=names)
         start = Tree(trained.start_tree.child_node, trained.start_tree.child_label, trained.start_tree.num_labels,
                      label_names=names)
-        row["tree_file"] = str(final.save(tree_dir / f"{stem}.json").relative_to(tree_dir.parent.parent))
-        row["start_tree_file"] = str(start.save(tree_dir / f"{stem}-start.json").relative_to(tree_dir.parent.parent))
+        # paths relative to the result file's folder
+        row["tree_file"] = str(final.save(tree_dir / f"{stem}.json").relative_to(tree_dir.parent))
+        row["start_tree_file"] = str(start.save(tree_dir / f"{stem}-start.json").relative_to(tree_dir.parent))
     log(f"d={dim} {output}: lr={best} P@1={result['p_at_1']:.2f} train {trained.train_seconds:.1f}s "
         f"test {result['test_seconds']:.2f}s visited {result['nodes_visited']:.1f}")
     return row
