@@ -854,3 +854,62 @@ def icml_table3(scale: str = "quick", device: str = "cpu", out: Path | str | Non
                                                        "derived_from": str(source)})
             return write_results(out, records, prov)
     return _run_command("table3", scale, device, out, options)
+
+
+# ---------------------------------------------------------------------------------------------- display
+_ROW_ORDER = ["fasttext-softmax", "vw-log_multi", "flat", "fasttext-hs", "huffman2", "huffman5", "huffman20",
+              "learned5", "learned20"]
+
+
+def _seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    if value >= 3600:
+        return f"{value / 3600:.1f} h"
+    if value >= 60:
+        return f"{value / 60:.1f} min"
+    return f"{value:.2f} s" if value < 10 else f"{value:.0f} s"
+
+
+def table_markdown(records: Sequence[dict[str, Any]], recall: bool = False) -> str:
+    """Our rows laid out like the paper's Table 1 (``recall=False``) or Table 3 (with R@1)."""
+    head = ["d", "Model", "Implementation", "Arity", "P@1"] + (["R@1"] if recall else []) + \
+        ["Train", "Test", "Nodes visited", "Expected depth", "LR"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [r for r in records if r.get("model") != "gain"]
+    rows.sort(key=lambda r: (r["d"], _ROW_ORDER.index(r["output"]) if r["output"] in _ROW_ORDER else 99))
+    for r in rows:
+        arity = "-" if r.get("arity") is None else str(r["arity"])
+        if r.get("skipped"):
+            cells = [str(r["d"]), r["model"], r["implementation"], arity, f"skipped: {r['skipped']}"] + \
+                [""] * (len(head) - 5)
+        else:
+            visited = r.get("nodes_visited")
+            cells = [str(r["d"]), r["model"], r["implementation"], arity, f"{r['p_at_1']:.1f}"]
+            cells += [f"{r['r_at_1']:.2f}"] if recall else []
+            cells += [_seconds(r.get("train_seconds")), _seconds(r.get("test_seconds")),
+                      "-" if visited is None else f"{visited:.1f}",
+                      "-" if r.get("expected_depth") is None else f"{r['expected_depth']:.2f}",
+                      f"{r['lr']:g}"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def paper_table_markdown(table: str = "table1") -> str:
+    """The paper's YFCC100M rows (ICML Table 1, or supplement Table 3 with recall), as printed."""
+    from hsm import paper
+
+    recall = table == "table3"
+    head = ["d", "Model", "Arity", "P@1"] + (["Recall"] if recall else []) + ["Train", "Test"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for number in paper.table(f"icml2017.{table}"):
+        if not number.key.endswith(".p_at_1"):
+            continue
+        base = number.key[: -len(".p_at_1")]
+        s = number.setting
+        rec = paper.NUMBERS.get(f"{base}.recall")
+        cells = [str(s["d"]), s["model"], "-" if s["arity"] is None else str(s["arity"]), f"{number.value:g}"]
+        cells += [("-" if rec is None else f"{rec.value:g}")] if recall else []
+        cells += [paper.get(f"{base}.train_time").printed, paper.get(f"{base}.test_time").printed]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
