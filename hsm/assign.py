@@ -194,6 +194,8 @@ def _greedy_kernel(p_cond, marginal, coef, group, rank, capacity, allowed_child,
     heap_label = np.arange(n)
     child_of = np.empty(n, dtype=np.int64)
     rot_of = np.empty(n, dtype=np.int64)
+    prefs = np.empty((n, arity), dtype=np.int32)  # filled for a label at its first rejection
+    pointer = np.full(n, -1, dtype=np.int64)
     result = np.full(n, -1, dtype=np.int64)
     sizes = np.zeros((num_groups, arity), dtype=np.int64)
     remaining = np.zeros(num_groups, dtype=np.int64)
@@ -237,16 +239,36 @@ def _greedy_kernel(p_cond, marginal, coef, group, rank, capacity, allowed_child,
             heap_label[0] = heap_label[size]
             _sift_down(heap_score, heap_label, 0, size)
         else:
-            s_last, r_last = heap_score[0], rot_of[label]
-            while True:
-                j, s, r = _next_child(p_cond, marginal, coef, logp, label, g, rank[label], s_last, r_last, arity)
-                if j < 0 or allowed_child[g, j]:
-                    break
-                s_last, r_last = s, r
-            if j < 0:
+            # First rejection: sort this label's children once (insertion sort on the M keys),
+            # so that later rejections cost O(1) instead of a rescan (O(M^2) per label when
+            # capacities are tight, as at the last level of a full depth-D tree).
+            if pointer[label] < 0:
+                row = prefs[label]
+                for j in range(arity):
+                    row[j] = j
+                keys_s = np.empty(arity)
+                keys_r = np.empty(arity, dtype=np.int64)
+                for j in range(arity):
+                    keys_s[j] = _pair_score(p_cond, marginal, coef, logp, label, g, j)
+                    keys_r[j] = (j - rank[label]) % arity
+                for a in range(1, arity):
+                    cur = row[a]
+                    b = a - 1
+                    while b >= 0 and (keys_s[row[b]] < keys_s[cur] or (keys_s[row[b]] == keys_s[cur] and keys_r[row[b]] > keys_r[cur])):
+                        row[b + 1] = row[b]
+                        b -= 1
+                    row[b + 1] = cur
+                for a in range(arity):
+                    if row[a] == child:
+                        pointer[label] = a
+            nxt = pointer[label] + 1
+            while nxt < arity and not allowed_child[g, prefs[label, nxt]]:
+                nxt += 1
+            if nxt >= arity:
                 return result, label
-            child_of[label], rot_of[label] = j, r
-            heap_score[0] = s  # a smaller key: sift down
+            pointer[label] = nxt
+            child_of[label] = prefs[label, nxt]
+            heap_score[0] = _pair_score(p_cond, marginal, coef, logp, label, g, child_of[label])  # smaller key
             _sift_down(heap_score, heap_label, 0, size)
     return result, -1
 
@@ -535,66 +557,59 @@ def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, wrt: Wrt
     if weights.shape != (num_leaves,):
         raise ValueError(f"label_weights() must give {num_leaves} values (labels and dummy leaves)")
 
-    # provisional nodes in creation order; final ids resolved at the end
-    prov_final = [0]  # root keeps id 0
+    # Provisional nodes are numbered in creation order (root = 0); their final ids are resolved
+    # at the end: a node keeps the id that sat at its place in the old tree when its parent kept
+    # its own id and that id is still free; the others take the ids left over.
+    prov_final = np.full(num_nodes, -1, dtype=np.int64)
+    prov_final[0] = 0
     claimed = np.zeros(num_nodes, dtype=bool)
     claimed[0] = True
-    child_node_prov: list[np.ndarray] = []
-    child_label_prov: list[np.ndarray] = []
+    child_node_prov = np.full((num_nodes, arity), -1, dtype=np.int64)
+    child_label_prov = np.full((num_nodes, arity), -1, dtype=np.int64)
+    num_prov = 1
 
     active = np.arange(num_leaves)
     active_prov = np.zeros(num_leaves, dtype=np.int64)
     level = 0
     while active.size:
         uniq, group = np.unique(active_prov, return_inverse=True)
-        final_of_group = np.array([prov_final[p] for p in uniq])
-        nodes_for_stats = final_of_group[group]  # -1 (not yet known) means: no statistics, use the prior
+        nodes_for_stats = prov_final[uniq][group]  # -1 (not yet known) means: no statistics, use the prior
         p_cond = np.asarray(statistics.p_cond(level, active, nodes_for_stats), dtype=np.float64)
         child = _run_greedy(p_cond, weights[active], group, np.zeros((len(uniq), arity), dtype=np.int64), True, wrt)
 
         key = group * arity + child
         sizes = np.bincount(key, minlength=len(uniq) * arity)
-        while len(child_node_prov) < max(uniq) + 1:
-            child_node_prov.append(np.full(arity, -1, dtype=np.int64))
-            child_label_prov.append(np.full(arity, -1, dtype=np.int64))
         singles = sizes[key] == 1
-        for g, j, label in zip(group[singles], child[singles], active[singles]):
-            child_label_prov[uniq[g]][j] = label
-        # every (group, child) with several labels becomes a new internal node
-        multi_keys = np.nonzero(sizes > 1)[0]
-        new_prov = {}
-        for k in multi_keys:
-            g, j = divmod(int(k), arity)
-            parent_prov = int(uniq[g])
-            prov = len(prov_final)
-            new_prov[k] = prov
-            parent_final = prov_final[parent_prov]
-            preferred = tree.child_node[parent_final, j] if parent_final >= 0 else -1
-            if preferred >= 0 and not claimed[preferred]:
-                claimed[preferred] = True
-                prov_final.append(int(preferred))
-            else:
-                prov_final.append(-1)
-            child_node_prov[parent_prov][j] = prov
+        child_label_prov[uniq[group[singles]], child[singles]] = active[singles]
+        # every (node, child) with several labels becomes a new internal node
+        multi = np.nonzero(sizes > 1)[0]
+        if num_prov + multi.size > num_nodes:
+            raise AssertionError("well-formed rebuild made more internal nodes than (K'-1)/(M-1)")
+        new_ids = np.arange(num_prov, num_prov + multi.size)
+        num_prov += multi.size
+        parent_prov, slot = uniq[multi // arity], multi % arity
+        child_node_prov[parent_prov, slot] = new_ids
+        parent_final = prov_final[parent_prov]
+        preferred = np.where(parent_final >= 0, tree.child_node[np.maximum(parent_final, 0), slot], -1)
+        ok = preferred >= 0
+        ok[ok] = ~claimed[preferred[ok]]
+        claimed[preferred[ok]] = True
+        prov_final[new_ids[ok]] = preferred[ok]
+        prov_of_key = np.full(len(uniq) * arity, -1, dtype=np.int64)
+        prov_of_key[multi] = new_ids
         keep = ~singles
         active = active[keep]
-        active_prov = np.array([new_prov[k] for k in key[keep]], dtype=np.int64)
+        active_prov = prov_of_key[key[keep]]
         level += 1
 
-    if len(prov_final) != num_nodes:
-        raise AssertionError(f"well-formed rebuild made {len(prov_final)} nodes, expected {num_nodes}")
-    free = iter(np.nonzero(~claimed)[0].tolist())
-    moved = []
-    for prov, final in enumerate(prov_final):
-        if final < 0:
-            prov_final[prov] = next(free)
-            moved.append(prov_final[prov])
-    to_final = np.array(prov_final)
+    if num_prov != num_nodes:
+        raise AssertionError(f"well-formed rebuild made {num_prov} nodes, expected {num_nodes}")
+    unresolved = np.nonzero(prov_final < 0)[0]
+    prov_final[unresolved] = np.nonzero(~claimed)[0]
+    moved = np.sort(prov_final[unresolved])
     child_node = np.full((num_nodes, arity), -1, dtype=np.int64)
     child_label = np.full((num_nodes, arity), -1, dtype=np.int64)
-    for prov in range(num_nodes):
-        row = child_node_prov[prov]
-        child_node[to_final[prov]] = np.where(row >= 0, to_final[np.maximum(row, 0)], -1)
-        child_label[to_final[prov]] = child_label_prov[prov]
+    child_node[prov_final] = np.where(child_node_prov >= 0, prov_final[np.maximum(child_node_prov, 0)], -1)
+    child_label[prov_final] = child_label_prov
     new_tree = Tree(child_node, child_label, tree.num_labels, label_names=tree.label_names)
-    return Reassignment(new_tree, np.array(sorted(moved), dtype=np.int64), _moved_fraction(tree, new_tree))
+    return Reassignment(new_tree, moved, _moved_fraction(tree, new_tree))
