@@ -130,6 +130,24 @@ class TreeLearner:
         self.frozen = False
         self.layer.statistics = self.statistics
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to resume Algorithm 1 from a checkpoint: the current tree (as its
+        JSON description), the statistics, the step counter and the history. The layer's own
+        parameters go in ``layer.state_dict()`` as usual."""
+        return {"tree": self.layer.tree.to_dict(), "statistics": self.statistics.state_dict(), "steps": self.steps,
+                "frozen": self.frozen, "history": [vars(record) for record in self.history]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from .tree import Tree
+
+        tree = Tree.from_dict(state["tree"])
+        self.layer.set_tree(tree)
+        self.statistics._allocate(tree)
+        self.statistics.load_state_dict(state["statistics"])
+        self.steps = int(state["steps"])
+        self.history = [ReassignRecord(**record) for record in state["history"]]
+        self.freeze() if state["frozen"] else self.unfreeze()
+
 
 Batch = tuple[Tensor, Tensor]
 

@@ -82,3 +82,23 @@ def test_learner_argument_errors():
         TreeLearner(HierarchicalSoftmax(4, Tree.random(9, 3, 2)), 0)
     with pytest.raises(TypeError):
         TreeLearner(FlatSoftmax(4, 9), 10)
+
+
+def test_learner_checkpoint_roundtrip(tmp_path):
+    data = planted_hierarchy(num_groups=3, labels_per_group=3, dim=8, num_examples=600, seed=2)
+    layer = HierarchicalSoftmax(8, Tree.random(9, 3, 2, seed=0))
+    learner = TreeLearner(layer, reassign_every=3)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.5)
+    batches = [(data.x[i:i + 50], data.y[i:i + 50]) for i in range(0, 600, 50)]
+    train_epoch(torch.nn.Identity(), layer, batches, opt, learner)
+    torch.save({"layer": layer.state_dict(), "learner": learner.state_dict()}, tmp_path / "ckpt.pt")
+    state = torch.load(tmp_path / "ckpt.pt", weights_only=False)
+    other = HierarchicalSoftmax(8, Tree.random(9, 3, 2, seed=5))
+    restored = TreeLearner(other, reassign_every=3)
+    other.load_state_dict(state["layer"])
+    restored.load_state_dict(state["learner"])
+    assert other.tree == layer.tree and restored.steps == learner.steps == 12
+    assert len(restored.history) == len(learner.history) == 4
+    torch.testing.assert_close(restored.statistics.sum_probas, learner.statistics.sum_probas)
+    h = data.x[:20]
+    torch.testing.assert_close(other.log_prob(h), layer.log_prob(h))
