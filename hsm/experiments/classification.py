@@ -679,12 +679,22 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
         except FloatingPointError:
             scores[lr] = None
         log(f"  d={dim} {output} lr={lr}: valid P@1 {scores[lr]}")
-    best = _select(scores)
     vocab, train_split, test_split, source = encoded["test"]
-    trained = train_bow(train_split, output, dim, best, vocab_size=len(vocab), **kwargs)
+    # retrain on all of train at the best rate; should that run diverge (SGD on more data at a rate at the
+    # edge of stability), fall back to the next best rate and say so
+    diverged = []
+    for best in sorted((lr for lr, v in scores.items() if v is not None), key=lambda lr: (-scores[lr], lr)):
+        try:
+            trained = train_bow(train_split, output, dim, best, vocab_size=len(vocab), **kwargs)
+            break
+        except FloatingPointError:
+            diverged.append(best)
+            log(f"  d={dim} {output} lr={best}: diverged on the full training set, next best rate")
+    else:
+        raise FloatingPointError(f"{output} d={dim}: every rate diverged ({scores})")
     result = evaluate_bow(trained, test_split, device=device)
     row: dict[str, Any] = {"output": output, "lr": best, "valid_p_at_1": {str(k): v for k, v in scores.items()},
-                           "train_seconds": trained.train_seconds, **result}
+                           "diverged_on_full_train": diverged, "train_seconds": trained.train_seconds, **result}
     if trained.start_tree is not None:
         tree = trained.layer.tree
         row["tree_nodes"] = tree.num_nodes
