@@ -92,6 +92,180 @@ def _merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, valu
     return new_v, new_i
 
 
+# ------------------------------------------------------------------ grouped node evaluation
+#
+# A training step evaluates B * L (example, node) pairs. Evaluating them one by one means copying
+# each pair's [M, d] weight block (F.embedding) even when many examples share a node (the root is
+# shared by all B, a depth-1 node of a 63-ary tree by about B / 63), and the backward pass then
+# writes one [M, d] gradient block per pair and sums the duplicates. Instead the pairs are grouped
+# by node: every node's block is read once (``weight.index_select`` over the *unique* nodes), its
+# examples are stacked into a zero-padded [U, cap, d] tensor, and one batched matmul gives all
+# logits; the backward pass writes exactly one gradient block per unique node (a bmm of the
+# padded output gradients with the padded inputs), so the sparse gradient is already duplicate
+# free. Groups are bucketed by size (powers of ``_BUCKET_BASE``) so padding wastes at most that
+# factor in FLOPs, never in weight bytes: the bytes, not the FLOPs, bound this layer.
+
+_BUCKET_BASE = 4
+_PAIR_CHUNK = 1 << 15  #: (example, node) pairs evaluated at once by the exact search
+
+
+class _Bucket(NamedTuple):
+    nodes: Tensor  #: [U] unique node ids of the groups in this bucket
+    cap: int  #: padded group size (1: every group has one pair, no padding)
+    entries: Tensor  #: [n] pair ids (rows of the [P, M] logits) in this bucket
+    examples: Tensor  #: [n] example (input row) of each pair
+    slots: Tensor | None  #: [n] position ``group * cap + rank`` in the padded layout (None when cap == 1)
+
+
+def _plan_groups(example: np.ndarray, node: np.ndarray, device: torch.device) -> list[_Bucket]:
+    """Group pairs (example[p], node[p]) by node and bucket the groups by size (numpy: these are
+    a few hundred integers, and numpy's per-call cost is a fraction of torch's)."""
+    count = node.size
+    order = np.argsort(node, kind="stable")
+    sorted_nodes = node[order]
+    first = np.ones(count, dtype=bool)
+    first[1:] = sorted_nodes[1:] != sorted_nodes[:-1]
+    starts = np.flatnonzero(first)
+    sizes = np.diff(np.append(starts, count))
+    group_of_pair = np.cumsum(first) - 1  # group of each sorted pair
+    rank = np.arange(count) - starts[group_of_pair]
+    # bucket 0: singletons; bucket k >= 1: groups of size in (base**(k-1), base**k]
+    bucket_of_group = np.where(sizes == 1, 0, np.ceil(np.log(np.maximum(sizes, 2)) / math.log(_BUCKET_BASE) - 1e-9)).astype(np.int64)
+    bucket_of_group[(sizes > 1) & (bucket_of_group == 0)] = 1
+    as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    buckets = []
+    for bucket in np.unique(bucket_of_group):
+        groups = np.flatnonzero(bucket_of_group == bucket)
+        in_bucket = np.isin(group_of_pair, groups) if len(groups) < len(sizes) else np.ones(count, dtype=bool)
+        pairs = order[in_bucket]
+        if bucket == 0:
+            buckets.append(_Bucket(as_t(sorted_nodes[starts[groups]]), 1, as_t(pairs), as_t(example[pairs]), None))
+            continue
+        cap = int(sizes[groups].max())
+        local = np.empty(len(sizes), dtype=np.int64)
+        local[groups] = np.arange(len(groups))
+        slots = local[group_of_pair[in_bucket]] * cap + rank[in_bucket]
+        buckets.append(_Bucket(as_t(sorted_nodes[starts[groups]]), cap, as_t(pairs), as_t(example[pairs]), as_t(slots)))
+    return buckets
+
+
+def _grouped_logits(input: Tensor, weight: Tensor, buckets: list[_Bucket], num_pairs: int, arity: int,
+                    saved: list | None = None) -> Tensor:
+    """``W_node h_example`` for every planned pair: [P, M] (no bias). ``saved`` collects each
+    bucket's (weight blocks, padded inputs) for the backward pass."""
+    dim = input.shape[1]
+    logits = input.new_empty(num_pairs, arity)
+    for bucket in buckets:
+        blocks = weight.index_select(0, bucket.nodes).view(-1, arity, dim)  # [U, M, d], read once per node
+        if bucket.cap == 1:
+            stacked = input.index_select(0, bucket.examples)  # [U, d]
+            # [U,1,d] @ [U,d,M]: the batched vector-matrix form (the [U,M,d] @ [U,d,1] matrix-vector
+            # form is about 10x slower on CPU)
+            out = torch.bmm(stacked.unsqueeze(1), blocks.transpose(1, 2)).squeeze(1)  # [U, M]
+        else:
+            stacked = input.new_zeros(blocks.shape[0] * bucket.cap, dim)
+            stacked[bucket.slots] = input.index_select(0, bucket.examples)
+            out = torch.bmm(stacked.view(-1, bucket.cap, dim), blocks.transpose(1, 2))  # [U, cap, M]
+            out = out.reshape(-1, arity).index_select(0, bucket.slots)
+        logits[bucket.entries] = out
+        if saved is not None:
+            saved.append((blocks, stacked))
+    return logits
+
+
+class _PathPlan(NamedTuple):
+    """Which (example, node, child) pairs a batch needs: the kept steps of every target's path."""
+
+    example: Tensor  #: [P]
+    node: Tensor  #: [P]
+    child: Tensor  #: [P]
+    buckets: list[_Bucket]
+    full: bool  #: P == B * L in (example, depth) order: sums are a reshape
+
+
+class _TreePathLogProb(torch.autograd.Function):
+    """Forward: ``log p(y_b | h_b)`` (eq. 5) and the per-pair node log-softmax; backward: the
+    gradient of the first w.r.t. input, weight (one [M*d] row per unique node: sparse COO when
+    ``sparse``, dense otherwise) and bias, written directly instead of through autograd's per-pair
+    copies (checked against the autograd reference in tests/test_layers.py)."""
+
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, slot_penalty: Tensor | None,
+                plan: _PathPlan, batch: int, sparse: bool, arity: int):  # type: ignore[override]
+        saved: list = []
+        num_pairs = plan.node.numel()
+        logits = _grouped_logits(input, weight, plan.buckets, num_pairs, arity, saved)
+        if bias is not None:
+            logits += bias.index_select(0, plan.node)
+        if slot_penalty is not None:  # -inf on empty slots (trees with M**D > K); skipped for full trees
+            logits += slot_penalty.index_select(0, plan.node)
+        log_probs = torch.log_softmax(logits, dim=1)
+        picked = log_probs.gather(1, plan.child.unsqueeze(1)).squeeze(1)
+        if plan.full:
+            output = picked.view(batch, -1).sum(1)
+        else:
+            output = input.new_zeros(batch).index_add_(0, plan.example, picked)
+        ctx.plan, ctx.saved_blocks, ctx.batch, ctx.sparse = plan, saved, batch, sparse
+        ctx.has_bias = bias is not None
+        ctx.weight_shape = weight.shape
+        ctx.save_for_backward(input, log_probs)
+        ctx.mark_non_differentiable(log_probs)
+        return output, log_probs
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor, _grad_log_probs: Tensor | None):  # type: ignore[override]
+        input, log_probs = ctx.saved_tensors
+        plan: _PathPlan = ctx.plan
+        # d output_b / d logits_(b,n) = onehot(child) - softmax
+        scale = grad_output.index_select(0, plan.example) if not plan.full else grad_output.repeat_interleave(
+            plan.node.numel() // ctx.batch)
+        grad_logits = log_probs.exp().mul_(-scale.unsqueeze(1))
+        grad_logits.scatter_add_(1, plan.child.unsqueeze(1), scale.unsqueeze(1))
+        arity = grad_logits.shape[1]
+        dim = input.shape[1]
+        grad_input = grad_weight = grad_bias = None
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        if need_input:
+            grad_input = torch.zeros_like(input)
+        rows = sum(bucket.nodes.numel() for bucket in plan.buckets)
+        values = input.new_empty(rows, arity * dim) if need_weight else None
+        offset = 0
+        for bucket, (blocks, stacked) in zip(plan.buckets, ctx.saved_blocks):
+            count = bucket.nodes.numel()
+            pair_grad = grad_logits.index_select(0, bucket.entries)  # [n, M]
+            if bucket.cap == 1:
+                if need_weight:
+                    torch.mul(pair_grad.unsqueeze(2), stacked.unsqueeze(1),
+                              out=values[offset:offset + count].view(count, arity, dim))
+                if need_input:
+                    grad_input.index_add_(0, bucket.examples, torch.bmm(pair_grad.unsqueeze(1), blocks).squeeze(1))
+            else:
+                padded = grad_logits.new_zeros(count * bucket.cap, arity)
+                padded[bucket.slots] = pair_grad
+                padded = padded.view(count, bucket.cap, arity)
+                if need_weight:
+                    torch.bmm(padded.transpose(1, 2), stacked.view(count, bucket.cap, dim),
+                              out=values[offset:offset + count].view(count, arity, dim))
+                if need_input:
+                    per_slot = torch.bmm(padded, blocks).view(-1, dim).index_select(0, bucket.slots)
+                    grad_input.index_add_(0, bucket.examples, per_slot)
+            offset += count
+        if need_weight:
+            indices = torch.cat([bucket.nodes for bucket in plan.buckets]).unsqueeze(0)
+            if ctx.sparse:
+                # every node appears once: no duplicates for the optimiser to sum
+                grad_weight = torch.sparse_coo_tensor(indices, values, ctx.weight_shape, check_invariants=False)
+            else:
+                grad_weight = values.new_zeros(ctx.weight_shape).index_copy_(0, indices[0], values)
+        if need_bias and ctx.has_bias:
+            shape = (ctx.weight_shape[0], arity)
+            if ctx.sparse:
+                grad_bias = torch.sparse_coo_tensor(plan.node.unsqueeze(0), grad_logits, shape, check_invariants=False)
+            else:
+                grad_bias = grad_logits.new_zeros(shape).index_add_(0, plan.node, grad_logits)
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None
+
+
 class HierarchicalSoftmax(nn.Module):
     """Tree softmax over ``tree.num_labels`` labels (eq. 5 / 11).
 
@@ -166,12 +340,24 @@ class HierarchicalSoftmax(nn.Module):
         self.register_buffer("slot_mask", as_t(tree.slot_mask), persistent=False)
         self.register_buffer("child_node", as_t(tree.child_node), persistent=False)
         self.register_buffer("child_label", as_t(tree.child_label), persistent=False)
+        # Empty slots (M**D > K, ragged taxonomies) get -inf added to their logit; a tree without
+        # any (a full M-ary tree) skips that work entirely.
+        penalty = None
+        if not tree.slot_mask.all():
+            penalty = torch.as_tensor(np.where(tree.slot_mask, 0.0, -np.inf), dtype=self.weight.dtype, device=device)
+        self.register_buffer("slot_penalty", penalty, persistent=False)
+        # host copies for planning (numpy indexing of a few hundred ids beats a device round trip of
+        # many small kernels); every real label's path has the full length L in fixed-depth trees
+        self._host_paths = (tree.path_nodes, tree.path_children, tree.path_mask)
+        self._full_paths = bool(tree.path_mask[: tree.num_labels].all())
         if reset_nodes is not None and len(reset_nodes):
             self.reset_parameters(reset_nodes)
 
     # ------------------------------------------------------------------ node computations
     def _node_logits(self, input: Tensor, nodes: Tensor) -> Tensor:
-        """Logits of ``nodes`` [...] for rows of ``input``: [..., M] (masked slots at -inf)."""
+        """Reference per-pair evaluation: logits of ``nodes`` [B, ...] for the rows of ``input``:
+        [B, ..., M] (masked slots at -inf). One weight block is copied per (row, node) pair; the
+        fast paths group pairs by node instead (:func:`_grouped_logits`)."""
         shape = nodes.shape
         flat = nodes.reshape(shape[0], -1)  # [B, L]
         weight = F.embedding(flat, self.weight, sparse=self.sparse)  # [B, L, M*d]
@@ -182,8 +368,51 @@ class HierarchicalSoftmax(nn.Module):
         logits = logits.masked_fill(~self.slot_mask[flat], -math.inf)
         return logits.view(*shape, self.arity)
 
+    def _plan(self, target: Tensor) -> _PathPlan:
+        """The (example, node, child) pairs of the targets' paths, grouped by node."""
+        nodes, children, mask = self._host_paths
+        labels = target.detach().cpu().numpy()
+        batch = labels.shape[0]
+        if self._full_paths:
+            length = nodes.shape[1]
+            example = np.repeat(np.arange(batch), length)
+            node, child = nodes[labels].reshape(-1), children[labels].reshape(-1)
+        else:
+            keep = mask[labels]
+            example = np.nonzero(keep)[0]
+            node, child = nodes[labels][keep], children[labels][keep]
+        device = self.weight.device
+        return _PathPlan(torch.from_numpy(example).to(device), torch.from_numpy(np.ascontiguousarray(node)).to(device),
+                         torch.from_numpy(np.ascontiguousarray(child)).to(device),
+                         _plan_groups(example, node, device), self._full_paths)
+
     def forward(self, input: Tensor, target: Tensor) -> HSMOutput:
-        """Eq. 5: sum over the path of ``log softmax(W_n h + b_n)[c_d]``."""
+        """Eq. 5: sum over the path of ``log softmax(W_n h + b_n)[c_d]``.
+
+        Pairs (example, path node) are grouped by node, so each node's parameters are read once per
+        batch and its gradient is written once (:class:`_TreePathLogProb`); the result equals
+        :meth:`forward_reference` (tests check values and gradients)."""
+        _check_input(input, self.in_features)
+        _check_target(target, input.shape[0], self.num_labels)
+        batch = input.shape[0]
+        plan = self._plan(target)
+        output, pair_log_probs = _TreePathLogProb.apply(input, self.weight, self.bias, self.slot_penalty, plan,
+                                                        batch, self.sparse, self.arity)
+        if self.statistics is not None and self.training:
+            length = self.path_nodes.shape[1]
+            mask = self.path_mask[target]
+            if plan.full:
+                probs = pair_log_probs.detach().exp().view(batch, length, self.arity)
+            else:
+                probs = pair_log_probs.new_zeros(batch * length, self.arity)
+                probs[mask.view(-1)] = pair_log_probs.detach().exp()
+                probs = probs.view(batch, length, self.arity)
+            self.statistics.accumulate(target, probs, mask)
+        return HSMOutput(output, -output.mean())
+
+    def forward_reference(self, input: Tensor, target: Tensor) -> HSMOutput:
+        """The plain implementation of eq. 5 (per-pair weight copies, autograd for the gradient):
+        what :meth:`forward` is checked against, and the "naive" line of the benchmark."""
         _check_input(input, self.in_features)
         _check_target(target, input.shape[0], self.num_labels)
         nodes = self.path_nodes[target]  # [B, L]
@@ -192,9 +421,24 @@ class HierarchicalSoftmax(nn.Module):
         log_probs = torch.log_softmax(self._node_logits(input, nodes), dim=-1)  # [B, L, M]
         picked = log_probs.gather(-1, children.unsqueeze(-1)).squeeze(-1)
         output = torch.where(mask, picked, torch.zeros_like(picked)).sum(dim=1)
-        if self.statistics is not None and self.training:
-            self.statistics.accumulate(target, log_probs.detach().exp(), mask)
         return HSMOutput(output, -output.mean())
+
+    def _pair_log_softmax(self, input: Tensor, example: np.ndarray, node: np.ndarray) -> Tensor:
+        """Node log-softmax [P, M] for arbitrary (example, node) pairs, grouped by node, in chunks
+        (an untrained model's exact search can visit every node for every example)."""
+        chunk = _PAIR_CHUNK
+        device = input.device
+        out = []
+        for start in range(0, max(len(node), 1), chunk):
+            ex, nd = example[start:start + chunk], node[start:start + chunk]
+            node_t = torch.from_numpy(np.ascontiguousarray(nd)).to(device)
+            logits = _grouped_logits(input, self.weight, _plan_groups(ex, nd, device), len(nd), self.arity)
+            if self.bias is not None:
+                logits += self.bias.index_select(0, node_t)
+            if self.slot_penalty is not None:
+                logits += self.slot_penalty.index_select(0, node_t)
+            out.append(torch.log_softmax(logits, dim=1))
+        return torch.cat(out) if len(out) > 1 else out[0]
 
     def log_prob(self, input: Tensor, batch_chunk: int = 256) -> Tensor:
         """Log-probabilities of all K labels, [B, K] (every node evaluated: O(N M d) per row)."""
@@ -216,8 +460,66 @@ class HierarchicalSoftmax(nn.Module):
 
     @torch.no_grad()
     def predict(self, input: Tensor) -> Tensor:
-        """The most likely label of each row, exact (branch and bound, :meth:`topk`)."""
-        return self.topk(input, 1).indices[:, 0]
+        """The most likely label of each row, exact (branch and bound).
+
+        First a greedy descent (follow the most likely child) gives each row a label and so a lower
+        bound on the best log-probability; then the tree is explored level by level from the root,
+        keeping a node only while its path log-probability is above the row's best label so far.
+        A node's path probability bounds every label below it, so the result is the arg max of
+        :meth:`log_prob` (tests check it). A confident model prunes almost everything; an
+        untrained one (near-uniform nodes) visits every node."""
+        _check_input(input, self.in_features)
+        return self._predict_top1(input)[0]
+
+    def _predict_top1(self, input: Tensor) -> tuple[Tensor, Tensor]:
+        """(labels, nodes visited per row) of the exact top-1 search described in :meth:`predict`."""
+        batch, device = input.shape[0], input.device
+        child_node, child_label, slot_mask = self.tree.child_node, self.tree.child_label, self.tree.slot_mask
+        num_labels = self.num_labels
+        best_value = torch.full((batch,), -math.inf, dtype=input.dtype, device=device)
+        best_label = torch.full((batch,), -1, dtype=torch.long, device=device)
+        visited = np.zeros(batch, dtype=np.int64)
+        is_label = (child_label >= 0) & (child_label < num_labels) & slot_mask
+        is_node = (child_node >= 0) & slot_mask
+
+        def update_best(example: np.ndarray, node: np.ndarray, cand: Tensor) -> None:
+            leaf = torch.from_numpy(is_label[node]).to(device)
+            values = cand.masked_fill(~leaf, -math.inf)
+            row_best, slot = values.max(dim=1)
+            ex_t = torch.from_numpy(example).to(device)
+            new_best = best_value.clone().scatter_reduce_(0, ex_t, row_best, reduce="amax")
+            improved = (row_best > best_value[ex_t]) & (row_best == new_best[ex_t])
+            if bool(improved.any()):
+                labels = torch.from_numpy(child_label[node]).to(device).gather(1, slot.unsqueeze(1)).squeeze(1)
+                best_label[ex_t[improved]] = labels[improved]
+            best_value.copy_(new_best)
+
+        # greedy descent: a label per row, hence a bound
+        example, node = np.arange(batch), np.zeros(batch, dtype=np.int64)
+        score = input.new_zeros(batch)
+        while example.size:
+            visited += np.bincount(example, minlength=batch)
+            cand = score.unsqueeze(1) + self._pair_log_softmax(input, example, node)
+            update_best(example, node, cand)
+            inner = torch.from_numpy(is_node[node]).to(device)
+            step_value, slot = cand.masked_fill(~inner, -math.inf).max(dim=1)
+            go_on = torch.isfinite(step_value).cpu().numpy()
+            slot_np = slot.cpu().numpy()
+            example, node = example[go_on], child_node[node[go_on], slot_np[go_on]]
+            score = step_value[torch.from_numpy(go_on).to(device)]
+        # branch and bound from the root
+        example, node = np.arange(batch), np.zeros(batch, dtype=np.int64)
+        score = input.new_zeros(batch)
+        while example.size:
+            visited += np.bincount(example, minlength=batch)
+            cand = score.unsqueeze(1) + self._pair_log_softmax(input, example, node)
+            update_best(example, node, cand)
+            ex_t = torch.from_numpy(example).to(device)
+            keep = torch.from_numpy(is_node[node]).to(device) & (cand > best_value[ex_t].unsqueeze(1))
+            pair, slot = (t.cpu().numpy() for t in torch.nonzero(keep, as_tuple=True))
+            score = cand[keep]
+            example, node = example[pair], child_node[node[pair], slot]
+        return best_label, torch.from_numpy(visited).to(device)
 
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None) -> TopK:
@@ -252,8 +554,7 @@ class HierarchicalSoftmax(nn.Module):
         return TopK(values, indices, visited)
 
     def _expand(self, input: Tensor, ex: Tensor, node: Tensor, score: Tensor):
-        logits = self._node_logits(input[ex], node[:, None])[:, 0]
-        cand = score[:, None] + torch.log_softmax(logits, dim=-1)
+        cand = score[:, None] + self._pair_log_softmax(input, ex.cpu().numpy(), node.cpu().numpy())
         kids, labs, usable = self.child_node[node], self.child_label[node], self.slot_mask[node]
         leaf = (labs >= 0) & usable
         inner = (kids >= 0) & usable

@@ -173,3 +173,102 @@ def test_cpu_and_cuda_agree():
     gpu = layer.cuda()(h.cuda(), y.cuda()).output.cpu()
     torch.testing.assert_close(cpu, gpu)
     assert (layer.predict(h.cuda()).cpu() == layer.cpu().predict(h)).all()
+
+
+# ---------------------------------------------------------------- fast paths against the reference
+def _duplicate_heavy_targets(tree, batch, seed):
+    """Zipf-like targets: a few labels repeated many times (groups of every bucket size)."""
+    rng = np.random.default_rng(seed)
+    probs = 1.0 / np.arange(1, tree.num_labels + 1) ** 1.5
+    return torch.as_tensor(rng.choice(tree.num_labels, batch, p=probs / probs.sum()))
+
+
+@pytest.mark.parametrize("tree", _trees(), ids=repr)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_fast_forward_and_gradients_equal_reference(tree, sparse):
+    layer = _layer(tree, seed=4)
+    layer.sparse = sparse
+    for batch, seed in ((1, 0), (23, 1), (300, 2)):  # 300 rows: groups far larger than the bucket base
+        y = _duplicate_heavy_targets(tree, batch, seed)
+        h = torch.randn(batch, 6, dtype=torch.double, requires_grad=True)
+        upstream = torch.randn(batch, dtype=torch.double)  # a non-uniform gradient of the outputs
+        fast = layer(h, y).output
+        ref = layer.forward_reference(h, y).output
+        torch.testing.assert_close(fast, ref)
+        got = torch.autograd.grad((fast * upstream).sum(), [h, layer.weight, layer.bias])
+        want = torch.autograd.grad((ref * upstream).sum(), [h, layer.weight, layer.bias])
+        for g, w in zip(got, want):
+            assert g.is_sparse == (sparse and g.shape != h.shape)
+            torch.testing.assert_close(g.to_dense(), w.to_dense())
+
+
+def test_fast_sparse_gradient_has_one_row_per_node():
+    tree = Tree.random(300, 7, 3, seed=0)
+    layer = HierarchicalSoftmax(5, tree, sparse=True)
+    y = torch.tensor([3] * 50 + list(range(40)))
+    layer(torch.randn(len(y), 5), y).loss.backward()
+    rows = layer.weight.grad._indices()[0]
+    assert rows.numel() == np.unique(tree.path_nodes[y.numpy()]).size == torch.unique(rows).numel()
+
+
+def test_fast_forward_collects_the_same_statistics_as_the_reference():
+    from hsm.statistics import NodeStatistics
+
+    for tree in (Tree.random(60, 4, 3, seed=0), Tree.huffman(np.arange(1, 30), 3)):
+        layer = _layer(tree, seed=1)
+        h = torch.randn(40, 6, dtype=torch.double)
+        y = _duplicate_heavy_targets(tree, 40, 3)
+        layer.statistics = NodeStatistics(tree, dtype=torch.double)
+        layer(h, y)
+        expected = NodeStatistics(tree, dtype=torch.double)
+        nodes, mask = layer.path_nodes[y], layer.path_mask[y]
+        probs = torch.softmax(layer._node_logits(h, nodes), dim=-1)
+        expected.accumulate(y, probs, mask)
+        torch.testing.assert_close(layer.statistics.sum_probas, expected.sum_probas)
+        torch.testing.assert_close(layer.statistics.path_counts, expected.path_counts)
+        torch.testing.assert_close(layer.statistics.label_counts, expected.label_counts)
+
+
+@pytest.mark.parametrize("tree", _trees(), ids=repr)
+def test_fast_predict_is_exact_for_confident_and_uniform_models(tree):
+    for scale in (0.01, 8.0):  # near uniform: the search visits everything; confident: it prunes
+        layer = _layer(tree, scale=scale, seed=5)
+        h = torch.randn(33, 6, dtype=torch.double)
+        labels, visited = layer._predict_top1(h)
+        assert (labels == layer.log_prob(h).argmax(1)).all()
+        assert (visited >= 1).all()
+
+
+def test_grouped_evaluation_in_chunks(monkeypatch):
+    """Exact search on an untrained layer evaluates more pairs than one chunk holds."""
+    tree = Tree.random(200, 6, 3, seed=0)
+    layer = _layer(tree, scale=0.01)
+    h = torch.randn(8, 6, dtype=torch.double)
+    example = np.repeat(np.arange(8), tree.num_nodes)
+    node = np.tile(np.arange(tree.num_nodes), 8)
+    whole = layer._pair_log_softmax(h, example, node)
+    import hsm.layers as layers_module
+
+    monkeypatch.setattr(layers_module, "_PAIR_CHUNK", 37)
+    torch.testing.assert_close(layer._pair_log_softmax(h, example, node), whole)
+    expected = torch.log_softmax(layer._node_logits(h[example], torch.as_tensor(node)[:, None])[:, 0], -1)
+    torch.testing.assert_close(whole, expected)
+
+
+def test_fast_path_trains_like_the_reference():
+    """A few SGD and Adagrad steps with the fast path and the reference give the same parameters."""
+    tree = Tree.random(120, 5, 3, seed=0)
+    for opt_class in (torch.optim.SGD, torch.optim.Adagrad):
+        layers = [_layer(tree, seed=2) for _ in range(2)]
+        for layer in layers:
+            layer.sparse = True
+        opts = [opt_class(layer.parameters(), lr=0.1) for layer in layers]
+        for step in range(4):
+            h = torch.randn(16, 6, dtype=torch.double)
+            y = _duplicate_heavy_targets(tree, 16, step)
+            for layer, opt, fn in zip(layers, opts, ("forward", "forward_reference")):
+                opt.zero_grad()
+                getattr(layer, fn)(h, y).loss.backward()
+                opt.step()
+        torch.testing.assert_close(layers[0].weight, layers[1].weight)
+        torch.testing.assert_close(layers[0].bias, layers[1].bias)

@@ -1,0 +1,436 @@
+"""``python -m hsm bench``: the output layers side by side (issue 8, speed and scale).
+
+For every vocabulary size V and method it times, per batch of B examples with Zipf-distributed
+targets (rank r drawn with probability proportional to 1/r, label id = rank, so the adaptive
+softmax's frequency-sorted cutoffs are meaningful):
+
+* ``train``: forward + backward (``loss.backward()``), gradients zeroed with ``set_to_none``;
+* ``train_sgd`` / ``train_adagrad``: the same plus the optimiser step (sparse gradients for the
+  tree's node parameters, dense for the baselines);
+* ``logprob``: ``log p(target | h)`` without gradient (``layer(h, y).output`` under ``no_grad``);
+* ``predict``: the exact arg max (``layer.predict``; branch and bound for the tree).
+
+Methods: ``flat`` (:class:`hsm.FlatSoftmax`: ``nn.Linear`` + log-softmax, the O(V d) baseline),
+``adaptive`` (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, cutoffs 2k/10k/50k/200k below V,
+``div_value=4``), ``tree-d2`` / ``tree-d3`` (:class:`hsm.HierarchicalSoftmax` on a random
+fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``), and ``naive-d3`` (the same tree through
+:meth:`HierarchicalSoftmax.forward_reference` with a dense gradient: per-example weight copies,
+what a straightforward PyTorch tree does).
+
+Every time is the median of repeated runs (``--repeats``, fewer when one run is slow:
+``--budget``), cycling through 16 different batches so the node blocks are not all cached.
+Memory is the peak resident set of a fresh process per (V, method) minus its size after
+``import torch`` (CPU), or ``torch.cuda.max_memory_allocated`` (GPU). The *floor* of each
+measurement is ``max(bytes / bandwidth, flops / peak)`` with this machine's copy bandwidth and
+matmul throughput measured at start-up; ``floor_fraction = floor / measured``.
+
+``--json PATH`` writes the table with provenance (:mod:`hsm.results`). ``--quick`` runs tiny
+sizes in-process in a few seconds (what CI checks: the table's structure, not the timings).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["METHODS", "BenchConfig", "adaptive_cutoffs", "machine_limits", "main", "run_benchmark", "run_one",
+           "tree_arity", "format_table"]
+
+METHODS = ("flat", "adaptive", "tree-d2", "tree-d3", "naive-d3")
+METRICS = ("train", "train_sgd", "train_adagrad", "logprob", "predict")
+_POOL = 16  # distinct batches cycled through by every timing loop
+
+
+class BenchConfig(dict):
+    """One measurement's settings (a dict, so it travels to a child process as JSON)."""
+
+
+def tree_arity(num_labels: int, depth: int) -> int:
+    """The smallest M with M**depth >= V (V = 250k: M = 500 at depth 2, 63 at depth 3)."""
+    if num_labels < 2 or depth < 1:
+        raise ValueError(f"need V >= 2 and depth >= 1, got V={num_labels}, depth={depth}")
+    arity = max(2, math.ceil(num_labels ** (1.0 / depth)) - 1)
+    while arity**depth < num_labels:
+        arity += 1
+    return arity
+
+
+def adaptive_cutoffs(num_labels: int) -> list[int]:
+    """Cutoffs for AdaptiveLogSoftmaxWithLoss: 2k / 10k / 50k / 200k (a factor 5 per cluster, as in
+    Grave et al.'s setups), those below V; at least one cutoff."""
+    cutoffs = [c for c in (2_000, 10_000, 50_000, 200_000) if c < num_labels]
+    return cutoffs or [max(1, num_labels // 4)]
+
+
+def zipf_targets(num_labels: int, batch: int, count: int, seed: int = 0) -> list[torch.Tensor]:
+    """``count`` batches of labels drawn with p(rank r) proportional to 1 / r (label id = rank)."""
+    rng = np.random.default_rng(seed)
+    cdf = np.cumsum(1.0 / np.arange(1, num_labels + 1))
+    cdf /= cdf[-1]
+    return [torch.from_numpy(np.minimum(np.searchsorted(cdf, rng.random(batch)), num_labels - 1).astype(np.int64))
+            for _ in range(count)]
+
+
+# ---------------------------------------------------------------------------- machine limits
+def machine_limits(device: str = "cpu", size_mb: int = 256) -> dict[str, float]:
+    """Memory bandwidth (GB/s, a ``copy_`` of two ``size_mb`` buffers: read + write counted, best of
+    5) and matmul throughput (GFLOP/s, best of 3) of this machine with the current thread count."""
+    dev = torch.device(device)
+    source = torch.ones(size_mb * 2**20 // 4, device=dev)
+    target = torch.empty_like(source)
+    best = math.inf
+    for _ in range(5):
+        _sync(dev)
+        start = time.perf_counter()
+        target.copy_(source)
+        _sync(dev)
+        best = min(best, time.perf_counter() - start)
+    bandwidth = 2 * source.numel() * 4 / best / 1e9
+    del source, target
+    a = torch.randn(1024, 1024, device=dev)
+    b = torch.randn(1024, 1024, device=dev)
+    best = math.inf
+    for _ in range(3):
+        _sync(dev)
+        start = time.perf_counter()
+        a @ b
+        _sync(dev)
+        best = min(best, time.perf_counter() - start)
+    return {"bandwidth_gbs": bandwidth, "matmul_gflops": 2 * 1024**3 / best / 1e9}
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---------------------------------------------------------------------------- cost model
+def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | None, unique_nodes: float,
+               pairs: float) -> dict[str, dict[str, float]]:
+    """Minimal bytes moved and FLOPs per batch (fp32) for each metric: what no implementation of
+    the same computation can go below.
+
+    Tree: the forward reads each unique path node's [M, d] block once (``unique_nodes`` per batch,
+    measured); the backward writes one gradient block per unique node; FLOPs are 2 M d per
+    (example, node) pair forward and twice that backward. Flat: the [V, d] weight is read, the
+    [B, V] logits written and read; the backward reads the weight again and writes its [V, d]
+    gradient. Adaptive: the flat cost of the head plus the clusters its examples reach (taken as
+    the whole model: an upper estimate, so its floor is generous). Optimiser steps add a read and
+    write of every updated parameter (and of Adagrad's state)."""
+    f32 = 4.0
+    out: dict[str, dict[str, float]] = {}
+    if method.startswith(("tree", "naive")):
+        block = arity * dim * f32
+        fwd_bytes = unique_nodes * block
+        fwd_flops = 2.0 * pairs * arity * dim
+        train_bytes = 2 * fwd_bytes
+        opt_rows = unique_nodes * block
+        out["logprob"] = {"bytes": fwd_bytes, "flops": fwd_flops}
+        out["train"] = {"bytes": train_bytes, "flops": 3 * fwd_flops}
+        out["train_sgd"] = {"bytes": train_bytes + 3 * opt_rows, "flops": 3 * fwd_flops}
+        out["train_adagrad"] = {"bytes": train_bytes + 5 * opt_rows, "flops": 3 * fwd_flops}
+        out["predict"] = {"bytes": fwd_bytes, "flops": fwd_flops}
+    else:
+        weight = num_labels * dim * f32
+        logits = batch * num_labels * f32
+        fwd_flops = 2.0 * batch * num_labels * dim
+        out["logprob"] = {"bytes": weight + 2 * logits, "flops": fwd_flops}
+        out["predict"] = {"bytes": weight + 2 * logits, "flops": fwd_flops}
+        out["train"] = {"bytes": 3 * weight + 4 * logits, "flops": 3 * fwd_flops}
+        out["train_sgd"] = {"bytes": 6 * weight + 4 * logits, "flops": 3 * fwd_flops}
+        out["train_adagrad"] = {"bytes": 8 * weight + 4 * logits, "flops": 3 * fwd_flops}
+    return out
+
+
+# ---------------------------------------------------------------------------- one measurement
+def _median_ms(fn: Callable[[], Any], repeats: int, budget_s: float, device: torch.device, warmup: int = 2) -> float:
+    """Median wall time of ``fn`` in ms; fewer repeats (at least 3) when one call is slow."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    spent = 0.0
+    while len(times) < repeats and (len(times) < 3 or spent < budget_s):
+        start = time.perf_counter()
+        fn()
+        _sync(device)
+        elapsed = time.perf_counter() - start
+        times.append(elapsed)
+        spent += elapsed
+    return statistics.median(times) * 1e3
+
+
+def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: int):
+    from .layers import FlatSoftmax, HierarchicalSoftmax
+    from .tree import Tree
+
+    torch.manual_seed(seed)
+    if method == "flat":
+        return FlatSoftmax(dim, num_labels).to(device), None
+    if method == "adaptive":
+        layer = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, num_labels, adaptive_cutoffs(num_labels), div_value=4.0)
+        return layer.to(device), None
+    depth = int(method.rsplit("-d", 1)[1])
+    arity = tree_arity(num_labels, depth)
+    tree = Tree.random(num_labels, arity, depth, seed=seed)
+    layer = HierarchicalSoftmax(dim, tree, sparse=method.startswith("tree")).to(device)
+    return layer, tree
+
+
+def run_one(config: dict[str, Any]) -> dict[str, Any]:
+    """Time one (V, method) in this process; returns the row of the table (see module doc)."""
+    method, num_labels, dim, batch = config["method"], config["vocab"], config["dim"], config["batch"]
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    device = torch.device(config.get("device", "cpu"))
+    rss_start = _rss_mb()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    layer, tree = _build(method, num_labels, dim, device, config.get("seed", 0))
+    targets = [y.to(device) for y in zipf_targets(num_labels, batch, _POOL, seed=config.get("seed", 0))]
+    inputs = [torch.randn(batch, dim, device=device, requires_grad=True) for _ in range(4)]
+    counter = [0]
+
+    def next_batch():
+        counter[0] += 1
+        return inputs[counter[0] % len(inputs)], targets[counter[0] % len(targets)]
+
+    naive = method.startswith("naive")
+
+    def loss_of(h, y):
+        return layer.forward_reference(h, y).loss if naive else layer(h, y).loss
+
+    def train():
+        h, y = next_batch()
+        layer.zero_grad(set_to_none=True)
+        h.grad = None
+        loss_of(h, y).backward()
+
+    repeats, budget = config.get("repeats", 20), config.get("budget_s", 20.0)
+    metrics = [m for m in config.get("metrics", METRICS) if m in METRICS]
+    row: dict[str, Any] = {"vocab": num_labels, "method": method, "dim": dim, "batch": batch,
+                           "threads": torch.get_num_threads(), "device": str(device)}
+    if tree is not None:
+        row.update(arity=tree.arity, depth=tree.depth_limit, nodes=tree.num_nodes)
+        unique = [np.unique(tree.path_nodes[y.cpu().numpy()]).size for y in targets]
+        row["unique_nodes"] = float(np.mean(unique))
+        row["pairs"] = float(batch * tree.max_depth)
+    elif method == "adaptive":
+        row["cutoffs"] = adaptive_cutoffs(num_labels)
+    params = sum(p.numel() for p in layer.parameters())
+    row["parameters"] = params
+    ms: dict[str, float] = {}
+    if "train" in metrics:
+        ms["train"] = _median_ms(train, repeats, budget, device)
+    for name, optimizer_class in (("train_sgd", torch.optim.SGD), ("train_adagrad", torch.optim.Adagrad)):
+        if name not in metrics or naive:
+            continue
+        optimizer = optimizer_class(layer.parameters(), lr=0.01)
+
+        def step(optimizer=optimizer):
+            train()
+            optimizer.step()
+
+        ms[name] = _median_ms(step, repeats, budget, device)
+        del optimizer
+        layer.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        if "logprob" in metrics:
+            def logprob():
+                h, y = next_batch()
+                return (layer.forward_reference(h, y) if naive else layer(h, y)).output
+
+            ms["logprob"] = _median_ms(logprob, repeats, budget, device)
+        if "predict" in metrics and not naive:
+            if tree is not None:
+                # an untrained layer is near uniform at every node, and an exact search must then
+                # visit every node; scale the weights to a confident model (what a trained one is),
+                # and report how many nodes the search visited
+                layer.weight.mul_(config.get("predict_scale", 10.0))
+                visited = [float(layer._predict_top1(next_batch()[0])[1].float().mean()) for _ in range(3)]
+                row["predict_nodes_visited"] = float(np.mean(visited))
+            ms["predict"] = _median_ms(lambda: layer.predict(next_batch()[0]), repeats, budget, device)
+    row["ms"] = ms
+    if device.type == "cuda":
+        row["peak_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        row["peak_mb"] = max(_peak_rss_mb() - rss_start, 0.0)
+    row["parameter_mb"] = params * 4 / 2**20
+    return row
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError):
+        return _peak_rss_mb()
+
+
+def _peak_rss_mb() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return usage / 2**20 if sys.platform == "darwin" else usage / 2**10
+
+
+def _run_isolated(config: dict[str, Any]) -> dict[str, Any]:
+    """``run_one`` in a fresh interpreter, so its peak memory is its own."""
+    proc = subprocess.run([sys.executable, "-m", "hsm.bench", "--one", json.dumps(config)],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"benchmark {config['method']} V={config['vocab']} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------- the table
+def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch: int, repeats: int,
+                  budget_s: float, device: str = "cpu", isolate: bool = True, predict_scale: float = 10.0,
+                  metrics: Sequence[str] = METRICS, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """All (V, method) rows plus the machine limits, floors and ratios against ``flat``."""
+    limits = machine_limits(device)
+    rows = []
+    for vocab in vocabs:
+        for method in methods:
+            config = {"method": method, "vocab": int(vocab), "dim": dim, "batch": batch, "repeats": repeats,
+                      "budget_s": budget_s, "device": device, "threads": torch.get_num_threads(),
+                      "predict_scale": predict_scale, "metrics": list(metrics)}
+            row = _run_isolated(config) if isolate else run_one(config)
+            costs = cost_model(method, vocab, dim, batch, row.get("arity"), row.get("unique_nodes", 0.0),
+                               row.get("pairs", 0.0))
+            row["floor_ms"], row["floor_fraction"], row["bytes"], row["flops"] = {}, {}, {}, {}
+            for metric, value in row["ms"].items():
+                cost = costs[metric]
+                floor = 1e3 * max(cost["bytes"] / (limits["bandwidth_gbs"] * 1e9),
+                                  cost["flops"] / (limits["matmul_gflops"] * 1e9))
+                row["floor_ms"][metric] = floor
+                row["floor_fraction"][metric] = floor / value if value > 0 else float("nan")
+                row["bytes"][metric], row["flops"][metric] = cost["bytes"], cost["flops"]
+            rows.append(row)
+            if progress is not None:
+                progress(_row_line(row))
+    for row in rows:
+        flat = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "flat"), None)
+        adaptive = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "adaptive"), None)
+        row["speedup_vs_flat"] = {m: flat["ms"][m] / v for m, v in row["ms"].items()
+                                  if flat is not None and m in flat["ms"] and v > 0}
+        row["speedup_vs_adaptive"] = {m: adaptive["ms"][m] / v for m, v in row["ms"].items()
+                                      if adaptive is not None and m in adaptive["ms"] and v > 0}
+    return {"limits": limits, "rows": rows}
+
+
+def _row_line(row: dict[str, Any]) -> str:
+    cells = [f"{row['vocab']:>9,d}", f"{row['method']:<9}"]
+    for metric in METRICS:
+        value = row["ms"].get(metric)
+        cells.append(f"{value:10.3f}" if value is not None else f"{'-':>10}")
+    cells.append(f"{row['peak_mb']:8.0f}")
+    return " ".join(cells)
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """The benchmark as a plain-text table: ms per batch, peak MB, speed-ups over flat, floors."""
+    limits = result["limits"]
+    lines = [f"machine: copy bandwidth {limits['bandwidth_gbs']:.1f} GB/s, matmul {limits['matmul_gflops']:.0f} GFLOP/s, "
+             f"{torch.get_num_threads()} threads",
+             "ms per batch (median)",
+             f"{'V':>9} {'method':<9} " + " ".join(f"{m:>10}" for m in METRICS) + f" {'peak MB':>8}"]
+    lines += [_row_line(row) for row in result["rows"]]
+    lines.append("speed-up over flat (x)  [over adaptive]")
+    for row in result["rows"]:
+        cells = [f"{row['vocab']:>9,d}", f"{row['method']:<9}"]
+        for metric in METRICS:
+            ratio = row["speedup_vs_flat"].get(metric)
+            cells.append(f"{ratio:10.1f}" if ratio is not None else f"{'-':>10}")
+        train_vs_adaptive = row["speedup_vs_adaptive"].get("train")
+        if train_vs_adaptive is not None:
+            cells.append(f"[{train_vs_adaptive:.1f}]")
+        lines.append(" ".join(cells))
+    lines.append("floor ms (bytes / bandwidth or flops / peak) and achieved fraction of it")
+    for row in result["rows"]:
+        cells = [f"{row['vocab']:>9,d}", f"{row['method']:<9}"]
+        for metric in METRICS:
+            floor, frac = row["floor_ms"].get(metric), row["floor_fraction"].get(metric)
+            cells.append(f"{floor:6.2f}/{frac:4.0%}" if floor is not None else f"{'-':>11}")
+        lines.append(" ".join(cells))
+    return "\n".join(lines)
+
+
+def to_records(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """One record per (V, method, metric): value = ms per batch (median), with the rest beside it."""
+    from .results import make_record
+
+    records = []
+    for row in result["rows"]:
+        common = {k: v for k, v in row.items() if k not in ("ms", "floor_ms", "floor_fraction", "bytes", "flops",
+                                                          "speedup_vs_flat", "speedup_vs_adaptive")}
+        for metric, value in row["ms"].items():
+            records.append(make_record(None, value, kind="ms_per_batch", metric=metric, **common,
+                                       floor_ms=row["floor_ms"][metric], floor_fraction=row["floor_fraction"][metric],
+                                       bytes=row["bytes"][metric], flops=row["flops"][metric],
+                                       speedup_vs_flat=row["speedup_vs_flat"].get(metric),
+                                       speedup_vs_adaptive=row["speedup_vs_adaptive"].get(metric)))
+    records.append(make_record(None, result["limits"]["bandwidth_gbs"], kind="bandwidth_gbs"))
+    records.append(make_record(None, result["limits"]["matmul_gflops"], kind="matmul_gflops"))
+    return records
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m hsm bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--vocab", type=int, nargs="+", default=[10_000, 100_000, 250_000, 1_000_000])
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--metrics", nargs="+", default=list(METRICS), choices=METRICS)
+    parser.add_argument("--dim", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=20, help="timed runs per measurement (median)")
+    parser.add_argument("--budget", type=float, default=20.0, help="seconds per measurement before stopping early")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--predict-scale", type=float, default=10.0,
+                        help="multiply the tree's weights by this before timing predict (a confident model)")
+    parser.add_argument("--no-isolate", action="store_true", help="run every measurement in this process")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, in-process (CI)")
+    parser.add_argument("--json", default=None, help="write the result file here (hsm.results format)")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    if args.one is not None:  # child process of an isolated run
+        config = json.loads(args.one)
+        if config.get("threads"):
+            torch.set_num_threads(int(config["threads"]))
+        print(json.dumps(run_one(config)))
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.quick:
+        args.vocab = [v for v in args.vocab if v <= 2_000] or [500, 2_000]
+        args.dim, args.batch, args.repeats, args.budget, args.no_isolate = 16, 8, 3, 1.0, True
+    start = time.perf_counter()
+    result = run_benchmark(args.vocab, args.methods, args.dim, args.batch, args.repeats, args.budget,
+                           device=args.device, isolate=not args.no_isolate, predict_scale=args.predict_scale,
+                           metrics=args.metrics, progress=lambda line: print(line, flush=True))
+    print(format_table(result))
+    if args.json:
+        from .results import provenance, write_results
+
+        config = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
+        config["threads"] = torch.get_num_threads()
+        path = write_results(args.json, to_records(result), provenance(config, time.perf_counter() - start))
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

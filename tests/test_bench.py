@@ -1,0 +1,60 @@
+"""hsm.bench: the benchmark's table structure and cost model (no timings are checked)."""
+import json
+import math
+
+import pytest
+import torch
+
+from hsm import bench
+
+
+def test_quick_benchmark_writes_a_complete_table(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench.main(["--quick", "--vocab", "300", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "speed-up over flat" in printed and "floor ms" in printed
+    data = json.loads(out.read_text())
+    assert data["provenance"]["config"]["quick"] is True
+    timed = [r for r in data["records"] if r.get("kind") == "ms_per_batch"]
+    methods = {r["method"] for r in timed}
+    assert methods == set(bench.METHODS)
+    for record in timed:
+        assert record["vocab"] == 300 and record["value"] > 0 and record["floor_ms"] > 0
+        assert math.isclose(record["floor_fraction"], record["floor_ms"] / record["value"], rel_tol=1e-9)
+        assert record["metric"] in bench.METRICS
+    flat = {r["metric"]: r for r in timed if r["method"] == "flat"}
+    assert all(r["speedup_vs_flat"] == pytest.approx(1.0) for r in flat.values())
+    trees = [r for r in timed if r["method"].startswith("tree")]
+    assert {r["metric"] for r in trees} == set(bench.METRICS)
+    assert all(r["arity"] ** r["depth"] >= 300 and r["unique_nodes"] >= 1 for r in trees)
+    assert any(r["kind"] == "bandwidth_gbs" and r["value"] > 0 for r in data["records"])
+
+
+def test_tree_arity_and_cutoffs():
+    assert bench.tree_arity(250_000, 3) == 63 and bench.tree_arity(250_000, 2) == 500
+    assert bench.tree_arity(1_000_000, 3) == 100
+    with pytest.raises(ValueError):
+        bench.tree_arity(1, 3)
+    assert bench.adaptive_cutoffs(250_000) == [2_000, 10_000, 50_000, 200_000]
+    assert bench.adaptive_cutoffs(500) == [125]
+
+
+def test_zipf_targets_are_skewed_and_in_range():
+    batches = bench.zipf_targets(1000, 4000, 2, seed=1)
+    y = torch.cat(batches)
+    assert int(y.min()) >= 0 and int(y.max()) < 1000
+    # p(rank 0) = 1 / H_1000 ~ 0.13; the top label is far above uniform
+    assert 0.09 < float((y == 0).float().mean()) < 0.17
+
+
+def test_cost_model_tree_is_cheaper_than_flat():
+    tree = bench.cost_model("tree-d3", 250_000, 200, 128, 63, unique_nodes=180, pairs=384)
+    flat = bench.cost_model("flat", 250_000, 200, 128, None, 0, 0)
+    for metric in bench.METRICS:
+        assert tree[metric]["bytes"] < flat[metric]["bytes"] / 10
+    assert tree["train"]["bytes"] == 2 * 180 * 63 * 200 * 4
+
+
+def test_run_one_rejects_unknown_method():
+    with pytest.raises(ValueError, match="unknown method"):
+        bench.run_one({"method": "nope", "vocab": 10, "dim": 4, "batch": 2})
