@@ -1,0 +1,774 @@
+"""Language modelling (arXiv §7 Table 1 and Fig. 3; ICML §7.2 Table 2 and Fig. 2).
+
+The log-bilinear LM (:class:`hsm.models.LogBilinearLM`, ``r_x = sum_k R_k U_{w_{t-k}}``) with four
+output layers behind one interface:
+
+* ``flat``: the flat softmax over the vocabulary;
+* ``random``: a hierarchical softmax on a random depth-``D`` M-ary tree (best of several seeds,
+  picked on validation; the arXiv paper takes the best of 5);
+* ``clustering``: ICML §7.2's clustering tree: 50-dimensional word embeddings, MiniBatchKMeans into
+  ``M**2`` centroids, words filled greedily into the nearest non-full centroid (M words each).
+  The paper does not say how the ``M**2`` clusters are grouped under the root; we run a second
+  k-means over the centroids into M groups of M clusters (same greedy fill). The paper learns the
+  embeddings with fastText (5 epochs, hierarchical-softmax loss); fastText is not installed here,
+  so we learn them with our own log-bilinear model (d = 50, random-tree HSM) on the same training
+  data, and use its input embeddings ``U``;
+* ``learned``: Algorithm 1 (:class:`hsm.TreeLearner`) with Algorithm 3 (depth constraint) and the
+  log-likelihood ranking of eq. 12, starting from a random tree, re-assigning 20 times per epoch
+  (arXiv) or 50 times (ICML) while the tree is learned, then fine-tuning with the tree fixed.
+
+Choices where the papers are silent (written into every result file's config):
+
+* initial tree of the learned model: a random tree (seed 0 of the random-tree seeds);
+* batch size: 128 (the largest of ICML's grid {32, 64, 128}; the fastest on our CPU); the learning
+  rate is selected from a grid on validation perplexity after a short run (``select_steps``
+  steps), separately for the flat softmax and for the trees (the random tree's choice is used for
+  all trees, so the trees differ only in structure);
+* the arXiv paper's L2 of 5e-5 on PTB is **not** applied: torch's Adagrad refuses weight decay
+  with sparse gradients, and sparse gradients are what makes the tree cheap;
+* examples are shuffled every epoch; perplexity is ``exp`` of the mean NLL per token over the
+  whole split, every token a target (``<eos>``-padded windows);
+* ms/batch: wall time per optimiser step (forward, backward, Adagrad, and for the learned tree the
+  statistics and the amortised re-assignments), and per test batch (forward: ``log p(target)``),
+  measured in the same run on the same machine, after ``warmup`` steps.
+
+Long runs are resumable: each (experiment, run) checkpoints after every epoch under
+``hsm.config.cache_dir()/lm-runs/`` and stores its finished record, so re-running the experiment
+command continues where it stopped.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsm import config as hsm_config
+from hsm.data.lm import UNK, LMCorpus
+from hsm.experiments import experiment
+from hsm.layers import FlatSoftmax, HierarchicalSoftmax
+from hsm.models import LogBilinearLM
+from hsm.results import make_record, provenance, write_results
+from hsm.training import TreeLearner
+from hsm.tree import Tree
+
+__all__ = [
+    "LMRunConfig",
+    "cap_vocabulary",
+    "clustering_tree",
+    "greedy_fill",
+    "load_lm_corpus",
+    "train_lm",
+    "run_lm_ptb",
+    "run_lm_ptb_schedules",
+    "run_lm_gutenberg_65",
+    "run_lm_gutenberg_75",
+    "OUTPUT_KINDS",
+]
+
+OUTPUT_KINDS = ("flat", "random", "clustering", "learned")
+RESULTS_DIR = "results/lm"
+DEFAULT_OUT = {"lm-ptb": f"{RESULTS_DIR}/ptb.json", "lm-ptb-schedules": f"{RESULTS_DIR}/ptb-schedules.json",
+               "lm-gutenberg-65": f"{RESULTS_DIR}/gutenberg-65.json", "lm-gutenberg-75": f"{RESULTS_DIR}/gutenberg-75.json"}
+
+
+# ============================================================================ data
+def cap_vocabulary(corpus: LMCorpus, vocab_size: int) -> LMCorpus:
+    """Keep the ``vocab_size`` most frequent ids (``<unk>`` among them); map the rest to ``<unk>``.
+
+    Ids of :class:`LMCorpus` are sorted by decreasing training count, so the kept words are the
+    first ids; ``<unk>`` is kept (and, if it was not among them, it replaces the least frequent
+    kept word). Counts of dropped words are added to ``<unk>``'s.
+    """
+    if not isinstance(vocab_size, int) or vocab_size < 2:
+        raise ValueError(f"vocab_size must be an int >= 2, got {vocab_size!r}")
+    if vocab_size >= corpus.vocab_size:
+        return corpus
+    unk = corpus.index(UNK)
+    if unk < 0:
+        raise ValueError(f"{corpus.name} has no {UNK} token to map dropped words to")
+    keep = list(range(vocab_size))
+    if unk not in keep:
+        keep[-1] = unk
+    keep_arr = np.array(sorted(keep))
+    new_unk = int(np.searchsorted(keep_arr, unk))
+    mapping = np.full(corpus.vocab_size, new_unk, dtype=np.int64)
+    mapping[keep_arr] = np.arange(len(keep_arr))
+    mapping_t = torch.from_numpy(mapping)
+    counts = np.bincount(mapping, weights=corpus.counts, minlength=len(keep_arr)).astype(np.int64)
+    stats = dict(corpus.stats, vocab_cap=vocab_size, original_vocab=corpus.vocab_size)
+    return LMCorpus(
+        name=f"{corpus.name}-V{vocab_size}", vocab=[corpus.vocab[i] for i in keep_arr],
+        train=mapping_t[corpus.train], valid=mapping_t[corpus.valid], test=mapping_t[corpus.test],
+        counts=counts, context=corpus.context, stats=stats,
+    )
+
+
+def _slice(corpus: LMCorpus, train_tokens: int | None, eval_tokens: int | None) -> LMCorpus:
+    """The first tokens of each split (None: all)."""
+    cut = lambda t, n: t if n is None else t[:n]  # noqa: E731
+    train = cut(corpus.train, train_tokens)
+    counts = np.bincount(train.numpy(), minlength=corpus.vocab_size).astype(np.int64)
+    return LMCorpus(name=corpus.name, vocab=corpus.vocab, train=train, valid=cut(corpus.valid, eval_tokens),
+                    test=cut(corpus.test, eval_tokens), counts=counts, context=corpus.context,
+                    stats=dict(corpus.stats, train_tokens_used=int(train.numel())))
+
+
+def load_lm_corpus(dataset: str, *, max_books: int | None = None, vocab_size: int | None = None,
+                   train_tokens: int | None = None, eval_tokens: int | None = None) -> LMCorpus:
+    """PTB or our Gutenberg corpus, optionally reduced (fewer books/tokens, capped vocabulary).
+
+    The vocabulary cap is applied before slicing, from the counts of the whole training split
+    (PTB) or of the selected books (Gutenberg: the cap is the loader's own ``vocab_size``).
+    """
+    if dataset == "ptb":
+        from hsm.data import load_ptb
+
+        corpus = load_ptb()
+        if vocab_size is not None:
+            corpus = cap_vocabulary(corpus, vocab_size)
+    elif dataset == "gutenberg":
+        from hsm.data import load_gutenberg
+
+        corpus = load_gutenberg(max_books=max_books, vocab_size=vocab_size or 250_000, progress=False)
+    else:
+        raise ValueError(f"dataset must be 'ptb' or 'gutenberg', got {dataset!r}")
+    if train_tokens is not None or eval_tokens is not None:
+        corpus = _slice(corpus, train_tokens, eval_tokens)
+    return corpus
+
+
+# ============================================================================ trees
+def greedy_fill(distances: np.ndarray, capacity: int, order: np.ndarray | None = None) -> np.ndarray:
+    """Give every row (word) the nearest column (centroid) that still has room (ICML §7.2:
+    "greedily assign words to clusters until full").
+
+    Rows are served in ``order`` (default: by increasing distance to their nearest centroid, so
+    the words that are surest of their cluster go first). Needs ``capacity * n_cols >= n_rows``.
+    """
+    n_rows, n_cols = distances.shape
+    if capacity * n_cols < n_rows:
+        raise ValueError(f"{n_cols} clusters of {capacity} cannot hold {n_rows} items")
+    if order is None:
+        order = np.argsort(distances.min(axis=1), kind="stable")
+    load = np.zeros(n_cols, dtype=np.int64)
+    assignment = np.empty(n_rows, dtype=np.int64)
+    full_penalty = np.zeros(n_cols)
+    for row in order:
+        col = int(np.argmin(distances[row] + full_penalty))
+        assignment[row] = col
+        load[col] += 1
+        if load[col] == capacity:
+            full_penalty[col] = np.inf
+    return assignment
+
+
+def _kmeans_fill(points: np.ndarray, n_clusters: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.cluster import MiniBatchKMeans
+
+    n_clusters = min(n_clusters, len(points))
+    km = MiniBatchKMeans(n_clusters=n_clusters, random_state=seed, batch_size=4096, n_init=3)
+    km.fit(points)
+    centres = km.cluster_centers_
+    # squared distances, chunked (250k words x 4225 centroids would be 8 GB at once)
+    dist = np.empty((len(points), n_clusters), dtype=np.float32)
+    c_norm = (centres**2).sum(1)
+    for start in range(0, len(points), 8192):
+        chunk = points[start:start + 8192]
+        dist[start:start + 8192] = (chunk**2).sum(1)[:, None] - 2 * chunk @ centres.T + c_norm[None, :]
+    return greedy_fill(dist, capacity), centres
+
+
+def clustering_tree(embeddings: np.ndarray, arity: int, depth: int = 3, seed: int = 0,
+                    label_names: Sequence[str] | None = None) -> Tree:
+    """The clustering tree of ICML §7.2 (depth 3): words -> ``M**2`` clusters of at most M words
+    (MiniBatchKMeans + greedy fill); clusters -> M groups of M clusters under the root (a second
+    k-means over the centroids with the same greedy fill: our choice, the paper is silent)."""
+    if depth != 3:
+        raise ValueError("the clustering tree is built for depth 3 (root -> groups -> clusters -> words)")
+    points = np.asarray(embeddings, dtype=np.float64)
+    if points.ndim != 2 or len(points) < 2:
+        raise ValueError(f"embeddings must be a [K, d] array with K >= 2, got shape {points.shape}")
+    cluster_of_word, centres = _kmeans_fill(points, arity**2, arity, seed)
+    # renumber clusters 0..C-1 (some may be empty after the fill)
+    used, cluster_of_word = np.unique(cluster_of_word, return_inverse=True)
+    centres = centres[used]
+    group_of_cluster, _ = _kmeans_fill(centres, arity, arity, seed + 1)
+    cluster_order = np.argsort(group_of_cluster, kind="stable")
+    return Tree.from_clusters(cluster_of_word, arity, depth, cluster_order=cluster_order, label_names=label_names)
+
+
+# ============================================================================ training
+@dataclass
+class LMRunConfig:
+    """One training run of the log-bilinear LM with one output layer."""
+
+    output: str  #: flat | random | clustering | learned
+    context: int = 3
+    dim: int = 200
+    arity: int = 25
+    depth: int = 3
+    batch_size: int = 128
+    lr: float = 0.025
+    epochs: int = 4
+    learn_epochs: int = 3  #: learned tree: epochs during which the tree is re-assigned
+    reassign_per_epoch: int = 20
+    tree_seed: int = 0
+    seed: int = 0
+    max_steps_per_epoch: int | None = None  #: LR selection runs stop early
+    eval_per_epoch: bool = True
+    decay: float = 0.5  #: NodeStatistics decay at each re-assignment (hsm.statistics)
+
+    def key(self) -> str:
+        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class LMRunResult:
+    config: dict[str, Any]
+    epochs: list[dict[str, float]] = field(default_factory=list)  #: per epoch: train_nll, valid/test ppl
+    train_ms_per_batch: float = math.nan
+    test_ms_per_batch: float = math.nan
+    valid_perplexity: float = math.nan
+    test_perplexity: float = math.nan
+    reassignments: list[dict[str, Any]] = field(default_factory=list)
+    tree: dict[str, Any] | None = None  #: final tree (Tree.to_dict), for trees
+    seconds: float = 0.0
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _make_output(cfg: LMRunConfig, vocab_size: int, tree: Tree | None) -> torch.nn.Module:
+    if cfg.output == "flat":
+        return FlatSoftmax(cfg.dim, vocab_size)
+    if tree is None:
+        raise ValueError(f"output {cfg.output!r} needs a tree")
+    return HierarchicalSoftmax(cfg.dim, tree, sparse=True)
+
+
+@torch.no_grad()
+def _evaluate(model: torch.nn.Module, output: torch.nn.Module, contexts: torch.Tensor, targets: torch.Tensor,
+              batch_size: int, device: torch.device, timed: bool = False) -> tuple[float, float]:
+    """(perplexity, ms per batch) of a split: exp of the mean NLL per token."""
+    model.eval()
+    output.eval()
+    nll, times = 0.0, []
+    for start in range(0, len(targets), batch_size):
+        x = contexts[start:start + batch_size]
+        y = targets[start:start + batch_size]
+        if timed:
+            _sync(device)
+            t0 = time.perf_counter()
+        logp = output(model(x), y).output
+        if timed:
+            _sync(device)
+            times.append(time.perf_counter() - t0)
+        nll -= float(logp.sum())
+    ms = 1000 * float(np.mean(times[min(5, len(times) - 1):])) if times else math.nan
+    return math.exp(nll / len(targets)), ms
+
+
+def _run_dir(experiment_name: str) -> Path:
+    path = hsm_config.cache_dir() / "lm-runs" / experiment_name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _atomic_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def train_lm(
+    corpus: LMCorpus,
+    cfg: LMRunConfig,
+    tree: Tree | None = None,
+    device: str | torch.device = "cpu",
+    checkpoint_dir: Path | None = None,
+    warmup: int = 20,
+    log: Callable[[str], None] | None = None,
+) -> LMRunResult:
+    """Train the log-bilinear LM with Adagrad and the output layer ``cfg.output``.
+
+    ``tree`` is the fixed tree (random, clustering) or the initial tree (learned). The learned
+    tree re-assigns ``cfg.reassign_per_epoch`` times per epoch for ``cfg.learn_epochs`` epochs
+    (:class:`hsm.TreeLearner`, Algorithm 3, eq. 12), then stays fixed. Valid and test
+    perplexity are recorded after every epoch (the papers' Figs. 2 and 3 show test perplexity
+    per epoch). With ``checkpoint_dir`` the run resumes from its last finished epoch and, once
+    done, returns its stored result without training again.
+    """
+    if cfg.output not in OUTPUT_KINDS:
+        raise ValueError(f"output must be one of {OUTPUT_KINDS}, got {cfg.output!r}")
+    if cfg.output != "flat" and tree is None:
+        raise ValueError(f"output {cfg.output!r} needs a tree")
+    if tree is not None and tree.num_labels != corpus.vocab_size:
+        raise ValueError(f"the tree has {tree.num_labels} labels, the vocabulary {corpus.vocab_size} words")
+    if cfg.epochs < 1 or cfg.batch_size < 1 or not cfg.lr > 0:
+        raise ValueError(f"epochs, batch_size and lr must be positive: {cfg}")
+    device = torch.device(device)
+    log = log or (lambda message: None)
+    done_path = ckpt_path = None
+    if checkpoint_dir is not None:
+        checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"{cfg.output}-{cfg.key()}-{corpus.name}-{corpus.train.numel()}"
+        done_path = checkpoint_dir / f"{stem}.json"
+        ckpt_path = checkpoint_dir / f"{stem}.pt"
+        if done_path.exists():
+            log(f"{cfg.output}: finished earlier, loading {done_path.name}")
+            return LMRunResult(**json.loads(done_path.read_text()))
+
+    hsm_config.seed_everything(cfg.seed)
+    model = LogBilinearLM(corpus.vocab_size, cfg.dim, cfg.context, sparse=True).to(device)
+    output = _make_output(cfg, corpus.vocab_size, tree).to(device)
+    optimizer = torch.optim.Adagrad(list(model.parameters()) + list(output.parameters()), lr=cfg.lr)
+    x_train, y_train = (t.to(device) for t in corpus.windows("train", cfg.context))
+    x_valid, y_valid = (t.contiguous().to(device) for t in corpus.windows("valid", cfg.context))
+    x_test, y_test = (t.contiguous().to(device) for t in corpus.windows("test", cfg.context))
+    n_train = len(y_train)
+    steps_per_epoch = math.ceil(n_train / cfg.batch_size)
+    if cfg.max_steps_per_epoch is not None:
+        steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
+    learner = None
+    if cfg.output == "learned":
+        learner = TreeLearner(output, reassign_every=max(1, steps_per_epoch // cfg.reassign_per_epoch),
+                              wrt="logp", algorithm="depth", decay=cfg.decay)
+    result = LMRunResult(config=asdict(cfg))
+    step_times: list[float] = []
+    start_epoch = 0
+    generator = torch.Generator().manual_seed(cfg.seed)
+    if ckpt_path is not None and ckpt_path.exists():
+        state = torch.load(ckpt_path, weights_only=False)
+        model.load_state_dict(state["model"])
+        if learner is not None:
+            output.set_tree(Tree.from_dict(state["tree"]))
+            learner.statistics.load_state_dict(state["statistics"])
+            learner.steps = state["learner_steps"]
+            if state["frozen"]:
+                learner.freeze()
+        output.load_state_dict(state["output"])
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        result = LMRunResult(**state["result"])
+        step_times = state["step_times"]
+        start_epoch = len(result.epochs)
+        log(f"{cfg.output}: resuming after epoch {start_epoch}")
+    t_start = time.perf_counter() - result.seconds
+
+    for epoch in range(start_epoch, cfg.epochs):
+        if learner is not None and epoch >= cfg.learn_epochs and not learner.frozen:
+            learner.freeze()
+        model.train()
+        output.train()
+        order = torch.randperm(n_train, generator=generator).to(device)
+        total = 0.0
+        for step in range(steps_per_epoch):
+            index = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
+            x, y = x_train[index], y_train[index]
+            _sync(device)
+            t0 = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            loss = output(model(x), y).loss
+            loss.backward()
+            optimizer.step()
+            if learner is not None:
+                learner.step()
+            _sync(device)
+            step_times.append(time.perf_counter() - t0)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise FloatingPointError(f"{cfg.output}: loss {value} at epoch {epoch} step {step} (lr {cfg.lr} "
+                                         "too large?)")
+            total += value
+        record: dict[str, float] = {"epoch": epoch + 1, "train_nll": total / steps_per_epoch}
+        last = epoch == cfg.epochs - 1
+        if cfg.eval_per_epoch or last:
+            record["valid_perplexity"], _ = _evaluate(model, output, x_valid, y_valid, cfg.batch_size, device)
+            record["test_perplexity"], test_ms = _evaluate(model, output, x_test, y_test, cfg.batch_size, device,
+                                                          timed=last)
+            if last:
+                result.test_ms_per_batch = test_ms
+        result.epochs.append(record)
+        if learner is not None:
+            result.reassignments = [
+                {"step": h.step, "epoch": h.step / steps_per_epoch, "moved_labels": h.moved_labels,
+                 "seconds": h.seconds, "objective_by_depth": {str(k): v for k, v in h.objective_by_depth.items()}}
+                for h in learner.history
+            ]
+        result.seconds = time.perf_counter() - t_start
+        log(f"{cfg.output} lr={cfg.lr} epoch {epoch + 1}: " + ", ".join(
+            f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
+        if ckpt_path is not None and not last:
+            _atomic_save({
+                "model": model.state_dict(), "output": output.state_dict(), "optimizer": optimizer.state_dict(),
+                "tree": output.tree.to_dict() if isinstance(output, HierarchicalSoftmax) else None,
+                "statistics": learner.statistics.state_dict() if learner is not None else None,
+                "learner_steps": learner.steps if learner is not None else 0,
+                "frozen": learner.frozen if learner is not None else False,
+                "generator": generator.get_state(), "result": asdict(result), "step_times": step_times,
+            }, ckpt_path)
+
+    result.train_ms_per_batch = 1000 * float(np.mean(step_times[min(warmup, len(step_times) - 1):]))
+    final = result.epochs[-1]
+    result.valid_perplexity = final["valid_perplexity"]
+    result.test_perplexity = final["test_perplexity"]
+    if isinstance(output, HierarchicalSoftmax):
+        result.tree = output.tree.to_dict()
+    if done_path is not None:
+        done_path.write_text(json.dumps(asdict(result)))
+        if ckpt_path is not None and ckpt_path.exists():
+            ckpt_path.unlink()
+    return result
+
+
+def learn_embeddings(corpus: LMCorpus, cfg: LMRunConfig, dim: int = 50, epochs: int = 1,
+                     device: str | torch.device = "cpu") -> np.ndarray:
+    """Word embeddings of dimension ``dim`` for the clustering tree: the input embeddings ``U``
+    of a log-bilinear LM trained with a random-tree HSM (our stand-in for the paper's fastText
+    run, which used a hierarchical-softmax loss too)."""
+    device = torch.device(device)
+    hsm_config.seed_everything(cfg.seed + 1000)
+    model = LogBilinearLM(corpus.vocab_size, dim, cfg.context, sparse=True).to(device)
+    output = HierarchicalSoftmax(dim, Tree.random(corpus.vocab_size, cfg.arity, cfg.depth, seed=cfg.tree_seed + 1000),
+                                 sparse=True).to(device)
+    optimizer = torch.optim.Adagrad(list(model.parameters()) + list(output.parameters()), lr=cfg.lr)
+    x_train, y_train = (t.to(device) for t in corpus.windows("train", cfg.context))
+    generator = torch.Generator().manual_seed(cfg.seed + 1000)
+    steps = math.ceil(len(y_train) / cfg.batch_size)
+    if cfg.max_steps_per_epoch is not None:
+        steps = min(steps, cfg.max_steps_per_epoch)
+    for _ in range(epochs):
+        order = torch.randperm(len(y_train), generator=generator).to(device)
+        for step in range(steps):
+            index = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            output(model(x_train[index]), y_train[index]).loss.backward()
+            optimizer.step()
+    return model.embedding.weight.detach().cpu().numpy()
+
+
+# ============================================================================ experiments
+@dataclass
+class LMScale:
+    """What one scale of an experiment trains on, and how long."""
+
+    dataset: str
+    context: int
+    arity: int
+    epochs: int
+    reassign_per_epoch: int
+    lr_grid: tuple[float, ...]
+    select_steps: int
+    random_seeds: int
+    learn_epochs: int
+    max_books: int | None = None
+    vocab_size: int | None = None
+    train_tokens: int | None = None
+    eval_tokens: int | None = None
+    batch_size: int = 128
+    embed_epochs: int = 1
+    description: str = ""
+
+
+def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
+    """``-o key=value`` strings from the CLI to numbers (LMScale fields)."""
+    known = {f for f in LMScale.__dataclass_fields__}
+    out: dict[str, Any] = {}
+    for key, value in options.items():
+        if key not in known:
+            raise ValueError(f"unknown option {key!r}; known: {sorted(known)}")
+        if key == "lr_grid":
+            out[key] = tuple(float(v) for v in str(value).split(",")) if isinstance(value, str) else tuple(value)
+        elif key in ("dataset", "description"):
+            out[key] = str(value)
+        elif value in (None, "None", "none"):
+            out[key] = None
+        else:
+            out[key] = int(value)
+    return out
+
+
+def _select_lr(corpus: LMCorpus, base: LMRunConfig, tree: Tree | None, sc: LMScale, device, run_dir: Path,
+               log) -> tuple[float, list[dict[str, Any]]]:
+    """The learning rate of ``sc.lr_grid`` with the best validation perplexity after
+    ``sc.select_steps`` steps (one grid per output family)."""
+    if len(sc.lr_grid) == 1:
+        return sc.lr_grid[0], []
+    trials = []
+    for lr in sc.lr_grid:
+        cfg = replace(base, lr=lr, epochs=1, learn_epochs=0, max_steps_per_epoch=sc.select_steps,
+                      output="flat" if base.output == "flat" else "random")
+        try:
+            res = train_lm(corpus, cfg, tree=tree, device=device, checkpoint_dir=run_dir, log=log)
+            ppl = res.valid_perplexity
+        except FloatingPointError:
+            ppl = math.inf
+        trials.append({"lr": lr, "valid_perplexity": ppl if math.isfinite(ppl) else None})
+    best = min(trials, key=lambda t: t["valid_perplexity"] if t["valid_perplexity"] is not None else math.inf)
+    return best["lr"], trials
+
+
+def run_table(
+    name: str,
+    sc: LMScale,
+    outputs: Sequence[str],
+    device: str,
+    log: Callable[[str], None] | None = None,
+    schedules: Sequence[tuple[str, int]] | None = None,
+) -> dict[str, Any]:
+    """Train every output layer of a table at scale ``sc``; return the runs and selections.
+
+    ``schedules`` adds learned-tree runs ``(label, learn_epochs)`` (arXiv Fig. 3)."""
+    log = log or (lambda message: print(message, flush=True))
+    if torch.device(device).type == "cpu":
+        # one intra-op thread: on a shared 2-core machine, torch's default (one thread per core)
+        # spin-waits for the busy core and runs about 10x slower; HSM_THREADS overrides
+        torch.set_num_threads(int(os.environ.get("HSM_THREADS", "1")))
+    corpus = load_lm_corpus(sc.dataset, max_books=sc.max_books, vocab_size=sc.vocab_size,
+                            train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens)
+    V = corpus.vocab_size
+    if sc.arity**3 < V:
+        raise ValueError(f"a {sc.arity}-ary depth-3 tree holds {sc.arity**3} words < vocabulary {V}")
+    run_dir = _run_dir(RUN_FOLDER.get(name, name))
+    base = LMRunConfig(output="random", context=sc.context, arity=sc.arity, depth=3, batch_size=sc.batch_size,
+                       epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch)
+    random_trees = [Tree.random(V, sc.arity, 3, seed=s, label_names=corpus.vocab) for s in range(sc.random_seeds)]
+    runs: dict[str, Any] = {}
+    selection: dict[str, Any] = {}
+    tree_lr, trials = _select_lr(corpus, base, random_trees[0], sc, device, run_dir, log)
+    selection["tree_lr"], selection["tree_trials"] = tree_lr, trials
+    if "flat" in outputs:
+        flat_lr, trials = _select_lr(corpus, replace(base, output="flat"), None, sc, device, run_dir, log)
+        selection["flat_lr"], selection["flat_trials"] = flat_lr, trials
+        runs["flat"] = train_lm(corpus, replace(base, output="flat", lr=flat_lr), device=device,
+                                checkpoint_dir=run_dir, log=log)
+    if "random" in outputs:
+        candidates = [train_lm(corpus, replace(base, output="random", lr=tree_lr, tree_seed=s), tree=t, device=device,
+                               checkpoint_dir=run_dir, log=log) for s, t in enumerate(random_trees)]
+        best = min(range(len(candidates)), key=lambda i: candidates[i].valid_perplexity)
+        runs["random"] = candidates[best]
+        selection["random_seed_valid"] = [c.valid_perplexity for c in candidates]
+        selection["random_seed_test"] = [c.test_perplexity for c in candidates]
+        selection["random_best_seed"] = best
+    if "clustering" in outputs:
+        emb = learn_embeddings(corpus, replace(base, lr=tree_lr), dim=50, epochs=sc.embed_epochs, device=device)
+        tree = clustering_tree(emb, sc.arity, 3, seed=0, label_names=corpus.vocab)
+        runs["clustering"] = train_lm(corpus, replace(base, output="clustering", lr=tree_lr), tree=tree,
+                                      device=device, checkpoint_dir=run_dir, log=log)
+    if "learned" in outputs:
+        runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr), tree=random_trees[0],
+                                   device=device, checkpoint_dir=run_dir, log=log)
+    for label, learn_epochs in schedules or ():
+        runs[label] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, learn_epochs=learn_epochs),
+                               tree=random_trees[0], device=device, checkpoint_dir=run_dir, log=log)
+    return {"corpus": corpus, "runs": runs, "selection": selection}
+
+
+_MODEL_NAMES = {"flat": "Flat soft-max", "random": "Random Tree", "clustering": "Clustering Tree",
+                "learned": "Learned Tree"}
+_SLUGS = {"flat": "flat_soft_max", "random": "random_tree", "clustering": "clustering_tree",
+          "learned": "learned_tree"}
+
+
+def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim_kind: str,
+             scale: str, tree_files: dict[str, Any] | None = None, tree_stem: str = "") -> list[dict[str, Any]]:
+    """One record per (run, measure); claims only at full scale and only for runs that match the
+    paper's setting (the reduced Gutenberg runs carry no claim: see ``scale_note``)."""
+    corpus: LMCorpus = table["corpus"]
+    records = []
+    common = {"dataset": sc.dataset, "vocab_size": corpus.vocab_size, "train_tokens": int(corpus.train.numel()),
+              "valid_tokens": int(corpus.valid.numel()), "test_tokens": int(corpus.test.numel()),
+              "context": sc.context, "arity": sc.arity, "depth": 3, "scale": scale, "scale_note": sc.description}
+    for kind, run in table["runs"].items():
+        model = _MODEL_NAMES.get(kind, f"Learned Tree ({kind})")
+        slug = _SLUGS.get(kind)
+        fields = dict(common, model=model, run=kind, lr=run.config["lr"], batch_size=run.config["batch_size"],
+                      epochs=run.config["epochs"], learn_epochs=run.config.get("learn_epochs"),
+                      per_epoch=run.epochs, wall_time_s=run.seconds)
+        if kind == "flat":
+            fields.update(arity=None, depth=None)
+        claim = lambda measure: (f"{claim_prefix}.{slug}.{measure}"  # noqa: E731
+                                 if claim_prefix and slug else None)
+        records.append(make_record(claim("perplexity"), run.test_perplexity, measure="test_perplexity",
+                                   valid_perplexity=run.valid_perplexity, **fields))
+        if claim_kind == "arxiv":
+            records.append(make_record(claim("ms_per_batch"), run.train_ms_per_batch, measure="train_ms_per_batch",
+                                       **fields))
+        else:
+            records.append(make_record(claim("train_ms_per_batch"), run.train_ms_per_batch,
+                                       measure="train_ms_per_batch", **fields))
+            records.append(make_record(claim("test_ms_per_batch"), run.test_ms_per_batch,
+                                       measure="test_ms_per_batch", **fields))
+        if claim_kind == "arxiv":
+            records.append(make_record(None, run.test_ms_per_batch, measure="test_ms_per_batch", **fields))
+        if run.reassignments:
+            records.append(make_record(None, float(np.mean([r["moved_labels"] for r in run.reassignments])),
+                                       measure="mean_moved_labels", reassignments=run.reassignments, **fields))
+        if run.tree is not None and kind.startswith("learned") and tree_files is not None:
+            tree_files[kind] = {"tree": run.tree, "counts": corpus.counts.tolist()}
+            records.append(make_record(None, float(run.tree["num_labels"]), measure="final_tree",
+                                       tree_file=f"{tree_stem}-{kind}-tree.json", **fields))
+    flat = table["runs"].get("flat")
+    learned = table["runs"].get("learned")
+    if flat is not None and learned is not None:
+        speed = dict(common, model="Learned Tree vs Flat soft-max")
+        if claim_kind == "icml":
+            records.append(make_record("icml2017.speedup.train" if claim_prefix else None,
+                                       flat.train_ms_per_batch / learned.train_ms_per_batch,
+                                       measure="train_speedup", **speed))
+            records.append(make_record("icml2017.speedup.test" if claim_prefix else None,
+                                       flat.test_ms_per_batch / learned.test_ms_per_batch,
+                                       measure="test_speedup", **speed))
+        elif sc.dataset == "gutenberg":
+            records.append(make_record("arxiv2016.speedup.gutenberg" if claim_prefix else None,
+                                       flat.train_ms_per_batch / learned.train_ms_per_batch,
+                                       measure="train_speedup", **speed))
+    records.append(make_record(None, float(table["selection"].get("tree_lr", math.nan)), measure="selection",
+                               selection=table["selection"], **common))
+    return records
+
+
+def _out_path(out: Path | None, default: str) -> Path:
+    return Path(out) if out is not None else Path(default)
+
+
+def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scale: str, device: str,
+           seconds: float, tree_files: dict[str, Any] | None = None) -> Path:
+    """Write the result file and, beside it, each learned tree with the word counts as
+    ``<stem>-<run>-tree.json`` (not a result file: the notebooks draw the tree from it)."""
+    path = _out_path(out, default)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for kind, payload in (tree_files or {}).items():
+        tree_path = path.with_name(f"{path.stem}-{kind}-tree.json")
+        tmp = tree_path.with_name(f".{tree_path.name}.tmp")
+        tmp.write_text(json.dumps(payload))
+        os.replace(tmp, tree_path)
+    prov = provenance(config={"experiment": name, "scale": scale, "device": device, **asdict(sc),
+                              "optimizer": "Adagrad", "l2": 0.0, "initial_learned_tree": "random (seed 0)",
+                              "clustering_embeddings": "our log-bilinear LM, d=50, random-tree HSM"},
+                      wall_time_s=seconds)
+    prov["hsm_scale"] = scale
+    return write_results(path, records, prov)
+
+
+def _scale_for(name: str, scale: str, options: dict[str, Any]) -> LMScale:
+    if scale not in ("quick", "full"):
+        raise ValueError(f"scale must be 'quick' or 'full', got {scale!r}")
+    presets = SCALES[name]
+    sc = replace(presets[scale], **_parse_options(options))
+    return sc
+
+
+#: quick: CI slices (about a minute); full: the paper's setting (PTB) or what the hardware allows.
+SCALES: dict[str, dict[str, LMScale]] = {
+    "lm-ptb": {
+        "quick": LMScale("ptb", context=3, arity=13, epochs=2, reassign_per_epoch=20, lr_grid=(0.05,),
+                         select_steps=0, random_seeds=1, learn_epochs=1, vocab_size=2000, train_tokens=150_000,
+                         eval_tokens=20_000,
+                         description="quick: first 150k PTB training tokens, first 20k valid/test tokens, "
+                                     "vocabulary capped at 2,000 (13-ary depth-3 trees), 2 epochs "
+                                     "(learned tree: 1 epoch learned + 1 fine-tuned), one random tree"),
+        "full": LMScale("ptb", context=3, arity=25, epochs=4, reassign_per_epoch=20,
+                        lr_grid=(0.025, 0.05, 0.1, 0.25), select_steps=1500, random_seeds=5, learn_epochs=3,
+                        description="full: PTB (Mikolov split), 10k vocabulary, 25-ary depth-3 trees, 4 epochs, "
+                                    "learned tree 3 epochs + 1 fine-tuning (the better of arXiv Fig. 3)"),
+    },
+    "lm-gutenberg-65": {
+        "quick": LMScale("gutenberg", context=4, arity=13, epochs=2, reassign_per_epoch=50, lr_grid=(0.05,),
+                         select_steps=0, random_seeds=1, learn_epochs=1, max_books=10, vocab_size=2000,
+                         train_tokens=150_000, eval_tokens=20_000,
+                         description="quick: 10 books (8 train), first 150k training tokens, vocabulary 2,000 "
+                                     "(13-ary depth-3 trees), 2 epochs (learned: 1 + 1 fine-tuned), one random tree"),
+        "full": LMScale("gutenberg", context=4, arity=65, epochs=4, reassign_per_epoch=50,
+                        lr_grid=(0.01, 0.02, 0.05, 0.1, 0.25, 0.5), select_steps=3000, random_seeds=5,
+                        learn_epochs=2,
+                        description="full: all 678 books (542 train, ~50M tokens), 250k vocabulary, 65-ary "
+                                    "depth-3 trees (needs a GPU for the flat softmax)"),
+    },
+    "lm-gutenberg-75": {
+        "quick": LMScale("gutenberg", context=4, arity=13, epochs=2, reassign_per_epoch=20, lr_grid=(0.05,),
+                         select_steps=0, random_seeds=1, learn_epochs=1, max_books=10, vocab_size=2000,
+                         train_tokens=150_000, eval_tokens=20_000,
+                         description="quick: 10 books (8 train), first 150k training tokens, vocabulary 2,000 "
+                                     "(13-ary depth-3 trees), 2 epochs (learned: 1 + 1 fine-tuned), one random tree"),
+        "full": LMScale("gutenberg", context=4, arity=75, epochs=4, reassign_per_epoch=20,
+                        lr_grid=(0.025, 0.05, 0.1), select_steps=3000, random_seeds=5, learn_epochs=2,
+                        description="full: all 678 books (542 train, ~50M tokens), 250k vocabulary, 75-ary "
+                                    "depth-3 trees (needs a GPU for the flat softmax)"),
+    },
+}
+# the schedules share lm-ptb's runs (same configurations, same run folder): at full scale only the
+# "learn 1 epoch + fine-tune 3" run is new
+SCALES["lm-ptb-schedules"] = {
+    "quick": replace(SCALES["lm-ptb"]["quick"], epochs=3, learn_epochs=2,
+                     description=SCALES["lm-ptb"]["quick"].description.replace(
+                         "2 epochs (learned tree: 1 epoch learned + 1 fine-tuned)", "3 epochs") +
+                     "; learned trees: 1 epoch learned + 2 fine-tuned, and 2 + 1"),
+    "full": SCALES["lm-ptb"]["full"],
+}
+#: experiments whose runs are shared (same run folder under the cache)
+RUN_FOLDER = {"lm-ptb-schedules": "lm-ptb"}
+
+
+@experiment("lm-ptb", "arXiv Table 1 (PTB): flat, random, learned tree; 25-ary depth 3, T=3", f"{RESULTS_DIR}/ptb.json")
+def run_lm_ptb(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+    start = time.perf_counter()
+    sc = _scale_for("lm-ptb", scale, options)
+    table = run_table("lm-ptb", sc, ("flat", "random", "learned"), device)
+    full = scale == "full" and sc.vocab_size is None and sc.train_tokens is None
+    trees: dict[str, Any] = {}
+    records = _records(table, sc, "arxiv2016.table1.ptb" if full else None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-ptb"]).stem)
+    return _write("lm-ptb", out, f"{RESULTS_DIR}/ptb.json", records, sc, scale, device, time.perf_counter() - start, trees)
+
+
+@experiment("lm-ptb-schedules", "arXiv Fig. 3 (PTB): perplexity per epoch, learn 1+fine-tune 3, learn 3+1, random, flat",
+            f"{RESULTS_DIR}/ptb-schedules.json")
+def run_lm_ptb_schedules(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+    start = time.perf_counter()
+    sc = _scale_for("lm-ptb-schedules", scale, options)
+    first = 1
+    last = max(sc.epochs - 1, 1)
+    table = run_table("lm-ptb-schedules", sc, ("flat", "random"), device,
+                      schedules=[(f"learned_{first}_{sc.epochs - first}", first),
+                                 (f"learned_{last}_{sc.epochs - last}", last)])
+    trees: dict[str, Any] = {}
+    records = _records(table, sc, None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-ptb-schedules"]).stem)
+    return _write("lm-ptb-schedules", out, f"{RESULTS_DIR}/ptb-schedules.json", records, sc, scale, device,
+                  time.perf_counter() - start, trees)
+
+
+@experiment("lm-gutenberg-65", "ICML Table 2 + Fig. 2 (Gutenberg): clustering, random, flat, learned; 65-ary depth 3, T=4",
+            f"{RESULTS_DIR}/gutenberg-65.json")
+def run_lm_gutenberg_65(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+    start = time.perf_counter()
+    sc = _scale_for("lm-gutenberg-65", scale, options)
+    table = run_table("lm-gutenberg-65", sc, ("clustering", "random", "flat", "learned"), device)
+    full = scale == "full" and sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
+    trees: dict[str, Any] = {}
+    records = _records(table, sc, "icml2017.table2" if full else None, "icml", scale, trees, _out_path(out, DEFAULT_OUT["lm-gutenberg-65"]).stem)
+    return _write("lm-gutenberg-65", out, f"{RESULTS_DIR}/gutenberg-65.json", records, sc, scale, device,
+                  time.perf_counter() - start, trees)
+
+
+@experiment("lm-gutenberg-75", "arXiv Table 1 (Gutenberg columns): flat, random, learned; 75-ary depth 3, T=4",
+            f"{RESULTS_DIR}/gutenberg-75.json")
+def run_lm_gutenberg_75(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+    start = time.perf_counter()
+    sc = _scale_for("lm-gutenberg-75", scale, options)
+    table = run_table("lm-gutenberg-75", sc, ("flat", "random", "learned"), device)
+    full = scale == "full" and sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
+    trees: dict[str, Any] = {}
+    records = _records(table, sc, "arxiv2016.table1.gutenberg" if full else None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-gutenberg-75"]).stem)
+    return _write("lm-gutenberg-75", out, f"{RESULTS_DIR}/gutenberg-75.json", records, sc, scale, device,
+                  time.perf_counter() - start, trees)
