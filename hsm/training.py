@@ -55,7 +55,8 @@ class TreeLearner:
     wrt: ``"logp"`` ranks by eq. 12 (the LM variant, default), ``"p"`` by eq. 10.
     algorithm: ``"depth"`` (Algorithm 3), ``"well_formed"`` (Algorithm 2) or ``"auto"``
         (Algorithm 3 for fixed-depth trees, else Algorithm 2).
-    decay, prior: see :mod:`hsm.statistics`.
+    decay, prior, prior_mode: see :mod:`hsm.statistics`.
+    statistics: a ready :class:`NodeStatistics` (or subclass) to use instead of building one.
     reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 moves to a new place.
     """
 
@@ -68,6 +69,8 @@ class TreeLearner:
         decay: float = 0.5,
         prior: float = 1.0,
         reset_moved_nodes: bool = True,
+        prior_mode: str = "current_child",
+        statistics: NodeStatistics | None = None,
     ) -> None:
         if not isinstance(layer, HierarchicalSoftmax):
             raise TypeError("TreeLearner needs an hsm.HierarchicalSoftmax layer")
@@ -84,7 +87,8 @@ class TreeLearner:
         self.wrt = wrt
         self.algorithm = algorithm
         self.reset_moved_nodes = reset_moved_nodes
-        self.statistics = NodeStatistics(layer.tree, prior=prior, decay=decay, device=layer.weight.device)
+        self.statistics = statistics if statistics is not None else NodeStatistics(
+            layer.tree, prior=prior, decay=decay, device=layer.weight.device, prior_mode=prior_mode)
         layer.statistics = self.statistics
         self.steps = 0
         self.frozen = False

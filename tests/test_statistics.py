@@ -12,7 +12,7 @@ from hsm.tree import Tree
 def test_accumulate_matches_a_dense_reference():
     tree = Tree.random(12, 3, 3, seed=0)
     layer = HierarchicalSoftmax(4, tree)
-    stats = NodeStatistics(tree, prior=1.0)
+    stats = NodeStatistics(tree, prior=1.0, prior_mode="uniform")
     layer.statistics = stats
     dense_sum = np.zeros((tree.num_nodes, tree.num_labels, 3))
     dense_count = np.zeros((tree.num_nodes, tree.num_labels))
@@ -32,13 +32,12 @@ def test_accumulate_matches_a_dense_reference():
         got = stats.p_cond(depth, labels, nodes)
         want = (dense_sum[nodes, labels] + 1.0 / 3) / (dense_count[nodes, labels] + 1.0)[:, None]
         np.testing.assert_allclose(got, want, rtol=1e-5)
-    counts = np.bincount(np.concatenate([]).astype(int), minlength=12) if False else None
     assert stats.label_weights()[:12].sum() == pytest.approx(80 + 12)  # 80 examples + prior 1 each
 
 
 def test_prior_for_unseen_labels_and_wrong_node():
     tree = Tree.random(9, 3, 2, seed=0)
-    stats = NodeStatistics(tree, prior=2.0)
+    stats = NodeStatistics(tree, prior=2.0, prior_mode="uniform")
     p = stats.p_cond(0, np.arange(9), np.zeros(9, dtype=int))
     np.testing.assert_allclose(p, 1.0 / 3)
     stats.accumulate(torch.tensor([0]), torch.tensor([[[1.0, 0, 0], [0, 1.0, 0]]]), torch.tensor([[True, True]]))
@@ -80,3 +79,23 @@ def test_bad_arguments():
         NodeStatistics(tree, prior=0)
     with pytest.raises(ValueError, match="decay"):
         NodeStatistics(tree, decay=1.5)
+
+
+def test_current_child_prior_keeps_unseen_labels_in_place():
+    """The released code's prior: an unseen label leans 0.5 towards the child it sits in, so the
+    greedy keeps it there; with evidence the statistics take over."""
+    from hsm.assign import assign_labels_depth_constrained
+
+    tree = Tree.random(27, 3, 3, seed=0)
+    sticky = NodeStatistics(tree, prior_mode="current_child")
+    p = sticky.p_cond(1, np.arange(27), tree.path_nodes[:27, 1])
+    expected = np.full((27, 3), 0.5 / 3)
+    expected[np.arange(27), tree.path_children[:27, 1]] += 0.5
+    np.testing.assert_allclose(p, expected)
+    assert assign_labels_depth_constrained(tree, sticky).moved_labels == 0.0
+    uniform = NodeStatistics(tree, prior_mode="uniform")
+    assert assign_labels_depth_constrained(tree, uniform).moved_labels > 0.5
+    # 20 examples of label 0 routed to child 2 at the root outweigh the prior
+    sticky.accumulate(torch.zeros(20, dtype=torch.long), torch.tensor([[[0.0, 0.0, 1.0]] * 3] * 20),
+                      torch.ones(20, 3, dtype=torch.bool))
+    assert sticky.p_cond(0, np.array([0]), np.array([0]))[0].argmax() == 2
