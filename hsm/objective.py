@@ -23,7 +23,7 @@ What this module checks or corrects about the paper (details in the function doc
   the true derivative is :func:`node_objective_full_grad`.
 * Lemma 5 as printed (:math:`\\alpha \\le (J^* - J_n)/2` for balanced splits) is false for
   :math:`M \\ge 3`; :func:`lemma5_purity_bound_repaired` gives :math:`\\alpha \\le M(J^*-J_n)/4`,
-  which is tight for even :math:`M`.
+  which is tight for every :math:`M`.
 * A short argument shows more than Lemmas 2-5 state. Because :math:`\\min(a,b) \\ge ab` on
   :math:`[0,1]`, :math:`|p_j - p_{j|i}| = p_j + p_{j|i} - 2\\min(p_j, p_{j|i})` gives, for *every*
   split (pure or not, balanced or not),
@@ -421,9 +421,9 @@ def lemma5_purity_bound_repaired(J: Any, M: int, *, atol: float = DEFAULT_ATOL) 
     Proof (ours): with :math:`p_j = 1/M` and :math:`|a - b| = a + b - 2\\min(a, b)`,
     :math:`J^* - J = \\frac4M\\sum_i q_i\\sum_j[\\min(\\frac1M, p_{j|i}) - \\frac1M p_{j|i}]` and
     :math:`\\min(\\frac1M, b) - \\frac{b}{M} = \\min(\\frac{1-b}{M}, b(1-\\frac1M)) \\ge \\frac1M\\min(b, 1-b)`,
-    so :math:`J^* - J \\ge \\frac{4}{M}\\alpha`. The constant is tight for even M: classes routed
-    :math:`(\\frac12, \\frac12, 0, \\dots)` over disjoint pairs of children, in equal proportions, give
-    equality. For M = 2 it coincides with the printed :math:`(J^*-J)/2`. This is the
+    so :math:`J^* - J \\ge \\frac{4}{M}\\alpha`. The constant is tight for every M: M classes in equal
+    proportions, class i routed half and half to children i and i+1 (cyclically), give a perfectly
+    balanced split with equality (see the Lemmas chapter). For M = 2 it coincides with the printed :math:`(J^*-J)/2`. This is the
     :math:`\\beta = 1/M` case of :func:`purity_bound_from_balance`.
     """
     gap, M, torch = _objective_gap(J, M, atol)
