@@ -1,0 +1,95 @@
+"""hsm.models: the log-bilinear language model of §6."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hsm
+from hsm.models import LogBilinearLM
+
+
+@settings(max_examples=25, deadline=None)
+@given(vocab=st.integers(2, 30), dim=st.integers(1, 8), context=st.integers(1, 5), batch=st.integers(0, 6),
+       seed=st.integers(0, 10_000))
+def test_representation_is_the_sum_of_projected_context_embeddings(vocab, dim, context, batch, seed) -> None:
+    """r_x = sum_{k=1}^T R_k U_{w_{t-k}}, with contexts stored oldest first (w_{t-1} last)."""
+    torch.manual_seed(seed)
+    model = LogBilinearLM(vocab, dim, context)
+    contexts = torch.randint(0, vocab, (batch, context))
+    U, R = model.embedding.weight, model.context_weight
+    expected = torch.zeros(batch, dim)
+    for k in range(1, context + 1):
+        expected += U[contexts[:, context - k]] @ R[k - 1].T
+    assert torch.allclose(model(contexts), expected, atol=1e-5)
+
+
+def test_representation_is_linear_in_each_context_embedding() -> None:
+    """No non-linearity: doubling U doubles r_x."""
+    model = LogBilinearLM(20, 6, 3)
+    contexts = torch.randint(0, 20, (4, 3))
+    before = model(contexts)
+    with torch.no_grad():
+        model.embedding.weight.mul_(2)
+    assert torch.allclose(model(contexts), 2 * before, atol=1e-5)
+
+
+def test_word_order_matters() -> None:
+    model = LogBilinearLM(10, 4, 2)
+    a = model(torch.tensor([[1, 2]]))
+    b = model(torch.tensor([[2, 1]]))
+    assert not torch.allclose(a, b)
+
+
+def test_sparse_embedding_gradient_touches_only_context_rows() -> None:
+    model = LogBilinearLM(50, 8, 3, sparse=True)
+    layer = hsm.HierarchicalSoftmax(8, hsm.Tree.random(50, 4, 3, seed=0), sparse=True)
+    contexts = torch.tensor([[1, 2, 3], [3, 4, 5]])
+    layer(model(contexts), torch.tensor([7, 9])).loss.backward()
+    grad = model.embedding.weight.grad
+    assert grad.is_sparse
+    touched = set(grad.coalesce().indices()[0].tolist())
+    assert touched == {1, 2, 3, 4, 5}
+    assert model.context_weight.grad is not None and not model.context_weight.grad.is_sparse
+    # Adagrad accepts the sparse gradients (the optimiser of the papers)
+    torch.optim.Adagrad(list(model.parameters()) + list(layer.parameters()), lr=0.1).step()
+
+
+def test_trains_on_a_tiny_corpus() -> None:
+    """A deterministic sequence 0 1 2 ... is learnable: the loss falls well below log V."""
+    torch.manual_seed(0)
+    vocab = 12
+    stream = torch.arange(600) % vocab
+    contexts = stream.unfold(0, 3, 1)[:-1]
+    targets = stream[3:]
+    model = LogBilinearLM(vocab, 16, 2 + 1)
+    out = hsm.FlatSoftmax(16, vocab)
+    opt = torch.optim.Adagrad(list(model.parameters()) + list(out.parameters()), lr=0.3)
+    for _ in range(60):
+        opt.zero_grad()
+        loss = out(model(contexts), targets).loss
+        loss.backward()
+        opt.step()
+    assert float(loss.detach()) < 0.2 * torch.log(torch.tensor(float(vocab)))
+
+
+@pytest.mark.parametrize("kwargs", [dict(vocab_size=0), dict(vocab_size=5, dim=0), dict(vocab_size=5, context=0),
+                                    dict(vocab_size=5, context=2.5)])
+def test_bad_sizes_are_rejected(kwargs) -> None:
+    with pytest.raises(ValueError):
+        LogBilinearLM(**kwargs)
+
+
+def test_bad_contexts_are_rejected() -> None:
+    model = LogBilinearLM(10, 4, 3)
+    with pytest.raises(ValueError, match="shape"):
+        model(torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match="word ids"):
+        model(torch.tensor([[0, 1, 10]]))
+    with pytest.raises(ValueError, match="word ids"):
+        model(torch.tensor([[0, -1, 2]]))
+    with pytest.raises(TypeError, match="integer"):
+        model(torch.zeros(1, 3))
+    with pytest.raises(TypeError):
+        model([[0, 1, 2]])
