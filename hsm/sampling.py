@@ -36,6 +36,7 @@ from torch import Tensor
 
 __all__ = [
     "SampledClasses",
+    "SampledSoftmax",
     "bernoulli_inclusion",
     "bernoulli_variance",
     "blackout_loss",
@@ -456,3 +457,114 @@ def _masked_sum(values: Tensor, mask: Tensor | None) -> Tensor:
 def _log1mexp(log_p: Tensor) -> Tensor:
     """``log(1 - exp(x))`` for ``x <= 0``, accurate at both ends (Machler 2012)."""
     return torch.where(log_p > -math.log(2.0), torch.log(-torch.expm1(log_p)), torch.log1p(-torch.exp(log_p)))
+
+
+# ------------------------------------------------------------------------------------------ output layer
+
+
+class SampledSoftmax(torch.nn.Module):
+    """A flat softmax output layer trained with one of the approximations above, exact at evaluation.
+
+    Same interface as :class:`hsm.FlatSoftmax` / :class:`hsm.HierarchicalSoftmax`
+    (``forward(h, y) -> HSMOutput(output, loss)``, ``log_prob``, ``predict``, ``topk``), so it can be
+    the output layer of any model in :mod:`hsm.models`. In training mode ``forward`` computes only
+    the scores of the target and the sampled classes (``B * (1 + K)`` dot products, or the minibatch
+    classes plus K for ``explicit="minibatch"``) and returns the approximate objective: ``output`` is
+    the approximate log-likelihood for ``"importance"``/``"bernoulli"`` (Eq. 23) and minus the
+    per-example loss otherwise; ``loss`` is the mean over the batch. In eval mode ``forward`` is the
+    exact log-softmax (so perplexities are exact).
+
+    Methods: ``"exact"``, ``"importance"``, ``"bernoulli"``, ``"ranking"`` (offset ``alpha``,
+    default ``log(C - 1)``), ``"blackout"`` (proposal ``f^blackout_power``), ``"nce"`` (``z = 1``),
+    ``"negative_sampling"``.
+    """
+
+    METHODS = ("exact", "importance", "bernoulli", "ranking", "blackout", "nce", "negative_sampling")
+
+    def __init__(self, in_features: int, num_classes: int, freq: Tensor, method: str = "bernoulli",
+                 num_negatives: int = 20, explicit: str = "target", alpha: float | None = None,
+                 blackout_power: float = 0.5, bias: bool = True, seed: int | None = None) -> None:
+        super().__init__()
+        if method not in self.METHODS:
+            raise ValueError(f"method must be one of {self.METHODS}, got {method!r}")
+        if num_classes < 2 or in_features < 1:
+            raise ValueError("num_classes >= 2 and in_features >= 1 are required")
+        freq = torch.as_tensor(freq, dtype=torch.float64)
+        if freq.shape != (num_classes,):
+            raise ValueError(f"freq must have shape [{num_classes}], got {list(freq.shape)}")
+        _check_frequencies(freq)
+        if num_negatives < 1 or num_negatives >= num_classes:
+            raise ValueError(f"num_negatives must be in 1..{num_classes - 1}, got {num_negatives}")
+        self.in_features, self.num_labels = in_features, num_classes
+        self.method, self.num_negatives, self.explicit = method, num_negatives, explicit
+        self.alpha = ranking_offset(num_classes) if alpha is None else float(alpha)
+        self.linear = torch.nn.Linear(in_features, num_classes, bias=bias)
+        self.register_buffer("freq", (freq / freq.sum()).float(), persistent=False)
+        proposal = freq ** blackout_power
+        self.register_buffer("log_blackout", (proposal / proposal.sum()).log().float(), persistent=False)
+        self.generator = torch.Generator()
+        if seed is not None:
+            self.generator.manual_seed(seed)
+
+    def _check(self, input: Tensor) -> None:
+        if not isinstance(input, Tensor) or input.dim() != 2 or input.shape[1] != self.in_features:
+            raise ValueError(f"input must have shape [B, {self.in_features}]")
+
+    def forward(self, input: Tensor, target: Tensor):
+        from .layers import HSMOutput
+
+        self._check(input)
+        _check_target(target, input.shape[0], self.num_labels)
+        if not self.training or self.method == "exact":
+            output = torch.log_softmax(self.linear(input), dim=1).gather(1, target[:, None]).squeeze(1)
+            return HSMOutput(output, -output.mean())
+        weight, bias = self.linear.weight, self.linear.bias
+        device = input.device
+        target_cpu = target.cpu()
+        m = self.method
+        if m in ("importance", "bernoulli"):
+            chosen = normalisation_classes(target_cpu, self.freq.cpu(), self.num_negatives, m, self.explicit, self.generator)
+            scores = gather_scores(input, weight, bias, chosen.classes.to(device))
+            per = -sampled_softmax_nll(scores, chosen.log_weight.to(device), chosen.target_column.to(device), "none")
+            return HSMOutput(per, -per.mean())
+        target_scores = (input * weight[target]).sum(1) + (bias[target] if bias is not None else 0.0)
+        exclude = F.one_hot(target_cpu, self.num_labels).bool()
+        if m == "ranking":
+            negatives = sample_uniform_negatives(target_cpu, self.num_labels, self.num_negatives, self.generator)
+            per = -ranking_loss(target_scores, gather_scores(input, weight, bias, negatives.to(device)), self.alpha,
+                                reduction="none")
+        elif m == "blackout":
+            negatives, _ = sample_importance(self.log_blackout.cpu().exp().double(), self.num_negatives, exclude,
+                                             self.generator)
+            negatives = negatives.to(device)
+            per = -blackout_loss(target_scores, gather_scores(input, weight, bias, negatives),
+                                 self.log_blackout[target], self.log_blackout[negatives], reduction="none")
+        elif m == "nce":
+            noise = torch.multinomial(self.freq.cpu().double(), target.shape[0] * self.num_negatives, replacement=True,
+                                      generator=self.generator).view(target.shape[0], -1).to(device)
+            log_pn = self.freq.log()
+            per = -nce_loss(target_scores, gather_scores(input, weight, bias, noise), log_pn[target], log_pn[noise],
+                            self.num_negatives, reduction="none")
+        else:  # negative sampling, word2vec's unigram^(3/4) proposal
+            proposal = self.freq.cpu().double() ** 0.75
+            negatives, _ = sample_importance(proposal / proposal.sum(), self.num_negatives, exclude, self.generator)
+            per = -negative_sampling_loss(target_scores, gather_scores(input, weight, bias, negatives.to(device)),
+                                          reduction="none")
+        return HSMOutput(per, -per.mean())
+
+    def log_prob(self, input: Tensor) -> Tensor:
+        self._check(input)
+        return torch.log_softmax(self.linear(input), dim=1)
+
+    @torch.no_grad()
+    def predict(self, input: Tensor) -> Tensor:
+        self._check(input)
+        return self.linear(input).argmax(dim=1)
+
+    @torch.no_grad()
+    def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None):
+        from .layers import TopK
+
+        values, indices = self.log_prob(input).topk(k, dim=-1)
+        visited = torch.full((input.shape[0],), self.num_labels, dtype=torch.long, device=input.device)
+        return TopK(values, indices, visited)

@@ -247,3 +247,31 @@ def test_exact_nll_rejects_bad_targets():
         S.exact_nll(torch.zeros(2, 3), torch.tensor([0.0, 1.0]))
     with pytest.raises(ValueError, match="reduction"):
         S.exact_nll(torch.zeros(2, 3), torch.tensor([0, 1]), reduction="avg")
+
+
+@pytest.mark.parametrize("method", S.SampledSoftmax.METHODS)
+def test_sampled_softmax_layer_trains_and_is_exact_in_eval(method):
+    torch.manual_seed(0)
+    num_classes = 12
+    freq = _frequencies(num_classes)
+    layer = S.SampledSoftmax(4, num_classes, freq, method=method, num_negatives=3, seed=0).double()
+    h, y = torch.randn(8, 4), torch.randint(0, num_classes, (8,))
+    out = layer(h, y)
+    assert out.output.shape == (8,) and torch.isfinite(out.loss)
+    out.loss.backward()
+    assert layer.linear.weight.grad is not None
+    layer.eval()
+    exact = layer(h, y)
+    assert torch.allclose(exact.output, layer.log_prob(h).gather(1, y[:, None]).squeeze(1))
+    assert torch.allclose(layer.log_prob(h).exp().sum(1), torch.ones(8))
+    assert torch.equal(layer.predict(h), layer.topk(h, 1).indices[:, 0])
+
+
+def test_sampled_softmax_layer_rejects_bad_settings():
+    freq = _frequencies(5)
+    with pytest.raises(ValueError, match="method"):
+        S.SampledSoftmax(3, 5, freq, method="hinge")
+    with pytest.raises(ValueError, match="num_negatives"):
+        S.SampledSoftmax(3, 5, freq, num_negatives=5)
+    with pytest.raises(ValueError, match="freq"):
+        S.SampledSoftmax(3, 6, freq)
