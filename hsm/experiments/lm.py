@@ -202,8 +202,14 @@ def clustering_tree(embeddings: np.ndarray, arity: int, depth: int = 3, seed: in
     used, cluster_of_word = np.unique(cluster_of_word, return_inverse=True)
     centres = centres[used]
     group_of_cluster, _ = _kmeans_fill(centres, arity, arity, seed + 1)
-    cluster_order = np.argsort(group_of_cluster, kind="stable")
-    return Tree.from_clusters(cluster_of_word, arity, depth, cluster_order=cluster_order, label_names=label_names)
+    # cluster c, the r-th of group g, fills bottom node g*M + r: group g is the g-th child of the
+    # root even when groups have fewer than M clusters (fewer than M**2 clusters in use)
+    order = np.argsort(group_of_cluster, kind="stable")
+    sizes = np.bincount(group_of_cluster, minlength=arity)
+    rank_in_group = np.empty(len(centres), dtype=np.int64)
+    rank_in_group[order] = np.arange(len(centres)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    bottom_node = group_of_cluster * arity + rank_in_group
+    return Tree.from_clusters(bottom_node[cluster_of_word], arity, depth, label_names=label_names)
 
 
 # ============================================================================ training
@@ -364,6 +370,8 @@ def train_lm(
         step_times = state["step_times"]
         start_epoch = len(result.epochs)
         log(f"{cfg.output}: resuming after epoch {start_epoch}")
+    # the learner's history restarts on resume: keep what the checkpoint recorded
+    earlier_reassignments = list(result.reassignments)
     t_start = time.perf_counter() - result.seconds
 
     for epoch in range(start_epoch, cfg.epochs):
@@ -401,14 +409,12 @@ def train_lm(
                 result.test_ms_per_batch = test_ms
         result.epochs.append(record)
         if learner is not None:
-            result.reassignments = [
+            result.reassignments = earlier_reassignments + [
                 {"step": h.step, "epoch": h.step / steps_per_epoch, "moved_labels": h.moved_labels,
                  "seconds": h.seconds, "objective_by_depth": {str(k): v for k, v in h.objective_by_depth.items()}}
                 for h in learner.history
             ]
         result.seconds = time.perf_counter() - t_start
-        log(f"{cfg.output} lr={cfg.lr} epoch {epoch + 1}: " + ", ".join(
-            f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
         if ckpt_path is not None and not last:
             _atomic_save({
                 "model": model.state_dict(), "output": output.state_dict(), "optimizer": optimizer.state_dict(),
@@ -418,6 +424,9 @@ def train_lm(
                 "frozen": learner.frozen if learner is not None else False,
                 "generator": generator.get_state(), "result": asdict(result), "step_times": step_times,
             }, ckpt_path)
+        # logged after the checkpoint: an interrupted run resumes after the last epoch it printed
+        log(f"{cfg.output} lr={cfg.lr} epoch {epoch + 1}: " + ", ".join(
+            f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
 
     result.train_ms_per_batch = 1000 * float(np.mean(step_times[min(warmup, len(step_times) - 1):]))
     final = result.epochs[-1]

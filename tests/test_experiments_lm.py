@@ -1,0 +1,217 @@
+"""hsm.experiments.lm: the language-modelling experiments at a tiny scale (structure, invariants)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hsm import config, results
+from hsm.data.lm import LMCorpus
+from hsm.experiments import lm
+
+MIRROR = config.data_mirror()
+needs_mirror = pytest.mark.skipif(MIRROR is None or not (MIRROR / "ptb").exists(),
+                                  reason=f"PTB unavailable: set {config.MIRROR_ENV} to the data mirror")
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("HSM_CACHE", str(tmp_path / "cache"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # what the experiments use on CPU (see hsm.experiments.lm.run_table)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _toy_corpus(vocab: int = 40, tokens: int = 3000, seed: int = 0) -> LMCorpus:
+    """Tokens from a tiny bigram model: word w is followed by (w * 7 + noise) % V, so context helps."""
+    rng = np.random.default_rng(seed)
+    stream = np.empty(tokens + 800, dtype=np.int64)
+    stream[0] = 0
+    for t in range(1, len(stream)):
+        stream[t] = (stream[t - 1] * 7 + rng.integers(0, 3)) % vocab
+    words = ["<eos>", "<unk>"] + [f"w{i}" for i in range(vocab - 2)]
+    train = torch.from_numpy(stream[:tokens])
+    return LMCorpus(name="toy", vocab=words, train=train, valid=torch.from_numpy(stream[tokens:tokens + 400]),
+                    test=torch.from_numpy(stream[tokens + 400:]),
+                    counts=np.bincount(stream[:tokens], minlength=vocab).astype(np.int64))
+
+
+# ---------------------------------------------------------------------------- data helpers
+def test_cap_vocabulary_keeps_unk_and_maps_the_rest_to_it() -> None:
+    corpus = _toy_corpus()
+    capped = lm.cap_vocabulary(corpus, 10)
+    assert capped.vocab_size == 10
+    assert "<unk>" in capped.vocab
+    unk = capped.index("<unk>")
+    kept = {corpus.vocab[i] for i in range(10)}
+    for old, new in zip(corpus.train.tolist(), capped.train.tolist()):
+        assert capped.vocab[new] == (corpus.vocab[old] if corpus.vocab[old] in kept else "<unk>")
+    assert capped.counts.sum() == corpus.counts.sum()
+    assert capped.counts[unk] >= corpus.counts[corpus.index("<unk>")]
+    assert lm.cap_vocabulary(corpus, 1000) is corpus
+    with pytest.raises(ValueError):
+        lm.cap_vocabulary(corpus, 1)
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.integers(1, 40), cols=st.integers(1, 8), seed=st.integers(0, 1000))
+def test_greedy_fill_respects_capacity(rows, cols, seed) -> None:
+    capacity = math.ceil(rows / cols)
+    dist = np.random.default_rng(seed).random((rows, cols))
+    assignment = lm.greedy_fill(dist, capacity)
+    assert assignment.shape == (rows,)
+    assert np.bincount(assignment, minlength=cols).max() <= capacity
+    # with room for everyone, each row gets its nearest column
+    assert (lm.greedy_fill(dist, rows) == dist.argmin(1)).all()
+
+
+def test_greedy_fill_rejects_too_little_room() -> None:
+    with pytest.raises(ValueError, match="cannot hold"):
+        lm.greedy_fill(np.zeros((10, 3)), 3)
+
+
+def test_clustering_tree_groups_nearby_words() -> None:
+    """Four well-separated blobs of 4 words each, M = 4 (16 centroids, one word each): the second
+    k-means groups each blob's clusters under one child of the root."""
+    rng = np.random.default_rng(0)
+    centres = np.eye(4) * 10
+    points = np.repeat(centres, 4, axis=0) + rng.normal(0, 0.01, (16, 4))
+    tree = lm.clustering_tree(points, arity=4, depth=3, seed=0)
+    assert tree.num_labels == 16 and tree.arity == 4
+    root_child = [tree.path(i)[0][1] for i in range(16)]
+    for blob in range(4):
+        assert len(set(root_child[4 * blob:4 * blob + 4])) == 1
+    assert len(set(root_child)) == 4
+    with pytest.raises(ValueError, match="depth 3"):
+        lm.clustering_tree(points, arity=4, depth=2)
+
+
+# ---------------------------------------------------------------------------- training
+@pytest.mark.parametrize("output", ["flat", "random", "learned"])
+def test_train_lm_records_every_epoch(output) -> None:
+    corpus = _toy_corpus()
+    tree = None if output == "flat" else lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
+    cfg = lm.LMRunConfig(output=output, context=2, dim=16, arity=4, batch_size=64, lr=0.2, epochs=2, learn_epochs=1,
+                         reassign_per_epoch=5)
+    res = lm.train_lm(corpus, cfg, tree=tree)
+    assert [e["epoch"] for e in res.epochs] == [1, 2]
+    assert all(1 < e["test_perplexity"] < corpus.vocab_size for e in res.epochs)
+    assert res.test_perplexity == res.epochs[-1]["test_perplexity"]
+    assert res.train_ms_per_batch > 0 and res.test_ms_per_batch > 0
+    if output == "learned":
+        # 5 re-assignments in the first epoch, none after the freeze
+        assert len(res.reassignments) == 5
+        assert all(r["epoch"] <= 1 for r in res.reassignments)
+        assert all(0 <= r["moved_labels"] <= 1 for r in res.reassignments)
+        assert set(res.reassignments[-1]["objective_by_depth"]) <= {"0", "1", "2"}
+        assert res.tree is not None and res.tree["num_labels"] == corpus.vocab_size
+    else:
+        assert res.reassignments == []
+
+
+def test_interrupted_run_resumes_to_the_same_result(tmp_path) -> None:
+    corpus = _toy_corpus()
+    tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
+    cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=3,
+                         learn_epochs=2, reassign_per_epoch=4)
+    straight = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "a")
+
+    class Stop(Exception):
+        pass
+
+    def stop_after_first_epoch(message: str) -> None:
+        if "epoch 1:" in message:
+            raise Stop
+
+    with pytest.raises(Stop):
+        lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "b", log=stop_after_first_epoch)
+    assert list((tmp_path / "b").glob("*.pt"))
+    messages = []
+    resumed = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "b", log=messages.append)
+    assert any("resuming after epoch 1" in m for m in messages)
+    assert [e["epoch"] for e in resumed.epochs] == [1, 2, 3]
+    assert resumed.test_perplexity == pytest.approx(straight.test_perplexity, rel=1e-4)
+    assert len(resumed.reassignments) == len(straight.reassignments)
+    # a finished run is loaded, not trained again
+    again = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "b", log=messages.append)
+    assert again.test_perplexity == resumed.test_perplexity
+    assert not list((tmp_path / "b").glob("*.pt"))
+
+
+def test_train_lm_rejects_bad_setups() -> None:
+    corpus = _toy_corpus()
+    with pytest.raises(ValueError, match="output"):
+        lm.train_lm(corpus, lm.LMRunConfig(output="huffman"))
+    with pytest.raises(ValueError, match="needs a tree"):
+        lm.train_lm(corpus, lm.LMRunConfig(output="random"))
+    with pytest.raises(ValueError, match="labels"):
+        lm.train_lm(corpus, lm.LMRunConfig(output="random"), tree=lm.Tree.random(10, 3, 3, seed=0))
+
+
+def test_diverging_learning_rate_is_reported() -> None:
+    corpus = _toy_corpus()
+    cfg = lm.LMRunConfig(output="flat", context=2, dim=16, batch_size=64, lr=1e30, epochs=1)
+    with pytest.raises(FloatingPointError, match="lr"):
+        lm.train_lm(corpus, cfg)
+
+
+def test_unknown_option_is_rejected() -> None:
+    with pytest.raises(ValueError, match="unknown option"):
+        lm.run_lm_ptb(scale="quick", out=None, bogus=1)
+
+
+# ---------------------------------------------------------------------------- experiments (real data, tiny)
+TINY = dict(train_tokens="6000", eval_tokens="1500", vocab_size="120", arity="5", epochs="2", learn_epochs="1",
+            reassign_per_epoch="4")
+
+
+def _check_result_file(path: Path, runs: set[str]) -> dict:
+    payload = results.load_results(path)
+    records = payload["records"]
+    assert payload["provenance"]["config"]["experiment"]
+    assert payload["provenance"]["wall_time_s"] > 0
+    seen = {r["run"] for r in records if "run" in r}
+    assert seen == runs
+    for record in records:
+        assert record["claim"] is None  # tiny runs never claim a paper number
+        if record.get("measure") == "test_perplexity":
+            assert 1 < record["value"] < record["vocab_size"] * 1.5
+            assert len(record["per_epoch"]) == record["epochs"]
+            assert record["scale_note"]
+        if record.get("measure", "").endswith("ms_per_batch"):
+            assert record["value"] > 0
+    return payload
+
+
+@needs_mirror
+def test_lm_ptb_tiny(tmp_path) -> None:
+    out = lm.run_lm_ptb(scale="quick", out=tmp_path / "ptb.json", **TINY)
+    payload = _check_result_file(out, {"flat", "random", "learned"})
+    tree_file = out.with_name("ptb-learned-tree.json")
+    saved = json.loads(tree_file.read_text())
+    tree = lm.Tree.from_dict(saved["tree"])
+    assert tree.num_labels == 120 and len(saved["counts"]) == 120
+    moved = [r for r in payload["records"] if r.get("measure") == "mean_moved_labels"]
+    assert moved and 0 <= moved[0]["value"] <= 1
+
+
+@needs_mirror
+def test_lm_ptb_schedules_tiny(tmp_path) -> None:
+    out = lm.run_lm_ptb_schedules(scale="quick", out=tmp_path / "s.json", **dict(TINY, epochs="3", learn_epochs="2"))
+    _check_result_file(out, {"flat", "random", "learned_1_2", "learned_2_1"})
+
+
+@needs_mirror
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")
+def test_lm_gutenberg_65_tiny(tmp_path) -> None:
+    out = lm.run_lm_gutenberg_65(scale="quick", out=tmp_path / "g.json", max_books="3", **TINY)
+    payload = _check_result_file(out, {"clustering", "random", "flat", "learned"})
+    speed = [r for r in payload["records"] if r.get("measure") == "train_speedup"]
+    assert speed and speed[0]["value"] > 0
