@@ -6,7 +6,9 @@ softmax's frequency-sorted cutoffs are meaningful):
 
 * ``train``: forward + backward (``loss.backward()``), gradients zeroed with ``set_to_none``;
 * ``train_sgd`` / ``train_adagrad``: the same plus the optimiser step (sparse gradients for the
-  tree's node parameters, dense for the baselines);
+  tree's node parameters, dense for the baselines); Adagrad is :class:`hsm.layers.RowSparseAdagrad`
+  (``torch.optim.Adagrad``'s update, one fused pass over the touched rows of a sparse gradient);
+  for the tree, ``train_adagrad_torch`` also times ``torch.optim.Adagrad`` itself;
 * ``logprob``: ``log p(target | h)`` without gradient (``layer(h, y).output`` under ``no_grad``);
 * ``predict``: the exact arg max (``layer.predict``; branch and bound for the tree).
 
@@ -117,7 +119,7 @@ def _sync(device: torch.device) -> None:
 
 # ---------------------------------------------------------------------------- cost model
 def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | None, unique_nodes: float,
-               pairs: float) -> dict[str, dict[str, float]]:
+               pairs: float, parameters: int = 0) -> dict[str, dict[str, float]]:
     """Minimal bytes moved and FLOPs per batch (fp32) for each metric: what no implementation of
     the same computation can go below.
 
@@ -125,9 +127,10 @@ def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | 
     measured); the backward writes one gradient block per unique node; FLOPs are 2 M d per
     (example, node) pair forward and twice that backward. Flat: the [V, d] weight is read, the
     [B, V] logits written and read; the backward reads the weight again and writes its [V, d]
-    gradient. Adaptive: the flat cost of the head plus the clusters its examples reach (taken as
-    the whole model: an upper estimate, so its floor is generous). Optimiser steps add a read and
-    write of every updated parameter (and of Adagrad's state)."""
+    gradient. Adaptive: every parameter read once forward (with Zipf targets every cluster is
+    reached), read again and its gradient written backward; FLOPs 2 B (parameters) forward, an
+    upper estimate (an example only reaches its own cluster), so only the bytes set its floor.
+    Optimiser steps add a read and write of every updated parameter (and of Adagrad's state)."""
     f32 = 4.0
     out: dict[str, dict[str, float]] = {}
     if method.startswith(("tree", "naive")):
@@ -141,6 +144,14 @@ def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | 
         out["train_sgd"] = {"bytes": train_bytes + 3 * opt_rows, "flops": 3 * fwd_flops}
         out["train_adagrad"] = {"bytes": train_bytes + 5 * opt_rows, "flops": 3 * fwd_flops}
         out["predict"] = {"bytes": fwd_bytes, "flops": fwd_flops}
+    elif method == "adaptive":
+        weight = parameters * f32
+        logits = batch * (num_labels // 50) * f32  # head-sized logits; small next to the weights
+        out["logprob"] = {"bytes": weight + 2 * logits, "flops": 0.0}
+        out["predict"] = {"bytes": weight + 2 * logits, "flops": 0.0}
+        out["train"] = {"bytes": 3 * weight + 4 * logits, "flops": 0.0}
+        out["train_sgd"] = {"bytes": 6 * weight + 4 * logits, "flops": 0.0}
+        out["train_adagrad"] = {"bytes": 8 * weight + 4 * logits, "flops": 0.0}
     else:
         weight = num_labels * dim * f32
         logits = batch * num_labels * f32
@@ -150,6 +161,7 @@ def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | 
         out["train"] = {"bytes": 3 * weight + 4 * logits, "flops": 3 * fwd_flops}
         out["train_sgd"] = {"bytes": 6 * weight + 4 * logits, "flops": 3 * fwd_flops}
         out["train_adagrad"] = {"bytes": 8 * weight + 4 * logits, "flops": 3 * fwd_flops}
+    out["train_adagrad_torch"] = out["train_adagrad"]
     return out
 
 
@@ -233,8 +245,13 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
     ms: dict[str, float] = {}
     if "train" in metrics:
         ms["train"] = _median_ms(train, repeats, budget, device)
-    for name, optimizer_class in (("train_sgd", torch.optim.SGD), ("train_adagrad", torch.optim.Adagrad)):
-        if name not in metrics or naive:
+    from .layers import RowSparseAdagrad
+
+    optimizers = [("train_sgd", torch.optim.SGD), ("train_adagrad", RowSparseAdagrad)]
+    if tree is not None and "train_adagrad" in metrics:
+        optimizers.append(("train_adagrad_torch", torch.optim.Adagrad))  # torch's own sparse path, for reference
+    for name, optimizer_class in optimizers:
+        if name.replace("_torch", "") not in metrics or naive:
             continue
         optimizer = optimizer_class(layer.parameters(), lr=0.01)
 
@@ -306,7 +323,7 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
                       "predict_scale": predict_scale, "metrics": list(metrics)}
             row = _run_isolated(config) if isolate else run_one(config)
             costs = cost_model(method, vocab, dim, batch, row.get("arity"), row.get("unique_nodes", 0.0),
-                               row.get("pairs", 0.0))
+                               row.get("pairs", 0.0), row.get("parameters", 0))
             row["floor_ms"], row["floor_fraction"], row["bytes"], row["flops"] = {}, {}, {}, {}
             for metric, value in row["ms"].items():
                 cost = costs[metric]
@@ -321,10 +338,12 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
     for row in rows:
         flat = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "flat"), None)
         adaptive = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "adaptive"), None)
-        row["speedup_vs_flat"] = {m: flat["ms"][m] / v for m, v in row["ms"].items()
-                                  if flat is not None and m in flat["ms"] and v > 0}
-        row["speedup_vs_adaptive"] = {m: adaptive["ms"][m] / v for m, v in row["ms"].items()
-                                      if adaptive is not None and m in adaptive["ms"] and v > 0}
+        # train_adagrad_torch (tree only) is compared with the baselines' Adagrad step
+        base = lambda m: m.replace("_torch", "")  # noqa: E731
+        row["speedup_vs_flat"] = {m: flat["ms"][base(m)] / v for m, v in row["ms"].items()
+                                  if flat is not None and base(m) in flat["ms"] and v > 0}
+        row["speedup_vs_adaptive"] = {m: adaptive["ms"][base(m)] / v for m, v in row["ms"].items()
+                                      if adaptive is not None and base(m) in adaptive["ms"] and v > 0}
     return {"limits": limits, "rows": rows}
 
 
@@ -384,6 +403,106 @@ def to_records(result: dict[str, Any]) -> list[dict[str, Any]]:
     return records
 
 
+# ---------------------------------------------------------------------------- Algorithm 1's extra work
+def algorithm1_overhead(vocab: int = 250_000, arity: int = 65, depth: int = 3, dim: int = 200, batch: int = 128,
+                        steps: int = 50, repeats: int = 3, well_formed_vocab: int = 312_000,
+                        well_formed_arity: int = 20, epoch_tokens: int = 40_750_865,
+                        reassign_per_epoch: Sequence[int] = (20, 50), seed: int = 0) -> dict[str, Any]:
+    """What learning the tree costs on top of training with a fixed one (issue 8's 20% budget).
+
+    Two parts: (1) collecting the node statistics in every forward pass (a training step with
+    sparse Adagrad, timed with and without a :class:`hsm.TreeLearner` attached, medians of
+    ``steps``); (2) one re-assignment at K = ``vocab`` (Algorithm 3, fixed depth) split into the
+    J_n diagnostic :class:`TreeLearner` records before each rebuild, the assignment itself
+    (:func:`hsm.assign.assign_labels_depth_constrained`) and the rest (new tree, statistics), and
+    one Algorithm 2 assignment at K = ``well_formed_vocab`` on a Huffman tree
+    (:func:`hsm.assign.assign_labels_well_formed`). The amortised overhead is given for the
+    papers' schedule: ``reassign_per_epoch`` re-assignments per epoch of ``epoch_tokens`` targets
+    (the Gutenberg training set of this project: 40.75M tokens)."""
+    from .assign import assign_labels_depth_constrained, assign_labels_well_formed
+    from .layers import HierarchicalSoftmax
+    from .training import TreeLearner
+    from .tree import Tree
+
+    torch.manual_seed(seed)
+    tree = Tree.random(vocab, arity, depth, seed=seed)
+    layer = HierarchicalSoftmax(dim, tree, sparse=True)
+    optimizer = torch.optim.Adagrad(layer.parameters(), lr=0.01)
+    targets = zipf_targets(vocab, batch, _POOL, seed=seed)
+    inputs = [torch.randn(batch, dim) for _ in range(4)]
+    counter = [0]
+
+    def step() -> None:
+        counter[0] += 1
+        optimizer.zero_grad(set_to_none=True)
+        layer(inputs[counter[0] % 4], targets[counter[0] % _POOL]).loss.backward()
+        optimizer.step()
+
+    cpu = torch.device("cpu")
+    fixed_ms = _median_ms(step, steps, 1e9, cpu)
+    learner = TreeLearner(layer, reassign_every=10**12)
+    with_stats_ms = _median_ms(step, steps, 1e9, cpu)
+    for _ in range(steps):  # statistics from a few hundred batches before re-assigning
+        step()
+    parts: dict[str, list[float]] = {"objective_diagnostic_s": [], "assign_s": [], "reassign_total_s": []}
+    for _ in range(repeats):
+        start = time.perf_counter()
+        learner.objective_by_depth()
+        parts["objective_diagnostic_s"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        assign_labels_depth_constrained(layer.tree, learner.statistics, wrt=learner.wrt)
+        parts["assign_s"].append(time.perf_counter() - start)
+        start = time.perf_counter()
+        learner.reassign()
+        parts["reassign_total_s"].append(time.perf_counter() - start)
+        for _ in range(5):
+            step()
+    result: dict[str, Any] = {"vocab": vocab, "arity": arity, "depth": depth, "dim": dim, "batch": batch,
+                              "threads": torch.get_num_threads(), "step_fixed_ms": fixed_ms,
+                              "step_with_statistics_ms": with_stats_ms,
+                              "statistics_overhead": with_stats_ms / fixed_ms - 1.0}
+    result.update({name: statistics.median(values) for name, values in parts.items()})
+    steps_per_epoch = epoch_tokens // batch
+    result["schedules"] = []
+    for per_epoch in reassign_per_epoch:
+        every = max(1, steps_per_epoch // per_epoch)
+        amortised = result["reassign_total_s"] * 1e3 / (every * fixed_ms)
+        result["schedules"].append({"reassign_per_epoch": per_epoch, "reassign_every": every,
+                                    "reassign_overhead": amortised,
+                                    "total_overhead": result["statistics_overhead"] + amortised})
+    # Algorithm 2 (well-formed trees) at K = well_formed_vocab
+    counts = np.bincount(torch.cat(zipf_targets(well_formed_vocab, 4096, 8, seed=seed)).numpy(),
+                         minlength=well_formed_vocab) + 1
+    huffman = Tree.huffman(counts, well_formed_arity)
+    wf_layer = HierarchicalSoftmax(16, huffman, sparse=True)
+    wf_learner = TreeLearner(wf_layer, reassign_every=10**12)
+    for y in zipf_targets(well_formed_vocab, 512, 8, seed=seed + 1):
+        wf_layer(torch.randn(len(y), 16), y)
+    times = []
+    for _ in range(max(1, repeats - 1)):
+        start = time.perf_counter()
+        assign_labels_well_formed(wf_layer.tree, wf_learner.statistics, wrt=wf_learner.wrt)
+        times.append(time.perf_counter() - start)
+    result.update(well_formed_vocab=well_formed_vocab, well_formed_arity=well_formed_arity,
+                  well_formed_nodes=huffman.num_nodes, well_formed_assign_s=statistics.median(times))
+    return result
+
+
+def format_algorithm1(result: dict[str, Any]) -> str:
+    lines = [f"Algorithm 1 overhead at K={result['vocab']:,d}, M={result['arity']}, D={result['depth']}, "
+             f"d={result['dim']}, B={result['batch']}, {result['threads']} threads",
+             f"  training step (sparse Adagrad), fixed tree: {result['step_fixed_ms']:.3f} ms; with statistics: "
+             f"{result['step_with_statistics_ms']:.3f} ms ({result['statistics_overhead']:+.1%})",
+             f"  one re-assignment: {result['reassign_total_s']:.2f} s = Algorithm 3 {result['assign_s']:.2f} s "
+             f"+ J_n diagnostic {result['objective_diagnostic_s']:.2f} s + rest",
+             f"  Algorithm 2 at K={result['well_formed_vocab']:,d}, M={result['well_formed_arity']} "
+             f"({result['well_formed_nodes']:,d} nodes): {result['well_formed_assign_s']:.2f} s"]
+    for sched in result["schedules"]:
+        lines.append(f"  {sched['reassign_per_epoch']} re-assignments per epoch (every {sched['reassign_every']:,d} "
+                     f"steps): re-assignment {sched['reassign_overhead']:.1%}, total {sched['total_overhead']:.1%}")
+    return "\n".join(lines)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hsm bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", type=int, nargs="+", default=[10_000, 100_000, 250_000, 1_000_000])
@@ -400,6 +519,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--no-isolate", action="store_true", help="run every measurement in this process")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, in-process (CI)")
     parser.add_argument("--json", default=None, help="write the result file here (hsm.results format)")
+    parser.add_argument("--algorithm1", action="store_true",
+                        help="measure Algorithm 1's extra work (statistics, re-assignment) instead of the table")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -418,6 +539,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.vocab = [v for v in args.vocab if v <= 2_000] or [500, 2_000]
         args.dim, args.batch, args.repeats, args.budget, args.no_isolate = 16, 8, 3, 1.0, True
     start = time.perf_counter()
+    if args.algorithm1:
+        sizes = dict(vocab=3_000, arity=15, depth=3, dim=16, batch=32, steps=5, repeats=1, well_formed_vocab=2_000,
+                     well_formed_arity=5) if args.quick else dict(dim=args.dim, batch=args.batch)
+        result = algorithm1_overhead(**sizes)
+        print(format_algorithm1(result))
+        if args.json:
+            from .results import make_record, provenance, write_results
+
+            records = [make_record(None, result["reassign_total_s"], kind="algorithm1", **result)]
+            config = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
+            path = write_results(args.json, records, provenance(config, time.perf_counter() - start))
+            print(f"wrote {path}")
+        return 0
     result = run_benchmark(args.vocab, args.methods, args.dim, args.batch, args.repeats, args.budget,
                            device=args.device, isolate=not args.no_isolate, predict_scale=args.predict_scale,
                            metrics=args.metrics, progress=lambda line: print(line, flush=True))

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from .tree import Tree
 
-__all__ = ["FlatSoftmax", "HierarchicalSoftmax", "HSMOutput", "TopK"]
+__all__ = ["FlatSoftmax", "HierarchicalSoftmax", "HSMOutput", "RowSparseAdagrad", "TopK"]
 
 
 class HSMOutput(NamedTuple):
@@ -494,13 +494,22 @@ class HierarchicalSoftmax(nn.Module):
                 best_label[ex_t[improved]] = labels[improved]
             best_value.copy_(new_best)
 
-        # greedy descent: a label per row, hence a bound
+        # greedy descent: a label per row, hence a bound; the node distributions it computes are
+        # kept (per depth) so the exact search below does not evaluate those nodes again
+        greedy_node: list[np.ndarray] = []
+        greedy_cand: list[Tensor] = []
         example, node = np.arange(batch), np.zeros(batch, dtype=np.int64)
         score = input.new_zeros(batch)
         while example.size:
             visited += np.bincount(example, minlength=batch)
             cand = score.unsqueeze(1) + self._pair_log_softmax(input, example, node)
             update_best(example, node, cand)
+            seen = np.full(batch, -1, dtype=np.int64)
+            seen[example] = node
+            rows = cand.new_empty(batch, cand.shape[1])
+            rows[torch.from_numpy(example).to(device)] = cand
+            greedy_node.append(seen)
+            greedy_cand.append(rows)
             inner = torch.from_numpy(is_node[node]).to(device)
             step_value, slot = cand.masked_fill(~inner, -math.inf).max(dim=1)
             go_on = torch.isfinite(step_value).cpu().numpy()
@@ -510,15 +519,24 @@ class HierarchicalSoftmax(nn.Module):
         # branch and bound from the root
         example, node = np.arange(batch), np.zeros(batch, dtype=np.int64)
         score = input.new_zeros(batch)
+        depth = 0
         while example.size:
-            visited += np.bincount(example, minlength=batch)
-            cand = score.unsqueeze(1) + self._pair_log_softmax(input, example, node)
-            update_best(example, node, cand)
+            cached = greedy_node[depth][example] == node if depth < len(greedy_node) else np.zeros(example.size, bool)
+            cand = input.new_empty(example.size, self.arity)
+            if cached.any():
+                cand[torch.from_numpy(cached).to(device)] = greedy_cand[depth][torch.from_numpy(example[cached]).to(device)]
+            if not cached.all():
+                fresh = ~cached
+                visited += np.bincount(example[fresh], minlength=batch)
+                fresh_t = torch.from_numpy(fresh).to(device)
+                cand[fresh_t] = score[fresh_t].unsqueeze(1) + self._pair_log_softmax(input, example[fresh], node[fresh])
+                update_best(example[fresh], node[fresh], cand[fresh_t])
             ex_t = torch.from_numpy(example).to(device)
             keep = torch.from_numpy(is_node[node]).to(device) & (cand > best_value[ex_t].unsqueeze(1))
             pair, slot = (t.cpu().numpy() for t in torch.nonzero(keep, as_tuple=True))
             score = cand[keep]
             example, node = example[pair], child_node[node[pair], slot]
+            depth += 1
         return best_label, torch.from_numpy(visited).to(device)
 
     @torch.no_grad()
@@ -628,3 +646,96 @@ class FlatSoftmax(nn.Module):
         values, indices = self.log_prob(input).topk(k, dim=-1)
         visited = torch.full((input.shape[0],), self.num_labels, dtype=torch.long, device=input.device)
         return TopK(values, indices, visited)
+
+
+# ---------------------------------------------------------------------------- optimiser
+def _adagrad_rows_kernel():
+    """numba kernel: one pass over the touched rows (state += g**2; param -= lr g / (sqrt(state) + eps))."""
+    import numba
+
+    @numba.njit(parallel=True, cache=True)
+    def kernel(param, state, rows, grad, clr, eps):  # pragma: no cover - compiled
+        for r in numba.prange(rows.shape[0]):
+            row = rows[r]
+            for j in range(grad.shape[1]):
+                g = grad[r, j]
+                total = state[row, j] + g * g
+                state[row, j] = total
+                param[row, j] -= clr * g / (np.sqrt(total) + eps)
+
+    return kernel
+
+
+_ADAGRAD_KERNEL = None
+
+
+class RowSparseAdagrad(torch.optim.Optimizer):
+    """``torch.optim.Adagrad`` (the papers' optimiser) with a fast path for row-sparse gradients.
+
+    Same update and defaults as ``torch.optim.Adagrad`` (weight decay excepted): per element,
+    ``state += g**2`` and ``param -= lr_t g / (sqrt(state) + eps)`` with
+    ``lr_t = lr / (1 + (t - 1) lr_decay)``. For a sparse COO gradient (what
+    ``HierarchicalSoftmax(sparse=True)`` produces) only the touched rows are read and written, in
+    one fused pass (a numba kernel on CPU; torch ``index_select`` / ``index_copy_`` /
+    ``index_add_`` elsewhere), where ``torch.optim.Adagrad``'s sparse path builds several sparse
+    temporaries and takes several times as long. Dense gradients get the ordinary update.
+    tests/test_layers.py checks it against ``torch.optim.Adagrad`` step by step.
+    """
+
+    def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, initial_accumulator_value: float = 0.0,
+                 eps: float = 1e-10) -> None:
+        if lr <= 0 or lr_decay < 0 or initial_accumulator_value < 0 or eps < 0:
+            raise ValueError(f"invalid Adagrad settings: lr={lr}, lr_decay={lr_decay}, "
+                             f"initial_accumulator_value={initial_accumulator_value}, eps={eps}")
+        super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps,
+                                      initial_accumulator_value=initial_accumulator_value))
+        for group in self.param_groups:
+            for param in group["params"]:
+                self.state[param]["step"] = 0
+                self.state[param]["sum"] = torch.full_like(param, initial_accumulator_value,
+                                                           memory_format=torch.preserve_format)
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                grad = param.grad
+                if grad is None:
+                    continue
+                state = self.state[param]
+                state["step"] += 1
+                clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
+                total = state["sum"]
+                if grad.is_sparse:
+                    self._sparse_step(param, total, grad, clr, group["eps"])
+                else:
+                    total.addcmul_(grad, grad, value=1)
+                    param.addcdiv_(grad, total.sqrt().add_(group["eps"]), value=-clr)
+        return loss
+
+    @staticmethod
+    def _sparse_step(param: Tensor, total: Tensor, grad: Tensor, clr: float, eps: float) -> None:
+        global _ADAGRAD_KERNEL
+        indices = grad._indices()[0]
+        values = grad._values()
+        if not grad.is_coalesced() and torch.unique(indices).numel() != indices.numel():
+            grad = grad.coalesce()  # duplicate rows must be summed before squaring
+            indices, values = grad._indices()[0], grad._values()
+        flat_param = param.view(param.shape[0], -1)
+        flat_total = total.view(total.shape[0], -1)
+        values = values.reshape(values.shape[0], -1)
+        if (param.device.type == "cpu" and param.dtype in (torch.float32, torch.float64)
+                and param.is_contiguous() and total.is_contiguous()):
+            if _ADAGRAD_KERNEL is None:
+                _ADAGRAD_KERNEL = _adagrad_rows_kernel()
+            dtype = np.float32 if param.dtype == torch.float32 else np.float64
+            _ADAGRAD_KERNEL(flat_param.numpy(), flat_total.numpy(), indices.contiguous().numpy(),
+                            values.contiguous().numpy(), dtype(clr), dtype(eps))
+            return
+        rows = flat_total.index_select(0, indices).addcmul_(values, values)
+        flat_total.index_copy_(0, indices, rows)
+        flat_param.index_add_(0, indices, values / rows.sqrt_().add_(eps), alpha=-clr)

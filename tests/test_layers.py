@@ -272,3 +272,43 @@ def test_fast_path_trains_like_the_reference():
                 opt.step()
         torch.testing.assert_close(layers[0].weight, layers[1].weight)
         torch.testing.assert_close(layers[0].bias, layers[1].bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_sparse_adagrad_matches_torch_adagrad(dtype):
+    from hsm.layers import RowSparseAdagrad
+
+    tree = Tree.random(110, 5, 3, seed=0)
+    layers = [HierarchicalSoftmax(6, tree, sparse=True).to(dtype) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    dense = torch.randn(4, 6, dtype=dtype)
+    extra = [torch.nn.Parameter(dense.clone()) for _ in range(2)]  # a dense parameter
+    opts = [RowSparseAdagrad(list(layers[0].parameters()) + [extra[0]], lr=0.3, lr_decay=0.01,
+                             initial_accumulator_value=0.1),
+            torch.optim.Adagrad(list(layers[1].parameters()) + [extra[1]], lr=0.3, lr_decay=0.01,
+                                initial_accumulator_value=0.1)]
+    for step in range(4):
+        h = torch.randn(20, 6, dtype=dtype)
+        y = _duplicate_heavy_targets(tree, 20, step)
+        for layer, opt, param in zip(layers, opts, extra):
+            opt.zero_grad()
+            (layer(h @ param.t() @ param / 10, y).loss).backward()
+            opt.step()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else {}
+    torch.testing.assert_close(layers[0].weight, layers[1].weight, **tol)
+    torch.testing.assert_close(layers[0].bias, layers[1].bias, **tol)
+    torch.testing.assert_close(extra[0], extra[1], **tol)
+
+
+def test_row_sparse_adagrad_sums_duplicate_rows_and_checks_settings():
+    from hsm.layers import RowSparseAdagrad
+
+    params = [torch.nn.Parameter(torch.zeros(5, 3)) for _ in range(2)]
+    opts = [RowSparseAdagrad([params[0]], lr=1.0), torch.optim.Adagrad([params[1]], lr=1.0)]
+    grad = torch.sparse_coo_tensor(torch.tensor([[1, 3, 1]]), torch.ones(3, 3), (5, 3))  # row 1 twice
+    for param, opt in zip(params, opts):
+        param.grad = grad.clone()
+        opt.step()
+    torch.testing.assert_close(params[0], params[1])
+    with pytest.raises(ValueError, match="invalid Adagrad"):
+        RowSparseAdagrad(params, lr=-1)
