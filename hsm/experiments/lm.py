@@ -598,7 +598,11 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
     records = []
     common = {"dataset": sc.dataset, "vocab_size": corpus.vocab_size, "train_tokens": int(corpus.train.numel()),
               "valid_tokens": int(corpus.valid.numel()), "test_tokens": int(corpus.test.numel()),
-              "context": sc.context, "arity": sc.arity, "depth": 3, "scale": scale, "scale_note": sc.description}
+              "context": sc.context, "arity": sc.arity, "depth": 3, "scale": scale,
+              "scale_note": f"{sc.dataset}: {int(corpus.train.numel()):,} training tokens, vocabulary "
+                            f"{corpus.vocab_size:,}, {sc.arity}-ary depth-3 trees, {sc.epochs} epochs "
+                            f"(learned tree: {sc.learn_epochs} learning the tree), batch {sc.batch_size}; "
+                            + sc.description}
     for kind, run in table["runs"].items():
         model = _MODEL_NAMES.get(kind, f"Learned Tree ({kind})")
         slug = _SLUGS.get(kind)
@@ -653,7 +657,7 @@ def _out_path(out: Path | None, default: str) -> Path:
 
 
 def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scale: str, device: str,
-           seconds: float, tree_files: dict[str, Any] | None = None) -> Path:
+           seconds: float, tree_files: dict[str, Any] | None = None, options: dict[str, Any] | None = None) -> Path:
     """Write the result file and, beside it, each learned tree with the word counts as
     ``<stem>-<run>-tree.json`` (not a result file: the notebooks draw the tree from it)."""
     path = _out_path(out, default)
@@ -667,7 +671,11 @@ def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scal
                               "optimizer": "Adagrad", "l2": 0.0, "initial_learned_tree": "random (seed 0)",
                               "clustering_embeddings": "our log-bilinear LM, d=50, random-tree HSM"},
                       wall_time_s=seconds)
-    prov["hsm_scale"] = scale
+    # a run whose preset was overridden says so in its scale label (the landing page shows it)
+    overrides = {k: v for k, v in (options or {}).items() if k != "description"}
+    prov["hsm_scale"] = scale if not overrides else (
+        f"{scale}, reduced: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items())))
+    prov["config"]["overrides"] = overrides
     return write_results(path, records, prov)
 
 
@@ -738,7 +746,7 @@ def run_lm_ptb(scale: str = "quick", device: str = "cpu", out: Path | None = Non
     full = scale == "full" and sc.vocab_size is None and sc.train_tokens is None
     trees: dict[str, Any] = {}
     records = _records(table, sc, "arxiv2016.table1.ptb" if full else None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-ptb"]).stem)
-    return _write("lm-ptb", out, f"{RESULTS_DIR}/ptb.json", records, sc, scale, device, time.perf_counter() - start, trees)
+    return _write("lm-ptb", out, f"{RESULTS_DIR}/ptb.json", records, sc, scale, device, time.perf_counter() - start, trees, options)
 
 
 @experiment("lm-ptb-schedules", "arXiv Fig. 3 (PTB): perplexity per epoch, learn 1+fine-tune 3, learn 3+1, random, flat",
@@ -754,7 +762,7 @@ def run_lm_ptb_schedules(scale: str = "quick", device: str = "cpu", out: Path | 
     trees: dict[str, Any] = {}
     records = _records(table, sc, None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-ptb-schedules"]).stem)
     return _write("lm-ptb-schedules", out, f"{RESULTS_DIR}/ptb-schedules.json", records, sc, scale, device,
-                  time.perf_counter() - start, trees)
+                  time.perf_counter() - start, trees, options)
 
 
 @experiment("lm-gutenberg-65", "ICML Table 2 + Fig. 2 (Gutenberg): clustering, random, flat, learned; 65-ary depth 3, T=4",
@@ -767,7 +775,7 @@ def run_lm_gutenberg_65(scale: str = "quick", device: str = "cpu", out: Path | N
     trees: dict[str, Any] = {}
     records = _records(table, sc, "icml2017.table2" if full else None, "icml", scale, trees, _out_path(out, DEFAULT_OUT["lm-gutenberg-65"]).stem)
     return _write("lm-gutenberg-65", out, f"{RESULTS_DIR}/gutenberg-65.json", records, sc, scale, device,
-                  time.perf_counter() - start, trees)
+                  time.perf_counter() - start, trees, options)
 
 
 @experiment("lm-gutenberg-75", "arXiv Table 1 (Gutenberg columns): flat, random, learned; 75-ary depth 3, T=4",
@@ -780,4 +788,4 @@ def run_lm_gutenberg_75(scale: str = "quick", device: str = "cpu", out: Path | N
     trees: dict[str, Any] = {}
     records = _records(table, sc, "arxiv2016.table1.gutenberg" if full else None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-gutenberg-75"]).stem)
     return _write("lm-gutenberg-75", out, f"{RESULTS_DIR}/gutenberg-75.json", records, sc, scale, device,
-                  time.perf_counter() - start, trees)
+                  time.perf_counter() - start, trees, options)
