@@ -530,8 +530,8 @@ def assign_labels_depth_constrained(
                     f"with the arXiv print's capacity M^(D-d+1) a depth-{level + 2} subtree received "
                     f"{loads.max()} labels but has only {leaves_below} leaves"
                 )
-    return Reassignment(Tree.complete(position, arity, depth, label_names=tree.label_names), np.zeros(0, np.int64),
-                        _moved_fraction(tree, Tree.complete(position, arity, depth)))
+    new_tree = Tree.complete(position, arity, depth, label_names=tree.label_names)
+    return Reassignment(new_tree, np.zeros(0, np.int64), _moved_fraction(tree, new_tree))
 
 
 def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, wrt: Wrt = "logp") -> Reassignment:

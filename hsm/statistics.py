@@ -113,22 +113,26 @@ class NodeStatistics:
         """p_{.|i} (eq. 9) for ``labels`` at ``nodes`` (depth ``depth``): (sums + prior * pi) /
         (count + prior), using the sums only where they were collected at that node (the label's
         node in the tree in place); pi is the prior distribution (module docstring, point 1)."""
-        labels_t = torch.as_tensor(labels, device=self.device)
-        nodes_t = torch.as_tensor(nodes, device=self.device)
-        prior = torch.full((len(labels), self.arity), 1.0 / self.arity, dtype=torch.float64)
+        labels = np.asarray(labels, dtype=np.int64)
+        nodes = np.asarray(nodes, dtype=np.int64)
+        prior = np.full((len(labels), self.arity), 1.0 / self.arity)
         if depth >= self.max_depth:
-            sums = torch.zeros(len(labels), self.arity, dtype=torch.float64)
-            counts = torch.zeros(len(labels), dtype=torch.float64)
-        else:
-            valid = (self.stat_node[labels_t, depth] == nodes_t) & (nodes_t >= 0)
-            sums = (self.sum_probas[labels_t, depth] * valid[:, None]).double().cpu()
-            counts = (self.path_counts[labels_t, depth] * valid).double().cpu()
-            if self.prior_mode == "current_child":
-                here = valid.cpu()
-                rows = torch.nonzero(here).flatten()
-                prior[rows] *= 0.5
-                prior[rows, self.current_child[labels_t, depth].cpu()[rows]] += 0.5
-        return ((sums + self.prior * prior) / (counts + self.prior)[:, None]).numpy()
+            return prior
+        # one gather per array, then in-place arithmetic in NumPy (the statistics live on the
+        # training device; a GPU copy is moved to the CPU once per depth)
+        host = lambda t: t[:, depth].cpu().numpy()  # noqa: E731
+        valid = (host(self.stat_node)[labels] == nodes) & (nodes >= 0)
+        sums = host(self.sum_probas)[labels].astype(np.float64)
+        counts = host(self.path_counts)[labels].astype(np.float64)
+        sums[~valid] = 0.0
+        counts[~valid] = 0.0
+        if self.prior_mode == "current_child":
+            rows = np.flatnonzero(valid)
+            prior[rows] *= 0.5
+            prior[rows, host(self.current_child)[labels[rows]]] += 0.5
+        sums += self.prior * prior
+        sums /= (counts + self.prior)[:, None]
+        return sums
 
     # ------------------------------------------------------------------ after a re-assignment
     @torch.no_grad()
@@ -171,6 +175,8 @@ class NodeStatistics:
 
 
 def node_objectives(tree: Tree, statistics: NodeStatistics) -> dict[str, np.ndarray]:
+    from .assign import _node_terms  # p_j of every node in one compiled pass
+
     """J_n (eq. 6) of every internal node that real labels reach, estimated from the statistics
     (continuous definition, eqs. 8-9). Returns arrays ``node``, ``depth``, ``objective``,
     ``mass`` (share of examples reaching the node)."""
@@ -188,8 +194,7 @@ def node_objectives(tree: Tree, statistics: NodeStatistics) -> dict[str, np.ndar
         w = weights[lab]
         total = np.bincount(group, weights=w, minlength=len(uniq))
         q = w / total[group]
-        marginal = np.stack([np.bincount(group, weights=q * p_cond[:, j], minlength=len(uniq))
-                             for j in range(tree.arity)], axis=1)
+        _, marginal = _node_terms(p_cond, w, group, len(uniq))
         per_label = q * np.abs(marginal[group] - p_cond).sum(axis=1)
         objective = (2.0 / tree.arity) * np.bincount(group, weights=per_label, minlength=len(uniq))
         out_node.append(uniq)

@@ -102,3 +102,15 @@ def test_learner_checkpoint_roundtrip(tmp_path):
     torch.testing.assert_close(restored.statistics.sum_probas, learner.statistics.sum_probas)
     h = data.x[:20]
     torch.testing.assert_close(other.log_prob(h), layer.log_prob(h))
+
+
+def test_record_objective_every_n():
+    layer = HierarchicalSoftmax(4, Tree.random(9, 3, 2))
+    learner = TreeLearner(layer, reassign_every=1, record_objective=2)
+    for _ in range(4):
+        layer(torch.randn(8, 4), torch.randint(0, 9, (8,)))
+        learner.step()
+    assert [bool(r.objective_by_depth) for r in learner.history] == [True, False, True, False]
+    silent = TreeLearner(HierarchicalSoftmax(4, Tree.random(9, 3, 2)), reassign_every=1, record_objective=False)
+    silent.step()
+    assert silent.history[0].objective_by_depth == {}
