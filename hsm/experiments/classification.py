@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm import FlatSoftmax, HierarchicalSoftmax, NodeStatistics, Tree, TreeLearner
+from hsm import FlatSoftmax, HierarchicalSoftmax, Tree, TreeLearner
 from hsm.config import seed_everything
 from hsm.experiments import experiment
 from hsm.results import make_record, provenance, write_results
@@ -218,54 +218,6 @@ def build_output_layer(output: str, dim: int, counts: np.ndarray) -> tuple[torch
     return layer, tree
 
 
-class StickyNodeStatistics(NodeStatistics):
-    """Node statistics with the released code's prior (inventory §9 a), which leans towards the tree in place.
-
-    :class:`hsm.NodeStatistics` reads ``p_{.|i}`` as ``(sums + prior / M) / (counts + prior)``: a label
-    with no fresh statistics at a node looks uniform there, and the greedy then places it by the
-    children's marginals alone. With 50 rebuilds in the first half of a small data set (cooking: a
-    rebuild every ~550 examples for 736 tags) most tags are unseen between two rebuilds, and were
-    re-placed at random every time (we measured 90-97 % of the labels moving at each rebuild and the
-    learned trees far below the Huffman start). The released fastText fork starts every (node, label)
-    pair at ``count = 1`` with ``0.5 / M`` on every child **plus 0.5 on the child the label sits in**;
-    this class reads the prior that way: ``(sums + prior (0.5 / M + 0.5 [j = current child])) /
-    (counts + prior)``, where the label's current child is taken from the tree in place when its path
-    passes through the node being rebuilt (else the uniform prior). Frequent labels are governed by
-    their statistics; an unseen label stays where it is.
-    """
-
-    def __init__(self, tree: Tree, **kwargs: Any) -> None:
-        super().__init__(tree, **kwargs)
-        self._tree = tree
-
-    def on_reassign(self, new_tree: Tree, reset_nodes: Any = None) -> None:
-        super().on_reassign(new_tree, reset_nodes)
-        self._tree = new_tree
-
-    def p_cond(self, depth: int, labels: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        uniform = super().p_cond(depth, labels, nodes)
-        labels = np.asarray(labels)
-        nodes = np.asarray(nodes)
-        tree = self._tree
-        if depth >= tree.max_depth:
-            return uniform
-        here = tree.path_mask[labels, depth] & (tree.path_nodes[labels, depth] == nodes) & (nodes >= 0)
-        if not here.any():
-            return uniform
-        # counts the base class used (statistics collected at this very node), to re-weight the prior
-        if depth < self.max_depth:
-            valid = (self.stat_node[torch.as_tensor(labels), depth].cpu().numpy() == nodes) & (nodes >= 0)
-            counts = self.path_counts[torch.as_tensor(labels), depth].double().cpu().numpy() * valid
-        else:
-            counts = np.zeros(len(labels))
-        shift = 0.5 * self.prior / (counts + self.prior)  # prior mass moved from uniform to the current child
-        out = uniform.copy()
-        rows = np.flatnonzero(here)
-        out[rows] -= (shift[rows] / self.arity)[:, None]
-        out[rows, tree.path_children[labels[rows], depth]] += shift[rows]
-        return out
-
-
 @dataclass
 class TrainedBow:
     model: BagOfWordsClassifier
@@ -304,9 +256,12 @@ def train_bow(
     ``lr_t = lr * min(1, 2 (1 - progress))`` as the released code's schedule.
 
     Tree-learning details the paper leaves open, set as the released code does (inventory §9 a):
-    ``tree_prior="sticky"`` (:class:`StickyNodeStatistics`; ``"uniform"``: :class:`hsm.NodeStatistics`'
-    own prior), ``tree_decay=1.0`` (statistics never decayed), ``reset_moved_nodes=False`` (a node
-    placed elsewhere keeps its parameters).
+    ``tree_prior="sticky"`` (:class:`hsm.NodeStatistics` with ``prior_mode="current_child"``: each
+    (node, label) pair starts with one pseudo-example putting 0.5/M on every child and 0.5 more on the
+    label's current child, so a label unseen since the last rebuild stays where it is; ``"uniform"``:
+    the thesis' 1/M prior, with which such a label is placed by the children's marginals alone),
+    ``tree_decay=1.0`` (statistics never decayed), ``reset_moved_nodes=False`` (a node placed
+    elsewhere keeps its parameters).
     """
     if tree_prior not in ("sticky", "uniform"):
         raise ValueError(f"tree_prior must be 'sticky' or 'uniform', got {tree_prior!r}")
@@ -334,11 +289,8 @@ def train_bow(
     if kind == "learned":
         every = max(1, half // reassigns)
         learner = TreeLearner(layer, reassign_every=every, wrt="logp", algorithm="well_formed", decay=tree_decay,
-                              reset_moved_nodes=reset_moved_nodes)
-        if tree_prior == "sticky":
-            learner.statistics = StickyNodeStatistics(layer.tree, prior=1.0, decay=tree_decay,
-                                                      device=layer.weight.device)
-            layer.statistics = learner.statistics
+                              reset_moved_nodes=reset_moved_nodes,
+                              prior_mode="current_child" if tree_prior == "sticky" else "uniform")
     params = list(model.parameters()) + list(layer.parameters())
     optimizer = torch.optim.SGD(params, lr=lr)
     step = 0
@@ -628,6 +580,8 @@ def run_table(config: TableConfig, table: str, device: str = "cpu", out: Path | 
               "epochs": config.epochs, "reduce": config.reduce, "ngrams": config.ngrams}
     records: list[dict[str, Any]] = []
     tree_dir = None if out is None else out.parent / "trees"
+    # trees are named after the result file (table1-cooking.json -> trees/cooking-d50-learned5.json)
+    tree_prefix = None if out is None else out.stem.split("-", 1)[-1]
     category = None
     if data.taxonomy is not None:
         cat = data.category_of()
@@ -637,7 +591,7 @@ def run_table(config: TableConfig, table: str, device: str = "cpu", out: Path | 
         for output in config.outputs:
             key = f"d{dim}/{output}"
             if key not in done:
-                done[key] = _run_ours(config, encoded, output, dim, device, tree_dir, category, log)
+                done[key] = _run_ours(config, encoded, output, dim, device, tree_dir, category, log, tree_prefix)
                 save_partial()
             records.append(_record(table, dim, done[key], common))
         for peer in config.peers:
@@ -666,7 +620,7 @@ def _select(scores: dict[float, float | None]) -> float:
 
 
 def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device: str, tree_dir: Path | None,
-              category: list[str] | None, log: Callable[[str], None]) -> dict[str, Any]:
+              category: list[str] | None, log: Callable[[str], None], tree_prefix: str | None = None) -> dict[str, Any]:
     kwargs = dict(epochs=config.epochs, batch_size=config.batch_size, reduce=config.reduce, ngrams=config.ngrams,
                   seed=config.seed, device=device, reassigns=config.reassigns, tree_prior=config.tree_prior,
                   tree_decay=config.tree_decay, reset_moved_nodes=config.reset_moved_nodes)
@@ -713,7 +667,7 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
     if tree_dir is not None and config.save_trees and trained.learner is not None:
         tree_dir.mkdir(parents=True, exist_ok=True)
         names = [str(n) for n in source.label_names]
-        stem = f"{_data_slug(config.data)}-d{dim}-{output}"
+        stem = f"{tree_prefix or _data_slug(config.data)}-d{dim}-{output}"
         final = Tree(trained.layer.tree.child_node, trained.layer.tree.child_label, trained.layer.tree.num_labels,
                      label_names=names)
         start = Tree(trained.start_tree.child_node, trained.start_tree.child_label, trained.start_tree.num_labels,
@@ -920,7 +874,10 @@ def icml_table3(scale: str = "quick", device: str = "cpu", out: Path | str | Non
         raise ValueError(f"reuse must be 'auto' or 'no', got {reuse!r}")
     config = _parse_options(scale, options)
     suffix = "" if scale == "full" else "-quick"
-    source = Path("results/classification") / f"table1-{_data_slug(config.data)}{suffix}.json"
+    if out is not None and Path(out).name.startswith("table3"):
+        source = Path(out).with_name(Path(out).name.replace("table3", "table1", 1))
+    else:
+        source = Path("results/classification") / f"table1-{_data_slug(config.data)}{suffix}.json"
     if reuse == "auto" and source.exists():
         from hsm.results import load_results
 
