@@ -789,3 +789,106 @@ def run_lm_gutenberg_75(scale: str = "quick", device: str = "cpu", out: Path | N
     records = _records(table, sc, "arxiv2016.table1.gutenberg" if full else None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-gutenberg-75"]).stem)
     return _write("lm-gutenberg-75", out, f"{RESULTS_DIR}/gutenberg-75.json", records, sc, scale, device,
                   time.perf_counter() - start, trees, options)
+
+
+# ============================================================================ reading results (notebooks)
+def runs_of(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{run: {measure: record}}`` from a result file's records."""
+    out: dict[str, dict[str, Any]] = {}
+    for record in payload["records"]:
+        if "run" in record:
+            out.setdefault(record["run"], {})[record["measure"]] = record
+    return out
+
+
+def table_markdown(payload: dict[str, Any], paper_prefix: str | None = None, timing: str = "icml") -> str:
+    """Our rows (test perplexity, train and test ms/batch) with the paper's numbers beside them,
+    labelled as the paper's; ``paper_prefix`` e.g. ``icml2017.table2`` or ``arxiv2016.table1.ptb``."""
+    from hsm import paper
+
+    rows = runs_of(payload)
+    head = "| Model | perplexity (ours) | train ms/batch (ours) | test ms/batch (ours) |"
+    sep = "|---|---|---|---|"
+    if paper_prefix:
+        head += " perplexity (paper) | " + ("train / test ms/batch (paper)" if timing == "icml" else "ms/batch (paper)") + " |"
+        sep += "---|---|"
+    lines = [head, sep]
+    for run, measures in rows.items():
+        ppl = measures["test_perplexity"]
+        line = (f"| {ppl['model']} | {ppl['value']:.1f} | {measures['train_ms_per_batch']['value']:.2f} | "
+                f"{measures['test_ms_per_batch']['value']:.2f} |")
+        slug = _SLUGS.get(run)
+        if paper_prefix:
+            if slug and f"{paper_prefix}.{slug}.perplexity" in paper.NUMBERS:
+                p_ppl = paper.get(f"{paper_prefix}.{slug}.perplexity").value
+                if timing == "icml":
+                    p_ms = (f"{paper.get(f'{paper_prefix}.{slug}.train_ms_per_batch').value:g} / "
+                            f"{paper.get(f'{paper_prefix}.{slug}.test_ms_per_batch').value:g}")
+                else:
+                    p_ms = f"{paper.get(f'{paper_prefix}.{slug}.ms_per_batch').value:g}"
+                line += f" {p_ppl:g} | {p_ms} |"
+            else:
+                line += " - | - |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def plot_per_epoch(payload: dict[str, Any], ax: Any, split: str = "test_perplexity", title: str = "") -> Any:
+    """Perplexity after each epoch, one line per run (arXiv Fig. 3, ICML Fig. 2)."""
+    for run, measures in runs_of(payload).items():
+        rec = measures["test_perplexity"]
+        epochs = [e["epoch"] for e in rec["per_epoch"]]
+        values = [e[split] for e in rec["per_epoch"]]
+        ax.plot(epochs, values, marker="o", label=rec["model"])
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(split.replace("_", " "))
+    ax.set_xticks(sorted({e["epoch"] for m in runs_of(payload).values() for e in m["test_perplexity"]["per_epoch"]}))
+    ax.legend(fontsize=8)
+    ax.set_title(title)
+    return ax
+
+
+def plot_learning_evidence(payload: dict[str, Any], axes: Sequence[Any], run: str = "learned") -> None:
+    """Left: mass-weighted mean J_n per depth before each re-assignment; right: fraction of
+    words whose path changed at each re-assignment."""
+    rec = runs_of(payload)[run]["mean_moved_labels"]
+    history = rec["reassignments"]
+    epochs = [h["epoch"] for h in history]
+    depths = sorted({int(d) for h in history for d in h["objective_by_depth"]})
+    for depth in depths:
+        axes[0].plot(epochs, [h["objective_by_depth"].get(str(depth), math.nan) for h in history],
+                     marker=".", label=f"depth {depth} (root = 0)")
+    axes[0].set_xlabel("epoch")
+    axes[0].set_ylabel("mean $J_n$ (eq. 6, continuous)")
+    axes[0].legend(fontsize=8)
+    axes[1].plot(epochs, [h["moved_labels"] for h in history], marker=".")
+    axes[1].set_xlabel("epoch")
+    axes[1].set_ylabel("fraction of words moved")
+    axes[1].set_yscale("log")
+
+
+def load_tree_file(path: str | Path) -> tuple[Tree, np.ndarray]:
+    """A learned tree saved beside a result file, and the training counts of its words."""
+    data = json.loads(Path(path).read_text())
+    return Tree.from_dict(data["tree"]), np.asarray(data["counts"])
+
+
+def leaf_table(tree: Tree, counts: np.ndarray, nodes: int = 4, words: int = 10, min_words: int = 8) -> dict[str, list[str]]:
+    """Words at deepest internal nodes, like ICML supplement Table 4: the ``nodes`` bottom nodes
+    with the most training mass among those holding at least ``min_words`` words, each with its
+    ``words`` most frequent words. (A fixed rule, not a hand-picked set of coherent nodes.)"""
+    counts = np.asarray(counts, dtype=np.float64)
+    bottom = [n for n in range(tree.num_nodes) if tree.node_depth[n] == tree.max_depth - 1]
+    candidates = [(float(counts[tree.labels_under(n)].sum()), n) for n in bottom
+                  if tree.labels_under(n).size >= min_words]
+    chosen = [n for _, n in sorted(candidates, reverse=True)[:nodes]]
+    return {f"node {n}": tree.top_labels(n, counts, words) for n in chosen}
+
+
+def leaf_table_markdown(table: dict[str, list[str]]) -> str:
+    names = list(table)
+    rows = max(len(v) for v in table.values())
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    for i in range(rows):
+        lines.append("| " + " | ".join((table[n][i] if i < len(table[n]) else "") for n in names) + " |")
+    return "\n".join(lines) + "\n"
