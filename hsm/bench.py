@@ -21,6 +21,9 @@ what a straightforward PyTorch tree does).
 
 Every time is the median of repeated runs (``--repeats``, fewer when one run is slow:
 ``--budget``), cycling through 16 different batches so the node blocks are not all cached.
+Each measurement runs in a fresh process with ``THP_MEM_ALLOC_ENABLE=1`` (torch backs CPU
+tensors of 2 MB or more with transparent huge pages; ``--no-thp`` turns it off): every method
+allocates multi-MB temporaries per batch, and without it each costs thousands of page faults.
 Memory is the peak resident set of a fresh process per (V, method) minus its size after
 ``import torch`` (CPU), or ``torch.cuda.max_memory_allocated`` (GPU). The *floor* of each
 measurement is ``max(bytes / bandwidth, flops / peak)`` with this machine's copy bandwidth and
@@ -302,8 +305,13 @@ def _peak_rss_mb() -> float:
 
 def _run_isolated(config: dict[str, Any]) -> dict[str, Any]:
     """``run_one`` in a fresh interpreter, so its peak memory is its own."""
+    env = dict(os.environ)
+    if config.get("thp"):
+        # torch's CPU allocator then backs tensors >= 2 MB with transparent huge pages: a fresh
+        # multi-MB temporary costs a few page faults instead of thousands (read once at start-up)
+        env["THP_MEM_ALLOC_ENABLE"] = "1"
     proc = subprocess.run([sys.executable, "-m", "hsm.bench", "--one", json.dumps(config)],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark {config['method']} V={config['vocab']} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -312,6 +320,7 @@ def _run_isolated(config: dict[str, Any]) -> dict[str, Any]:
 # ---------------------------------------------------------------------------- the table
 def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch: int, repeats: int,
                   budget_s: float, device: str = "cpu", isolate: bool = True, predict_scale: float = 10.0,
+                  thp: bool = True,
                   metrics: Sequence[str] = METRICS, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """All (V, method) rows plus the machine limits, floors and ratios against ``flat``."""
     limits = machine_limits(device)
@@ -320,7 +329,7 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
         for method in methods:
             config = {"method": method, "vocab": int(vocab), "dim": dim, "batch": batch, "repeats": repeats,
                       "budget_s": budget_s, "device": device, "threads": torch.get_num_threads(),
-                      "predict_scale": predict_scale, "metrics": list(metrics)}
+                      "predict_scale": predict_scale, "metrics": list(metrics), "thp": thp}
             row = _run_isolated(config) if isolate else run_one(config)
             costs = cost_model(method, vocab, dim, batch, row.get("arity"), row.get("unique_nodes", 0.0),
                                row.get("pairs", 0.0), row.get("parameters", 0))
@@ -503,6 +512,48 @@ def format_algorithm1(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------- where the time goes
+def profile_train_step(vocab: int = 250_000, depth: int = 3, dim: int = 200, batch: int = 128, steps: int = 20,
+                       top: int = 12, seed: int = 0) -> list[dict[str, Any]]:
+    """torch.profiler over ``steps`` training steps (forward, backward, RowSparseAdagrad) of the
+    tree softmax; the ``top`` operators by self CPU time, in ms per step and share of the total."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from .layers import HierarchicalSoftmax, RowSparseAdagrad
+    from .tree import Tree
+
+    torch.manual_seed(seed)
+    tree = Tree.random(vocab, tree_arity(vocab, depth), depth, seed=seed)
+    layer = HierarchicalSoftmax(dim, tree, sparse=True)
+    optimizer = RowSparseAdagrad(layer.parameters(), lr=0.01)
+    targets = zipf_targets(vocab, batch, _POOL, seed=seed)
+    h = torch.randn(batch, dim, requires_grad=True)
+
+    def step(i: int) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.profiler.record_function("hsm.forward"):
+            loss = layer(h, targets[i % _POOL]).loss
+        with torch.profiler.record_function("hsm.backward"):
+            loss.backward()
+        with torch.profiler.record_function("hsm.optimizer"):
+            optimizer.step()
+
+    for i in range(3):
+        step(i)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(steps):
+            step(i)
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    rows = []
+    for event in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]:
+        rows.append({"op": event.key, "self_ms_per_step": event.self_cpu_time_total / 1e3 / steps,
+                     "share": event.self_cpu_time_total / total, "calls_per_step": event.count / steps})
+    phases = {e.key: e.cpu_time_total / 1e3 / steps for e in events if e.key.startswith("hsm.")}
+    rows.append({"op": "total", "self_ms_per_step": total / 1e3 / steps, "share": 1.0, "phases_ms": phases})
+    return rows
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hsm bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--vocab", type=int, nargs="+", default=[10_000, 100_000, 250_000, 1_000_000])
@@ -517,10 +568,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--predict-scale", type=float, default=10.0,
                         help="multiply the tree's weights by this before timing predict (a confident model)")
     parser.add_argument("--no-isolate", action="store_true", help="run every measurement in this process")
+    parser.add_argument("--no-thp", action="store_true",
+                        help="do not set THP_MEM_ALLOC_ENABLE=1 (huge pages for CPU tensors) in the measuring processes")
     parser.add_argument("--quick", action="store_true", help="tiny sizes, in-process (CI)")
     parser.add_argument("--json", default=None, help="write the result file here (hsm.results format)")
     parser.add_argument("--algorithm1", action="store_true",
                         help="measure Algorithm 1's extra work (statistics, re-assignment) instead of the table")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the tree's training step (torch.profiler) at the first --vocab instead")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -539,6 +594,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.vocab = [v for v in args.vocab if v <= 2_000] or [500, 2_000]
         args.dim, args.batch, args.repeats, args.budget, args.no_isolate = 16, 8, 3, 1.0, True
     start = time.perf_counter()
+    if args.profile:
+        sizes = dict(vocab=2_000, dim=16, batch=16, steps=3) if args.quick else dict(
+            vocab=args.vocab[0], dim=args.dim, batch=args.batch)
+        rows = profile_train_step(**sizes)
+        for row in rows:
+            print(f"{row['op']:<40} {row['self_ms_per_step']:9.3f} ms {row['share']:6.1%}")
+        if args.json:
+            from .results import make_record, provenance, write_results
+
+            records = [make_record(None, row["self_ms_per_step"], kind="profile", **sizes, **row) for row in rows]
+            config = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
+            path = write_results(args.json, records, provenance(config, time.perf_counter() - start))
+            print(f"wrote {path}")
+        return 0
     if args.algorithm1:
         sizes = dict(vocab=3_000, arity=15, depth=3, dim=16, batch=32, steps=5, repeats=1, well_formed_vocab=2_000,
                      well_formed_arity=5) if args.quick else dict(dim=args.dim, batch=args.batch)
@@ -554,6 +623,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     result = run_benchmark(args.vocab, args.methods, args.dim, args.batch, args.repeats, args.budget,
                            device=args.device, isolate=not args.no_isolate, predict_scale=args.predict_scale,
+                           thp=not args.no_thp,
                            metrics=args.metrics, progress=lambda line: print(line, flush=True))
     print(format_table(result))
     if args.json:
