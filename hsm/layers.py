@@ -17,6 +17,7 @@ instead of the flat softmax's ``K * d``.
 from __future__ import annotations
 
 import math
+import threading
 from typing import NamedTuple
 
 import numpy as np
@@ -133,10 +134,11 @@ def _plan_groups(example: np.ndarray, node: np.ndarray, device: torch.device) ->
     bucket_of_group = np.where(sizes == 1, 0, np.ceil(np.log(np.maximum(sizes, 2)) / math.log(_BUCKET_BASE) - 1e-9)).astype(np.int64)
     bucket_of_group[(sizes > 1) & (bucket_of_group == 0)] = 1
     as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    bucket_of_pair = bucket_of_group[group_of_pair]
     buckets = []
     for bucket in np.unique(bucket_of_group):
         groups = np.flatnonzero(bucket_of_group == bucket)
-        in_bucket = np.isin(group_of_pair, groups) if len(groups) < len(sizes) else np.ones(count, dtype=bool)
+        in_bucket = bucket_of_pair == bucket
         pairs = order[in_bucket]
         if bucket == 0:
             buckets.append(_Bucket(as_t(sorted_nodes[starts[groups]]), 1, as_t(pairs), as_t(example[pairs]), None))
@@ -150,13 +152,26 @@ def _plan_groups(example: np.ndarray, node: np.ndarray, device: torch.device) ->
 
 
 def _grouped_logits(input: Tensor, weight: Tensor, buckets: list[_Bucket], num_pairs: int, arity: int,
-                    saved: list | None = None) -> Tensor:
+                    saved: list | None = None, workspace: list | None = None) -> Tensor:
     """``W_node h_example`` for every planned pair: [P, M] (no bias). ``saved`` collects each
-    bucket's (weight blocks, padded inputs) for the backward pass."""
+    bucket's (weight blocks, padded inputs) for the backward pass. ``workspace`` (inference only:
+    nothing may hold on to the blocks) is a list of buffers reused from call to call for the
+    gathered blocks: a fresh multi-MB tensor per call costs thousands of page faults."""
     dim = input.shape[1]
     logits = input.new_empty(num_pairs, arity)
-    for bucket in buckets:
-        blocks = weight.index_select(0, bucket.nodes).view(-1, arity, dim)  # [U, M, d], read once per node
+    if workspace is not None and torch.is_grad_enabled() and (weight.requires_grad or input.requires_grad):
+        workspace = None  # the blocks would be part of an autograd graph: no shared buffers
+    for position, bucket in enumerate(buckets):
+        if workspace is not None:
+            rows = bucket.nodes.numel()
+            while len(workspace) <= position:
+                workspace.append(weight.new_empty(0, weight.shape[1]))
+            buffer = workspace[position]
+            if buffer.shape[0] < rows or buffer.dtype != weight.dtype or buffer.device != weight.device:
+                buffer = workspace[position] = weight.new_empty(max(rows, 2 * buffer.shape[0]), weight.shape[1])
+            blocks = torch.index_select(weight, 0, bucket.nodes, out=buffer[:rows]).view(-1, arity, dim)
+        else:
+            blocks = weight.index_select(0, bucket.nodes).view(-1, arity, dim)  # [U, M, d], read once per node
         if bucket.cap == 1:
             stacked = input.index_select(0, bucket.examples)  # [U, d]
             # [U,1,d] @ [U,d,M]: the batched vector-matrix form (the [U,M,d] @ [U,d,1] matrix-vector
@@ -368,6 +383,15 @@ class HierarchicalSoftmax(nn.Module):
         logits = logits.masked_fill(~self.slot_mask[flat], -math.inf)
         return logits.view(*shape, self.arity)
 
+    def _workspace(self) -> list:
+        """Per-thread buffers for the inference paths (so concurrent callers never share one)."""
+        local = self.__dict__.get("_thread_local")
+        if local is None:
+            local = self.__dict__["_thread_local"] = threading.local()
+        if not hasattr(local, "buffers"):
+            local.buffers = []
+        return local.buffers
+
     def _plan(self, target: Tensor) -> _PathPlan:
         """The (example, node, child) pairs of the targets' paths, grouped by node."""
         nodes, children, mask = self._host_paths
@@ -396,6 +420,19 @@ class HierarchicalSoftmax(nn.Module):
         _check_target(target, input.shape[0], self.num_labels)
         batch = input.shape[0]
         plan = self._plan(target)
+        if not (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)) and (
+                self.statistics is None or not self.training):
+            # inference: log p(y) = logit[y] - logsumexp(logits) per node, nothing kept for backward
+            logits = _grouped_logits(input, self.weight, plan.buckets, plan.node.numel(), self.arity,
+                                     workspace=self._workspace())
+            if self.bias is not None:
+                logits += self.bias.index_select(0, plan.node)
+            if self.slot_penalty is not None:
+                logits += self.slot_penalty.index_select(0, plan.node)
+            picked = logits.gather(1, plan.child.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
+            output = picked.view(batch, -1).sum(1) if plan.full else input.new_zeros(batch).index_add_(
+                0, plan.example, picked)
+            return HSMOutput(output, -output.mean())
         output, pair_log_probs = _TreePathLogProb.apply(input, self.weight, self.bias, self.slot_penalty, plan,
                                                         batch, self.sparse, self.arity)
         if self.statistics is not None and self.training:
@@ -432,7 +469,8 @@ class HierarchicalSoftmax(nn.Module):
         for start in range(0, max(len(node), 1), chunk):
             ex, nd = example[start:start + chunk], node[start:start + chunk]
             node_t = torch.from_numpy(np.ascontiguousarray(nd)).to(device)
-            logits = _grouped_logits(input, self.weight, _plan_groups(ex, nd, device), len(nd), self.arity)
+            logits = _grouped_logits(input, self.weight, _plan_groups(ex, nd, device), len(nd), self.arity,
+                                     workspace=self._workspace())
             if self.bias is not None:
                 logits += self.bias.index_select(0, node_t)
             if self.slot_penalty is not None:
@@ -471,6 +509,7 @@ class HierarchicalSoftmax(nn.Module):
         _check_input(input, self.in_features)
         return self._predict_top1(input)[0]
 
+    @torch.no_grad()
     def _predict_top1(self, input: Tensor) -> tuple[Tensor, Tensor]:
         """(labels, nodes visited per row) of the exact top-1 search described in :meth:`predict`."""
         batch, device = input.shape[0], input.device

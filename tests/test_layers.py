@@ -312,3 +312,17 @@ def test_row_sparse_adagrad_sums_duplicate_rows_and_checks_settings():
     torch.testing.assert_close(params[0], params[1])
     with pytest.raises(ValueError, match="invalid Adagrad"):
         RowSparseAdagrad(params, lr=-1)
+
+
+@pytest.mark.parametrize("tree", _trees()[:4], ids=repr)
+def test_inference_path_reuses_buffers_correctly(tree):
+    """Under no_grad the forward takes the inference path (shared gather buffers): batches of
+    growing and shrinking size must still equal the reference."""
+    layer = _layer(tree, seed=6)
+    for batch, seed in ((5, 0), (200, 1), (3, 2), (64, 3)):
+        h = torch.randn(batch, 6, dtype=torch.double)
+        y = _duplicate_heavy_targets(tree, batch, seed)
+        with torch.no_grad():
+            got = layer(h, y)
+        torch.testing.assert_close(got.output, layer.forward_reference(h, y).output.detach())
+        assert not got.output.requires_grad
