@@ -28,6 +28,7 @@ result file.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -247,6 +248,7 @@ def _run_methods(cfg: dict[str, Any], methods: dict[str, dict[str, Any]], figure
         exact = train_softmax_regression(problem, "exact", cfg["iterations"], rates["exact"], eval_every=cfg["eval_every"],
                                          data_seed=seed, sample_seed=1000 + seed, **common)
         for label, spec in methods.items():
+            print(f"[{figure}] seed {seed}: {label} (lr {rates[label]:g})", file=sys.stderr, flush=True)
             run = exact if label == "exact" else train_softmax_regression(
                 problem, spec["method"], cfg["iterations"], rates[label], eval_every=cfg["eval_every"],
                 data_seed=seed, sample_seed=1000 + seed, alpha=spec.get("alpha", 1.0), reference=exact["weights"], **common)
@@ -296,6 +298,7 @@ def run_fig1(scale: str = "quick", device: str = "cpu", out: Path | str | None =
     """Fig. 1: ranking with several alpha, including 1, log(499) = 6.2126 (the paper's printed
     value) and log(C - 1) = 6.9068 for C = 1000; the exact gradient beside them."""
     start = time.perf_counter()
+    torch.set_num_threads(1)  # small matrices: one thread, no oversubscription on a shared machine
     cfg = _settings(scale, options)
     log_c = S.ranking_offset(cfg["num_classes"])
     alphas = [0.0, 1.0, 3.0, math.log(499), log_c, 9.0, 12.0] if scale != "quick" else [1.0, log_c, 12.0]
