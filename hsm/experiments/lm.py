@@ -76,8 +76,10 @@ __all__ = [
 
 OUTPUT_KINDS = ("flat", "random", "clustering", "learned")
 RESULTS_DIR = "results/lm"
+#: result file of each experiment
 DEFAULT_OUT = {"lm-ptb": f"{RESULTS_DIR}/ptb.json", "lm-ptb-schedules": f"{RESULTS_DIR}/ptb-schedules.json",
-               "lm-gutenberg-65": f"{RESULTS_DIR}/gutenberg-65.json", "lm-gutenberg-75": f"{RESULTS_DIR}/gutenberg-75.json"}
+               "lm-gutenberg-65": f"{RESULTS_DIR}/gutenberg-65.json",
+               "lm-gutenberg-75": f"{RESULTS_DIR}/gutenberg-75.json"}
 
 
 # ============================================================================ data
@@ -738,57 +740,60 @@ SCALES["lm-ptb-schedules"] = {
 RUN_FOLDER = {"lm-ptb-schedules": "lm-ptb"}
 
 
-@experiment("lm-ptb", "arXiv Table 1 (PTB): flat, random, learned tree; 25-ary depth 3, T=3", f"{RESULTS_DIR}/ptb.json")
-def run_lm_ptb(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+def _run_experiment(name: str, scale: str, device: str, out: Path | None, options: dict[str, Any],
+                    outputs: Sequence[str], claim_prefix: str, claim_kind: str,
+                    schedules: Callable[[LMScale], list[tuple[str, int]]] | None = None) -> Path:
+    """Run one registered experiment: train its output layers, write its records (claims only
+    when the data are the paper's: full vocabulary, all tokens), save its learned trees."""
     start = time.perf_counter()
-    sc = _scale_for("lm-ptb", scale, options)
-    table = run_table("lm-ptb", sc, ("flat", "random", "learned"), device)
-    full = scale == "full" and sc.vocab_size is None and sc.train_tokens is None
+    sc = _scale_for(name, scale, options)
+    table = run_table(name, sc, outputs, device, schedules=schedules(sc) if schedules else None)
+    if sc.dataset == "ptb":
+        paper_data = sc.vocab_size is None and sc.train_tokens is None
+    else:
+        paper_data = sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
     trees: dict[str, Any] = {}
-    records = _records(table, sc, "arxiv2016.table1.ptb" if full else None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-ptb"]).stem)
-    return _write("lm-ptb", out, f"{RESULTS_DIR}/ptb.json", records, sc, scale, device, time.perf_counter() - start, trees, options)
+    records = _records(table, sc, claim_prefix if scale == "full" and paper_data else None, claim_kind, scale,
+                       trees, _out_path(out, DEFAULT_OUT[name]).stem)
+    return _write(name, out, DEFAULT_OUT[name], records, sc, scale, device, time.perf_counter() - start, trees,
+                  options)
 
 
-@experiment("lm-ptb-schedules", "arXiv Fig. 3 (PTB): perplexity per epoch, learn 1+fine-tune 3, learn 3+1, random, flat",
-            f"{RESULTS_DIR}/ptb-schedules.json")
-def run_lm_ptb_schedules(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
-    start = time.perf_counter()
-    sc = _scale_for("lm-ptb-schedules", scale, options)
-    first = 1
+def _ptb_schedules(sc: LMScale) -> list[tuple[str, int]]:
+    """arXiv Fig. 3: learn the tree for 1 epoch then fine-tune, and learn for all but the last."""
     last = max(sc.epochs - 1, 1)
-    table = run_table("lm-ptb-schedules", sc, ("flat", "random"), device,
-                      schedules=[(f"learned_{first}_{sc.epochs - first}", first),
-                                 (f"learned_{last}_{sc.epochs - last}", last)])
-    trees: dict[str, Any] = {}
-    records = _records(table, sc, None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-ptb-schedules"]).stem)
-    return _write("lm-ptb-schedules", out, f"{RESULTS_DIR}/ptb-schedules.json", records, sc, scale, device,
-                  time.perf_counter() - start, trees, options)
+    return [(f"learned_1_{sc.epochs - 1}", 1), (f"learned_{last}_{sc.epochs - last}", last)]
 
 
-@experiment("lm-gutenberg-65", "ICML Table 2 + Fig. 2 (Gutenberg): clustering, random, flat, learned; 65-ary depth 3, T=4",
-            f"{RESULTS_DIR}/gutenberg-65.json")
+@experiment("lm-ptb", "arXiv Table 1 (PTB): flat, random, learned tree; 25-ary depth 3, T=3", DEFAULT_OUT["lm-ptb"])
+def run_lm_ptb(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+    """arXiv Table 1, PTB columns."""
+    return _run_experiment("lm-ptb", scale, device, out, options, ("flat", "random", "learned"),
+                           "arxiv2016.table1.ptb", "arxiv")
+
+
+@experiment("lm-ptb-schedules", "arXiv Fig. 3 (PTB): perplexity per epoch, learn 1+fine-tune 3, learn 3+1, "
+            "random, flat", DEFAULT_OUT["lm-ptb-schedules"])
+def run_lm_ptb_schedules(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+    """arXiv Fig. 3 (PTB): the two tree-learning schedules against the random tree and flat."""
+    return _run_experiment("lm-ptb-schedules", scale, device, out, options, ("flat", "random"), "", "arxiv",
+                           schedules=_ptb_schedules)
+
+
+@experiment("lm-gutenberg-65", "ICML Table 2 + Fig. 2 (Gutenberg): clustering, random, flat, learned; 65-ary "
+            "depth 3, T=4", DEFAULT_OUT["lm-gutenberg-65"])
 def run_lm_gutenberg_65(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
-    start = time.perf_counter()
-    sc = _scale_for("lm-gutenberg-65", scale, options)
-    table = run_table("lm-gutenberg-65", sc, ("clustering", "random", "flat", "learned"), device)
-    full = scale == "full" and sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
-    trees: dict[str, Any] = {}
-    records = _records(table, sc, "icml2017.table2" if full else None, "icml", scale, trees, _out_path(out, DEFAULT_OUT["lm-gutenberg-65"]).stem)
-    return _write("lm-gutenberg-65", out, f"{RESULTS_DIR}/gutenberg-65.json", records, sc, scale, device,
-                  time.perf_counter() - start, trees, options)
+    """ICML Table 2 and Fig. 2."""
+    return _run_experiment("lm-gutenberg-65", scale, device, out, options,
+                           ("clustering", "random", "flat", "learned"), "icml2017.table2", "icml")
 
 
 @experiment("lm-gutenberg-75", "arXiv Table 1 (Gutenberg columns): flat, random, learned; 75-ary depth 3, T=4",
-            f"{RESULTS_DIR}/gutenberg-75.json")
+            DEFAULT_OUT["lm-gutenberg-75"])
 def run_lm_gutenberg_75(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
-    start = time.perf_counter()
-    sc = _scale_for("lm-gutenberg-75", scale, options)
-    table = run_table("lm-gutenberg-75", sc, ("flat", "random", "learned"), device)
-    full = scale == "full" and sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
-    trees: dict[str, Any] = {}
-    records = _records(table, sc, "arxiv2016.table1.gutenberg" if full else None, "arxiv", scale, trees, _out_path(out, DEFAULT_OUT["lm-gutenberg-75"]).stem)
-    return _write("lm-gutenberg-75", out, f"{RESULTS_DIR}/gutenberg-75.json", records, sc, scale, device,
-                  time.perf_counter() - start, trees, options)
+    """arXiv Table 1, Gutenberg columns."""
+    return _run_experiment("lm-gutenberg-75", scale, device, out, options, ("flat", "random", "learned"),
+                           "arxiv2016.table1.gutenberg", "arxiv")
 
 
 # ============================================================================ reading results (notebooks)
@@ -810,7 +815,8 @@ def table_markdown(payload: dict[str, Any], paper_prefix: str | None = None, tim
     head = "| Model | perplexity (ours) | train ms/batch (ours) | test ms/batch (ours) |"
     sep = "|---|---|---|---|"
     if paper_prefix:
-        head += " perplexity (paper) | " + ("train / test ms/batch (paper)" if timing == "icml" else "ms/batch (paper)") + " |"
+        paper_ms = "train / test ms/batch (paper)" if timing == "icml" else "ms/batch (paper)"
+        head += f" perplexity (paper) | {paper_ms} |"
         sep += "---|---|"
     lines = [head, sep]
     for run, measures in rows.items():
@@ -873,7 +879,8 @@ def load_tree_file(path: str | Path) -> tuple[Tree, np.ndarray]:
     return Tree.from_dict(data["tree"]), np.asarray(data["counts"])
 
 
-def leaf_table(tree: Tree, counts: np.ndarray, nodes: int = 4, words: int = 10, min_words: int = 8) -> dict[str, list[str]]:
+def leaf_table(tree: Tree, counts: np.ndarray, nodes: int = 4, words: int = 10,
+               min_words: int = 8) -> dict[str, list[str]]:
     """Words at deepest internal nodes, like ICML supplement Table 4: the ``nodes`` bottom nodes
     with the most training mass among those holding at least ``min_words`` words, each with its
     ``words`` most frequent words. (A fixed rule, not a hand-picked set of coherent nodes.)"""
