@@ -706,8 +706,8 @@ SCALES: dict[str, dict[str, LMScale]] = {
     "lm-gutenberg-65": {
         "quick": LMScale("gutenberg", context=4, arity=13, epochs=2, reassign_per_epoch=50, lr_grid=(0.05,),
                          select_steps=0, random_seeds=1, learn_epochs=1, max_books=10, vocab_size=2000,
-                         train_tokens=150_000, eval_tokens=20_000,
-                         description="quick: 10 books (8 train), first 150k training tokens, vocabulary 2,000 "
+                         train_tokens=300_000, eval_tokens=20_000,
+                         description="quick: 10 books (8 train), first 300k training tokens, vocabulary 2,000 "
                                      "(13-ary depth-3 trees), 2 epochs (learned: 1 + 1 fine-tuned), one random tree"),
         "full": LMScale("gutenberg", context=4, arity=65, epochs=4, reassign_per_epoch=50,
                         lr_grid=(0.01, 0.02, 0.05, 0.1, 0.25, 0.5), select_steps=3000, random_seeds=5,
@@ -718,8 +718,8 @@ SCALES: dict[str, dict[str, LMScale]] = {
     "lm-gutenberg-75": {
         "quick": LMScale("gutenberg", context=4, arity=13, epochs=2, reassign_per_epoch=20, lr_grid=(0.05,),
                          select_steps=0, random_seeds=1, learn_epochs=1, max_books=10, vocab_size=2000,
-                         train_tokens=150_000, eval_tokens=20_000,
-                         description="quick: 10 books (8 train), first 150k training tokens, vocabulary 2,000 "
+                         train_tokens=300_000, eval_tokens=20_000,
+                         description="quick: 10 books (8 train), first 300k training tokens, vocabulary 2,000 "
                                      "(13-ary depth-3 trees), 2 epochs (learned: 1 + 1 fine-tuned), one random tree"),
         "full": LMScale("gutenberg", context=4, arity=75, epochs=4, reassign_per_epoch=20,
                         lr_grid=(0.025, 0.05, 0.1), select_steps=3000, random_seeds=5, learn_epochs=2,
