@@ -294,6 +294,16 @@ class HierarchicalSoftmax(nn.Module):
 
     Shape: ``input`` [B, d], ``target`` [B] -> ``output`` [B], ``loss`` [].
 
+    Speed (issue 8, ``python -m hsm bench``): :meth:`forward` groups the batch's (example, path
+    node) pairs by node, reads each node's ``[M, d]`` block once and writes one gradient row per
+    node (a custom autograd backward); under ``no_grad`` it computes ``logit - logsumexp`` only;
+    :meth:`predict` is a greedy descent followed by branch and bound. Use
+    :class:`RowSparseAdagrad` (or ``torch.optim.SGD``) with ``sparse=True``. On Linux CPUs, setting
+    the environment variable ``THP_MEM_ALLOC_ENABLE=1`` before starting Python (torch then backs
+    tensors of 2 MB or more with huge pages) removes most of the page-fault cost of the per-batch
+    temporaries: several-fold for large arities. :meth:`forward_reference` is the plain
+    implementation everything is tested against.
+
     Node parameters when the tree changes (:meth:`set_tree`): every node keeps its parameters
     (node ids are positions: Algorithm 3 never moves them, and Algorithm 2 reuses ids in place);
     nodes named in ``reset_nodes`` (new positions) are re-initialised, as the thesis does for a
