@@ -390,12 +390,19 @@ def _precision_recall(predictions: np.ndarray, test: EncodedSplit) -> dict[str, 
 # ---------------------------------------------------------------------------------------------- peers
 def _fasttext_lines(split: EncodedSplit, tokens: Sequence[np.ndarray], rng: np.random.Generator | None) -> list[str]:
     """fastText lines ``__label__<id> w<id> ...``; word ids as words so fastText reads exactly our
-    tokens (no re-tokenisation). All labels of an example are written (fastText samples one)."""
+    tokens (no re-tokenisation). All labels of an example are written (fastText samples one).
+
+    fastText reads its file in order, every epoch, and never shuffles; a file sorted by label (the
+    Gutenberg passages come book after book) makes its SGD learn one class at a time and forget the
+    others (on 18,000 Gutenberg passages we measured 1.8 % P@1 against 12.0 % shuffled). So the lines are shuffled once with
+    ``rng``, as fastText's own data scripts do with ``shuf``."""
     lines = []
     gold = split.gold_sets()
     for labels, words in zip(gold, tokens):
         text = " ".join(f"w{t}" for t in words.tolist())
         lines.append(" ".join(f"__label__{label}" for label in labels.tolist()) + " " + text)
+    if rng is not None:
+        lines = [lines[i] for i in rng.permutation(len(lines))]
     return lines
 
 
@@ -692,7 +699,7 @@ def _run_peer(config: TableConfig, encoded: dict, peer: str, dim: int, log: Call
             for name in ("valid", "test"):
                 (Path(tmp) / name).mkdir()
             train_split, eval_split, train_tokens, eval_tokens = results["valid"]
-            train_lines = _fasttext_lines(train_split, train_tokens, None)
+            train_lines = _fasttext_lines(train_split, train_tokens, np.random.default_rng(config.seed))
             eval_texts = [" ".join(f"w{t}" for t in words.tolist()) for words in eval_tokens]
             for lr in config.lr_grid:
                 got = run_fasttext(train_lines, eval_texts, eval_split, loss, dim, lr, config.epochs, config.ngrams,
@@ -701,7 +708,7 @@ def _run_peer(config: TableConfig, encoded: dict, peer: str, dim: int, log: Call
                 log(f"  d={dim} {peer} lr={lr}: valid P@1 {scores[lr]}")
             best = _select(scores)
             train_split, eval_split, train_tokens, eval_tokens = results["test"]
-            train_lines = _fasttext_lines(train_split, train_tokens, None)
+            train_lines = _fasttext_lines(train_split, train_tokens, np.random.default_rng(config.seed))
             eval_texts = [" ".join(f"w{t}" for t in words.tolist()) for words in eval_tokens]
             result = run_fasttext(train_lines, eval_texts, eval_split, loss, dim, best, config.epochs, config.ngrams,
                                   config.seed, Path(tmp) / "test")
