@@ -115,6 +115,36 @@ def machine_limits(device: str = "cpu", size_mb: int = 256) -> dict[str, float]:
     return {"bandwidth_gbs": bandwidth, "matmul_gflops": 2 * 1024**3 / best / 1e9}
 
 
+_FAULT_PROBE = """
+import resource, time, torch
+torch.set_num_threads(1)
+def fill():
+    x = torch.empty(22_000_000)
+    x.fill_(1.0)
+fill()
+r0, t0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+for _ in range(5):
+    fill()
+print((time.perf_counter() - t0) / 5 * 1e3, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r0) / 5)
+"""
+
+
+def page_fault_probe() -> dict[str, float]:
+    """Allocate and fill a fresh 88 MB tensor, in a process without and one with
+    ``THP_MEM_ALLOC_ENABLE=1``: ms and page faults per allocation (what a per-batch temporary
+    costs before it holds any data)."""
+    out = {}
+    for name, flag in (("default", None), ("thp", "1")):
+        env = dict(os.environ)
+        env.pop("THP_MEM_ALLOC_ENABLE", None)
+        if flag:
+            env["THP_MEM_ALLOC_ENABLE"] = flag
+        proc = subprocess.run([sys.executable, "-c", _FAULT_PROBE], capture_output=True, text=True, env=env, check=True)
+        ms, faults = (float(v) for v in proc.stdout.split())
+        out[f"fresh_88mb_{name}_ms"], out[f"fresh_88mb_{name}_faults"] = ms, faults
+    return out
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -338,6 +368,8 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
                   metrics: Sequence[str] = METRICS, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """All (V, method) rows plus the machine limits, floors and ratios against ``flat``."""
     limits = machine_limits(device)
+    if device == "cpu" and isolate:
+        limits.update(page_fault_probe())
     rows = []
     for vocab in vocabs:
         for method in methods:
@@ -422,8 +454,8 @@ def to_records(result: dict[str, Any]) -> list[dict[str, Any]]:
                                        bytes=row["bytes"][metric], flops=row["flops"][metric],
                                        speedup_vs_flat=row["speedup_vs_flat"].get(metric),
                                        speedup_vs_adaptive=row["speedup_vs_adaptive"].get(metric)))
-    records.append(make_record(None, result["limits"]["bandwidth_gbs"], kind="bandwidth_gbs"))
-    records.append(make_record(None, result["limits"]["matmul_gflops"], kind="matmul_gflops"))
+    for key, value in result["limits"].items():
+        records.append(make_record(None, value, kind=key))
     return records
 
 
