@@ -60,3 +60,18 @@ def test_cost_model_tree_is_cheaper_than_flat():
 def test_run_one_rejects_unknown_method():
     with pytest.raises(ValueError, match="unknown method"):
         bench.run_one({"method": "nope", "vocab": 10, "dim": 4, "batch": 2})
+
+
+def test_algorithm1_overhead_and_profile_report_their_parts(tmp_path):
+    result = bench.algorithm1_overhead(vocab=600, arity=9, depth=3, dim=8, batch=16, steps=3, repeats=1,
+                                       well_formed_vocab=300, well_formed_arity=4)
+    assert result["step_fixed_ms"] > 0 and result["step_with_statistics_ms"] > 0
+    assert result["reassign_total_s"] > 0 and result["assign_s"] > 0 and result["well_formed_assign_s"] > 0
+    assert [s["reassign_per_epoch"] for s in result["schedules"]] == [20, 50]
+    for sched in result["schedules"]:
+        assert sched["total_overhead"] == pytest.approx(result["statistics_overhead"] + sched["reassign_overhead"])
+    assert "Algorithm 2" in bench.format_algorithm1(result)
+    rows = bench.profile_train_step(vocab=500, dim=8, batch=8, steps=2, top=5)
+    assert rows[-1]["op"] == "total" and len(rows) <= 6
+    assert sum(r["share"] for r in rows[:-1]) <= 1.0 + 1e-9
+    assert {"hsm.forward", "hsm.backward", "hsm.optimizer"} <= set(rows[-1]["phases_ms"])
