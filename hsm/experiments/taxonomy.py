@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,8 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int) -> dict[st
         loss = train_epoch(model, layer, _batches(train_x, train_y, cfg["batch_size"], gen), optimizer, learner=learner)
         valid_metrics = classification_metrics(valid_y, _predict(model, layer, valid_x))
         history.append({"epoch": epoch, "train_loss": loss, "valid_f1": valid_metrics["f1"]})
+        print(f"[{cfg['data']}] {kind} seed {seed} epoch {epoch}: loss {loss:.3f}, valid macro-F1 {valid_metrics['f1']:.1f} "
+              f"({time.perf_counter() - start:.0f} s)", file=sys.stderr, flush=True)
         if valid_metrics["f1"] > best["valid_f1"]:
             best = {"valid_f1": valid_metrics["f1"], "epoch": epoch,
                     "state": (copy.deepcopy(model.state_dict()), copy.deepcopy(layer.state_dict()),
