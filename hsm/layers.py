@@ -532,7 +532,10 @@ class HierarchicalSoftmax(nn.Module):
         is_node = (child_node >= 0) & slot_mask
 
         def update_best(example: np.ndarray, node: np.ndarray, cand: Tensor) -> None:
-            leaf = torch.from_numpy(is_label[node]).to(device)
+            leaf_np = is_label[node]
+            if not leaf_np.any():  # inner levels of a fixed-depth tree hold no labels
+                return
+            leaf = torch.from_numpy(leaf_np).to(device)
             values = cand.masked_fill(~leaf, -math.inf)
             row_best, slot = values.max(dim=1)
             ex_t = torch.from_numpy(example).to(device)
