@@ -522,10 +522,10 @@ def _select_lr(corpus: LMCorpus, base: LMRunConfig, tree: Tree | None, sc: LMSca
                       output="flat" if base.output == "flat" else "random")
         try:
             res = train_lm(corpus, cfg, tree=tree, device=device, checkpoint_dir=run_dir, log=log)
-            ppl = res.valid_perplexity
+            ppl, seconds = res.valid_perplexity, res.seconds
         except FloatingPointError:
-            ppl = math.inf
-        trials.append({"lr": lr, "valid_perplexity": ppl if math.isfinite(ppl) else None})
+            ppl, seconds = math.inf, 0.0
+        trials.append({"lr": lr, "valid_perplexity": ppl if math.isfinite(ppl) else None, "seconds": seconds})
     best = min(trials, key=lambda t: t["valid_perplexity"] if t["valid_perplexity"] is not None else math.inf)
     return best["lr"], trials
 
@@ -572,6 +572,7 @@ def run_table(
         selection["random_seed_valid"] = [c.valid_perplexity for c in candidates]
         selection["random_seed_test"] = [c.test_perplexity for c in candidates]
         selection["random_best_seed"] = best
+        selection["random_seed_seconds"] = [c.seconds for c in candidates]
     if "clustering" in outputs:
         emb = learn_embeddings(corpus, replace(base, lr=tree_lr), dim=50, epochs=sc.embed_epochs, device=device)
         tree = clustering_tree(emb, sc.arity, 3, seed=0, label_names=corpus.vocab)
@@ -659,7 +660,8 @@ def _out_path(out: Path | None, default: str) -> Path:
 
 
 def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scale: str, device: str,
-           seconds: float, tree_files: dict[str, Any] | None = None, options: dict[str, Any] | None = None) -> Path:
+           seconds: float, tree_files: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
+           training_seconds: float | None = None) -> Path:
     """Write the result file and, beside it, each learned tree with the word counts as
     ``<stem>-<run>-tree.json`` (not a result file: the notebooks draw the tree from it)."""
     path = _out_path(out, default)
@@ -678,6 +680,7 @@ def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scal
     prov["hsm_scale"] = scale if not overrides else (
         f"{scale}, reduced: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items())))
     prov["config"]["overrides"] = overrides
+    prov["config"]["training_seconds"] = training_seconds
     return write_results(path, records, prov)
 
 
@@ -752,11 +755,17 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
         paper_data = sc.vocab_size is None and sc.train_tokens is None
     else:
         paper_data = sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
+    selection = table["selection"]
+    # training time of every run this result rests on (runs finished earlier are loaded from the
+    # run folder, so this invocation's wall time can be much shorter)
+    training_seconds = (sum(run.seconds for kind, run in table["runs"].items() if kind != "random")
+                        + sum(selection.get("random_seed_seconds", []))
+                        + sum(t["seconds"] for key in ("tree_trials", "flat_trials") for t in selection.get(key, [])))
     trees: dict[str, Any] = {}
     records = _records(table, sc, claim_prefix if scale == "full" and paper_data else None, claim_kind, scale,
                        trees, _out_path(out, DEFAULT_OUT[name]).stem)
     return _write(name, out, DEFAULT_OUT[name], records, sc, scale, device, time.perf_counter() - start, trees,
-                  options)
+                  options, training_seconds)
 
 
 def _ptb_schedules(sc: LMScale) -> list[tuple[str, int]]:
