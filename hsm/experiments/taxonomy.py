@@ -231,26 +231,36 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
         keep = np.arange(cfg["test_limit"])
         dataset = replace(dataset, test_texts=dataset.test_texts.subset(keep),
                           test_labels=np.asarray(dataset.test_labels)[keep])
-    records = []
+    path = Path(out) if out is not None else Path(__file__).resolve().parents[2] / f"results/taxonomy/{data}.json"
+    run_records: list[dict[str, Any]] = []
     per_model: dict[tuple[str, str], list[float]] = {}
+    info = dict(device=device, loader=loader, test_examples=len(dataset.test_texts),
+                note="random-init embeddings (no GloVe); 10% stratified validation split from train; truncated documents")
     for seed in cfg["seeds"]:
         valid = dataset.validation_split(cfg["valid_fraction"], seed=seed)
         for kind in cfg["models"]:
             result = train_one(kind, dataset, valid, cfg, seed)
             extra = {k: v for k, v in result.items() if k != "test"}
-            records.append(make_record(None, result["test"]["f1"], kind_of_record="run", dataset=data, model=kind,
-                                       seed=seed, scale=scale, test=result["test"], **extra))
+            run_records.append(make_record(None, result["test"]["f1"], kind_of_record="run", dataset=data, model=kind,
+                                           seed=seed, scale=scale, test=result["test"], **extra))
             for measure, value in result["test"].items():
                 per_model.setdefault((kind, measure), []).append(value)
-    # one summary record per (model, measure): the mean over seeds, named after the paper's number
+            # write after every run, so a run cut short still leaves its finished part (marked incomplete)
+            done = len(run_records) == len(cfg["seeds"]) * len(cfg["models"])
+            records = run_records + _mean_records(per_model, table, key, data, scale, cfg["seeds"])
+            path = write_results(path, records, provenance(dict(cfg, **info, complete=done), time.perf_counter() - start))
+    return path
+
+
+def _mean_records(per_model: dict[tuple[str, str], list[float]], table: int, key: str, data: str, scale: str,
+                  seeds: list[int]) -> list[dict[str, Any]]:
+    """One record per (model, measure): the mean over the seeds run so far, named after the paper's number."""
+    records = []
     for (kind, measure), values in per_model.items():
         claim = f"sf2020.table{table}.{key}.{kind}.{measure}"
         records.append(make_record(claim if claim in paper.NUMBERS else None, float(np.mean(values)),
                                    kind_of_record="mean_over_seeds", dataset=data, model=kind, measure=measure,
                                    std=float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
-                                   values=values, seeds=cfg["seeds"], scale=scale,
+                                   values=values, seeds=seeds[: len(values)], scale=scale,
                                    paper_value=paper.NUMBERS[claim].value if claim in paper.NUMBERS else None))
-    cfg = dict(cfg, device=device, loader=loader, test_examples=len(dataset.test_texts),
-               note="random-init embeddings (no GloVe); 10% stratified validation split from train; truncated documents")
-    path = Path(out) if out is not None else Path(__file__).resolve().parents[2] / f"results/taxonomy/{data}.json"
-    return write_results(path, records, provenance(cfg, time.perf_counter() - start))
+    return records
