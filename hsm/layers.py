@@ -131,8 +131,8 @@ def _plan_groups(example: np.ndarray, node: np.ndarray, device: torch.device) ->
     group_of_pair = np.cumsum(first) - 1  # group of each sorted pair
     rank = np.arange(count) - starts[group_of_pair]
     # bucket 0: singletons; bucket k >= 1: groups of size in (base**(k-1), base**k]
-    bucket_of_group = np.where(sizes == 1, 0, np.ceil(np.log(np.maximum(sizes, 2)) / math.log(_BUCKET_BASE) - 1e-9)).astype(np.int64)
-    bucket_of_group[(sizes > 1) & (bucket_of_group == 0)] = 1
+    exponent = np.ceil(np.log(np.maximum(sizes, 2)) / math.log(_BUCKET_BASE) - 1e-9).astype(np.int64)
+    bucket_of_group = np.where(sizes == 1, 0, np.maximum(exponent, 1))
     as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
     bucket_of_pair = bucket_of_group[group_of_pair]
     buckets = []
@@ -576,7 +576,8 @@ class HierarchicalSoftmax(nn.Module):
             cached = greedy_node[depth][example] == node if depth < len(greedy_node) else np.zeros(example.size, bool)
             cand = input.new_empty(example.size, self.arity)
             if cached.any():
-                cand[torch.from_numpy(cached).to(device)] = greedy_cand[depth][torch.from_numpy(example[cached]).to(device)]
+                rows_from_greedy = torch.from_numpy(example[cached]).to(device)
+                cand[torch.from_numpy(cached).to(device)] = greedy_cand[depth][rows_from_greedy]
             if not cached.all():
                 fresh = ~cached
                 visited += np.bincount(example[fresh], minlength=batch)
