@@ -14,7 +14,7 @@ softmax's frequency-sorted cutoffs are meaningful):
 
 Methods: ``flat`` (:class:`hsm.FlatSoftmax`: ``nn.Linear`` + log-softmax, the O(V d) baseline),
 ``adaptive`` (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, cutoffs 2k/10k/50k/200k below V,
-``div_value=4``), ``tree-d2`` / ``tree-d3`` (:class:`hsm.HierarchicalSoftmax` on a random
+``div_value=4``, at most as many tail clusters as keep every tail projection >= 1 dimension), ``tree-d2`` / ``tree-d3`` (:class:`hsm.HierarchicalSoftmax` on a random
 fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``), and ``naive-d3`` (the same tree through
 :meth:`HierarchicalSoftmax.forward_reference` with a dense gradient: per-example weight copies,
 what a straightforward PyTorch tree does).
@@ -71,10 +71,14 @@ def tree_arity(num_labels: int, depth: int) -> int:
     return arity
 
 
-def adaptive_cutoffs(num_labels: int) -> list[int]:
+def adaptive_cutoffs(num_labels: int, dim: int = 200, div_value: float = 4.0) -> list[int]:
     """Cutoffs for AdaptiveLogSoftmaxWithLoss: 2k / 10k / 50k / 200k (a factor 5 per cluster, as in
-    Grave et al.'s setups), those below V; at least one cutoff."""
+    Grave et al.'s setups), those below V, and no more clusters than leave every tail a projection
+    of at least one dimension (torch gives tail i the size ``dim // div_value**(i + 1)``: with
+    d = 200 and ``div_value=4`` a fourth tail would get 0 dimensions, a degenerate model)."""
     cutoffs = [c for c in (2_000, 10_000, 50_000, 200_000) if c < num_labels]
+    while cutoffs and int(dim // div_value ** len(cutoffs)) < 1:
+        cutoffs.pop()
     return cutoffs or [max(1, num_labels // 4)]
 
 
@@ -232,7 +236,7 @@ def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: i
     if method == "flat":
         return FlatSoftmax(dim, num_labels).to(device), None
     if method == "adaptive":
-        layer = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, num_labels, adaptive_cutoffs(num_labels), div_value=4.0)
+        layer = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, num_labels, adaptive_cutoffs(num_labels, dim), div_value=4.0)
         return layer.to(device), None
     depth = int(method.rsplit("-d", 1)[1])
     arity = tree_arity(num_labels, depth)
@@ -280,7 +284,7 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
         row["unique_nodes"] = float(np.mean(unique))
         row["pairs"] = float(batch * tree.max_depth)
     elif method == "adaptive":
-        row["cutoffs"] = adaptive_cutoffs(num_labels)
+        row["cutoffs"] = adaptive_cutoffs(num_labels, dim)
     params = sum(p.numel() for p in layer.parameters())
     row["parameters"] = params
     ms: dict[str, float] = {}

@@ -35,8 +35,12 @@ def test_tree_arity_and_cutoffs():
     assert bench.tree_arity(1_000_000, 3) == 100
     with pytest.raises(ValueError):
         bench.tree_arity(1, 3)
-    assert bench.adaptive_cutoffs(250_000) == [2_000, 10_000, 50_000, 200_000]
+    assert bench.adaptive_cutoffs(250_000, 512) == [2_000, 10_000, 50_000, 200_000]
+    assert bench.adaptive_cutoffs(250_000, 200) == [2_000, 10_000, 50_000]  # a 4th tail would get 200 // 256 = 0 dims
     assert bench.adaptive_cutoffs(500) == [125]
+    for vocab, dim in ((250_000, 200), (1_000_000, 200), (250_000, 512), (10_000, 16)):
+        layer = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, vocab, bench.adaptive_cutoffs(vocab, dim), div_value=4.0)
+        assert all(tail[0].out_features >= 1 for tail in layer.tail)
 
 
 def test_zipf_targets_are_skewed_and_in_range():
