@@ -215,3 +215,14 @@ def test_lm_gutenberg_65_tiny(tmp_path) -> None:
     payload = _check_result_file(out, {"clustering", "random", "flat", "learned"})
     speed = [r for r in payload["records"] if r.get("measure") == "train_speedup"]
     assert speed and speed[0]["value"] > 0
+
+
+def test_fractional_learn_epochs_freezes_mid_epoch() -> None:
+    corpus = _toy_corpus()
+    tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
+    cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=1,
+                         learn_epochs=0.5, reassign_per_epoch=8)
+    res = lm.train_lm(corpus, cfg, tree=tree)
+    assert res.reassignments and all(r["epoch"] <= 0.5 for r in res.reassignments)
+    assert 3 <= len(res.reassignments) <= 4
+    assert lm._parse_options({"learn_epochs": "0.5", "epochs": "2"}) == {"learn_epochs": 0.5, "epochs": 2}

@@ -227,7 +227,7 @@ class LMRunConfig:
     batch_size: int = 128
     lr: float = 0.025
     epochs: int = 4
-    learn_epochs: int = 3  #: learned tree: epochs during which the tree is re-assigned
+    learn_epochs: float = 3  #: learned tree: epochs (may be fractional) during which the tree is re-assigned
     reassign_per_epoch: int = 20
     tree_seed: int = 0
     seed: int = 0
@@ -394,6 +394,8 @@ def train_lm(
             optimizer.step()
             if learner is not None:
                 learner.step()
+                if not learner.frozen and epoch * steps_per_epoch + step + 1 >= cfg.learn_epochs * steps_per_epoch:
+                    learner.freeze()  # a fractional learn_epochs ends the tree learning mid-epoch
             _sync(device)
             step_times.append(time.perf_counter() - t0)
             value = float(loss.detach())
@@ -482,7 +484,7 @@ class LMScale:
     lr_grid: tuple[float, ...]
     select_steps: int
     random_seeds: int
-    learn_epochs: int
+    learn_epochs: float
     max_books: int | None = None
     vocab_size: int | None = None
     train_tokens: int | None = None
@@ -503,6 +505,9 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
             out[key] = tuple(float(v) for v in str(value).split(",")) if isinstance(value, str) else tuple(value)
         elif key in ("dataset", "description"):
             out[key] = str(value)
+        elif key == "learn_epochs":
+            number = float(value)
+            out[key] = int(number) if number.is_integer() else number
         elif value in (None, "None", "none"):
             out[key] = None
         else:
