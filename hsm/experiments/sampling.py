@@ -274,6 +274,7 @@ def _default_path(out: Path | str | None, default: str) -> Path:
 def run_fig2(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, **options: Any) -> Path:
     """Fig. 2 (plus NCE and negative sampling, which the paper leaves out as 'very poor')."""
     start = time.perf_counter()
+    torch.set_num_threads(1)  # small matrices: one thread, no oversubscription on a shared machine
     cfg = _settings(scale, options)
     log_c = S.ranking_offset(cfg["num_classes"])
     methods = {

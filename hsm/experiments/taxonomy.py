@@ -222,6 +222,7 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
     if device != "cpu":
         raise ValueError("taxonomy-tables runs on the CPU only (small models, batch size 10)")
     start = time.perf_counter()
+    torch.set_num_threads(1)  # batch-10 LSTM steps are too small to gain from threads on a shared machine
     cfg = _settings(scale, data, options)
     loader, table, key, _ = DATASETS[data]
     dataset = load_text_classification(loader)
