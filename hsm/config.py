@@ -58,3 +58,23 @@ def seed_everything(seed: int) -> np.random.Generator:
     np.random.seed(seed % (2**32))
     torch.manual_seed(seed)
     return np.random.default_rng(seed)
+
+
+#: Environment variable: torch intra-op threads for the experiments (see :func:`configure_threads`).
+THREADS_ENV = "HSM_THREADS"
+
+
+def configure_threads(default: int | None = None) -> int:
+    """Set torch's intra-op threads from ``HSM_THREADS`` (else ``default``, else leave torch's
+    choice) and return the number in force. Small per-step kernels on a machine whose other
+    cores are busy run many times slower with several threads (spin-waiting); experiments on a
+    shared CPU pass ``default=1``."""
+    import torch
+
+    value = os.environ.get(THREADS_ENV)
+    threads = int(value) if value else default
+    if threads is not None:
+        if threads < 1:
+            raise ValueError(f"{THREADS_ENV} must be a positive integer, got {threads}")
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()

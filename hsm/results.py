@@ -219,6 +219,7 @@ def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, A
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp_name, 0o644)  # mkstemp makes it 0600; a result file is for everyone to read
         os.replace(tmp_name, path)
     except BaseException:
         try:

@@ -460,8 +460,9 @@ class Tree:
     ) -> "Tree":
         """Two-level tree root -> categories -> classes from a natural taxonomy
         (``{category: [class names]}``, as in Schuurmans & Frasincar). Every label must appear in
-        exactly one category; a category with one class becomes a leaf directly under the root
-        would change the model, so it stays a node with one usable slot."""
+        exactly one category. A category with a single class stays an internal node with one
+        usable slot (its softmax is then always 1), so every path has the same two steps as in the
+        paper's two-level model; ``arity`` defaults to the widest level."""
         index = {name: i for i, name in enumerate(label_names)}
         if len(index) != len(label_names):
             raise ValueError("label names must be unique")
@@ -492,19 +493,41 @@ class Tree:
         depth: int,
         cluster_order: Any | None = None,
         label_names: Sequence[str] | None = None,
+        cluster_group: Any | None = None,
     ) -> "Tree":
         """Fixed-depth tree from a flat clustering (the clustering-tree baseline of ICML §7.2):
         cluster ``c`` fills the ``c``-th node of the last internal level, so each cluster must
         hold at most M labels and there can be at most ``M**(D-1)`` clusters. ``cluster_order``
         permutes the clusters first (consecutive clusters share ancestors: pass an ordering
-        from a coarser clustering of the centroids to group similar clusters)."""
+        from a coarser clustering of the centroids to group similar clusters).
+
+        ``cluster_group`` (one group id < M per cluster, e.g. a k-means of the centroids into M
+        groups) instead puts group ``g``'s clusters under root child ``g``, filling that
+        subtree's bottom nodes in cluster order; a group may hold at most ``M**(D-2)`` clusters.
+        Unlike ``cluster_order``, a small group does not shift the groups after it."""
         clusters = _as_int_array(cluster_of_label, "cluster_of_label")
         num_labels = clusters.size
         _check_arity_depth(num_labels, arity, depth)
         num_clusters = int(clusters.max()) + 1
         if num_clusters > arity ** (depth - 1):
             raise ValueError(f"{num_clusters} clusters do not fit the {arity ** (depth - 1)} bottom nodes")
-        if cluster_order is not None:
+        if cluster_group is not None:
+            if cluster_order is not None:
+                raise ValueError("pass cluster_order or cluster_group, not both")
+            groups = _as_int_array(cluster_group, "cluster_group")
+            if groups.shape != (num_clusters,) or groups.min() < 0 or groups.max() >= arity:
+                raise ValueError(f"cluster_group must give each of the {num_clusters} clusters a group in [0, {arity})")
+            per_group = arity ** (depth - 2) if depth >= 2 else 1
+            order = np.argsort(groups, kind="stable")
+            sizes_g = np.bincount(groups, minlength=arity)
+            if sizes_g.max() > per_group:
+                raise ValueError(f"a group holds {sizes_g.max()} clusters; a root child has room for {per_group}")
+            rank_in_group = np.empty(num_clusters, dtype=np.int64)
+            rank_in_group[order] = np.arange(num_clusters) - np.repeat(np.cumsum(sizes_g) - sizes_g, sizes_g)
+            bottom = groups * per_group + rank_in_group  # index among the bottom internal nodes
+            clusters = bottom[clusters]
+            num_clusters = arity ** (depth - 1)
+        elif cluster_order is not None:
             cluster_order = _as_int_array(cluster_order, "cluster_order")
             rank = np.empty(num_clusters, dtype=np.int64)
             rank[cluster_order] = np.arange(num_clusters)

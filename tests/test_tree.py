@@ -143,3 +143,14 @@ def test_errors(call, message):
 def test_unknown_label_path():
     with pytest.raises(ValueError, match="unknown label 7"):
         Tree.random(5, 2, 3).path(7)
+
+
+def test_from_clusters_by_group_keeps_groups_under_their_root_child():
+    # 6 clusters of 2 labels, in 3 groups of sizes 1, 3, 2 (M = 3, D = 3: room for 3 clusters per root child)
+    cluster_of_label = np.repeat(np.arange(6), 2)
+    groups = np.array([1, 0, 2, 1, 1, 2])
+    tree = Tree.from_clusters(cluster_of_label, arity=3, depth=3, cluster_group=groups)
+    root_child = tree.path_children[:12, 0]
+    np.testing.assert_array_equal(root_child, np.repeat(groups, 2))
+    with pytest.raises(ValueError, match="room for 3"):
+        Tree.from_clusters(cluster_of_label, arity=3, depth=3, cluster_group=np.zeros(6, dtype=int))
