@@ -209,3 +209,26 @@ def test_released_code_prior_keeps_unseen_labels_in_place_where_the_uniform_prio
     assert sticky.moved_labels <= 0.1
     assert uniform.moved_labels >= 0.8
 
+
+
+def test_a_fasttext_file_runs_the_real_table_and_claims_the_paper_numbers(tmp_path):
+    """The YFCC100M path: any fastText-format file; its rows carry the paper's keys as claims."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for _ in range(400):
+        tags = sorted(set(rng.integers(0, 12, size=rng.integers(1, 3)).tolist()))
+        words = [f"t{t}" for t in tags] + [f"w{w}" for w in rng.integers(0, 50, 6)]
+        lines.append(" ".join(f"__label__tag{t}" for t in tags) + " " + " ".join(words))
+    train, test = tmp_path / "train.txt", tmp_path / "test.txt"
+    train.write_text("\n".join(lines[:320]) + "\n")
+    test.write_text("\n".join(lines[320:]) + "\n")
+    path = C.icml_table1(scale="quick", out=tmp_path / "table1-yfcc.json", data=str(train), test=str(test),
+                         min_label_count=1, dims="50", lr_grid="0.5", epochs="2", peers="",
+                         outputs="huffman2,learned5")
+    rows = {r["output"]: r for r in load_results(path)["records"]}
+    assert rows["learned5"]["stand_in"] is False and rows["learned5"]["num_labels"] == 12
+    assert rows["learned5"]["claim"] == "icml2017.table1.d50.learned_tree.arity5.p_at_1"
+    assert rows["huffman2"]["claim"] == "icml2017.table1.d50.fasttext.arity2.p_at_1"  # fastText's hs tree
+    assert rows["learned5"]["p_at_1"] > 30  # each example carries its tags' own words
+    with pytest.raises(ValueError, match="data must be"):
+        C.icml_table1(scale="quick", out=tmp_path / "x.json", data=str(tmp_path / "missing.txt"))
