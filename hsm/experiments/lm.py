@@ -612,7 +612,9 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
                             f"(learned tree: {sc.learn_epochs} learning the tree), batch {sc.batch_size}; "
                             + sc.description}
     for kind, run in table["runs"].items():
-        model = _MODEL_NAMES.get(kind, f"Learned Tree ({kind})")
+        learn = run.config.get("learn_epochs")
+        model = _MODEL_NAMES.get(kind, f"Learned Tree (learn {learn:g} + fine-tune "
+                                       f"{run.config['epochs'] - learn:g} epochs)")
         slug = _SLUGS.get(kind)
         fields = dict(common, model=model, run=kind, lr=run.config["lr"], batch_size=run.config["batch_size"],
                       epochs=run.config["epochs"], learn_epochs=run.config.get("learn_epochs"),
