@@ -48,8 +48,9 @@ __all__ = ["SoftmaxRegressionProblem", "make_problem", "train_softmax_regression
 METHODS = ("exact", "importance", "bernoulli", "ranking_1", "ranking_logC", "blackout", "nce", "negative_sampling")
 
 
-#: learning rates picked by the full-scale run (method -> alpha -> rate), used by quick mode
-DEFAULT_RATES: dict[str, dict[float, float]] = {}
+#: learning rates the full-scale run picked (results/sampling/fig2.json, fig1.json: the same rate for every
+#: ranking offset), used by quick mode, which does not search
+DEFAULT_RATES: dict[str, float] = {"ranking": 0.03, "blackout": 0.003, "nce": 1e-4, "negative_sampling": 0.01}
 
 
 @dataclass
@@ -216,7 +217,7 @@ def _settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
         "momentum": 0.99, "score_scale": 3.0, "iterations": 200 if quick else 2000, "eval_every": 20 if quick else 25,
         "lr_exact": 1e-4,
         "seeds": [0] if quick else [0, 1, 2], "explicit": "minibatch", "blackout_power": 0.5,
-        "lr_grid": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2], "lr_pick_iterations": 400, "pick_lr": 0 if quick else 1,
+        "lr_grid": [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0], "lr_pick_iterations": 1000, "pick_lr": 0 if quick else 1,
     }
     for key, value in options.items():
         if key not in cfg:
@@ -241,7 +242,7 @@ def _run_methods(cfg: dict[str, Any], methods: dict[str, dict[str, Any]], figure
                     rates[label] = cfg["lr_exact"]
                     continue
                 if not cfg["pick_lr"]:  # quick mode: the rates the full run picked
-                    rates[label] = DEFAULT_RATES.get(spec["method"], {}).get(round(spec.get("alpha", 1.0), 4), cfg["lr_exact"])
+                    rates[label] = DEFAULT_RATES.get(spec["method"], cfg["lr_exact"])
                     continue
                 rates[label] = _pick_lr(problem, spec["method"], cfg["lr_grid"], cfg["lr_pick_iterations"],
                                         alpha=spec.get("alpha", 1.0), **common)
