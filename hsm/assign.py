@@ -165,35 +165,31 @@ def _pair_score(p_cond, marginal, coef, logp, i, g, j):  # pragma: no cover - co
 
 
 @numba.njit(cache=True)
-def _next_child(p_cond, marginal, coef, logp, i, g, rank, last_score, last_rot, arity):  # pragma: no cover
-    """Label i's best child strictly after (last_score, last_rot) in the order: score
-    decreasing, then rotation (j - rank) mod M increasing. Returns (child, score, rotation)."""
+def _best_child(p_cond, marginal, coef, logp, i, g, rank, arity):  # pragma: no cover - compiled
+    """Label i's first child in the order: score decreasing, then rotation (j - rank) mod M
+    increasing. Returns (child, score)."""
     best_j, best_s, best_r = -1, -np.inf, arity
     for j in range(arity):
         s = _pair_score(p_cond, marginal, coef, logp, i, g, j)
         r = (j - rank) % arity
-        if s < last_score or (s == last_score and r > last_rot):
-            if best_j < 0 or s > best_s or (s == best_s and r < best_r):
-                best_j, best_s, best_r = j, s, r
-    return best_j, best_s, best_r
+        if best_j < 0 or s > best_s or (s == best_s and r < best_r):
+            best_j, best_s, best_r = j, s, r
+    return best_j, best_s
 
 
 @numba.njit(cache=True)
-def _greedy_kernel(p_cond, marginal, coef, group, rank, capacity, allowed_child, well_formed, logp):  # pragma: no cover
+def _greedy_kernel(p_cond, marginal, coef, group, rank, capacity, well_formed, logp):  # pragma: no cover
     """Visit (label, child) pairs in decreasing score; accept when allowed.
 
     Each unassigned label keeps one entry in a heap, its best pair not yet rejected, so the heap
     top is always the next pair of the global sorted order (score, then label id, then rotated
-    child); a rejected label's next pair is found by one scan of its M scores. Children with
-    ``allowed_child[g, j]`` False are never proposed. Returns (child per label, -1) or
-    (partial result, label that could not be placed).
+    child). Returns (child per label, -1) or (partial result, label that could not be placed).
     """
     n, arity = p_cond.shape
     num_groups = capacity.shape[0]
     heap_score = np.empty(n)
     heap_label = np.arange(n)
     child_of = np.empty(n, dtype=np.int64)
-    rot_of = np.empty(n, dtype=np.int64)
     prefs = np.empty((n, arity), dtype=np.int32)  # filled for a label at its first rejection
     pointer = np.full(n, -1, dtype=np.int64)
     result = np.full(n, -1, dtype=np.int64)
@@ -202,15 +198,7 @@ def _greedy_kernel(p_cond, marginal, coef, group, rank, capacity, allowed_child,
     needed = np.full(num_groups, arity, dtype=np.int64)  # labels still needed to close every child
     for i in range(n):
         remaining[group[i]] += 1
-        s_last, r_last = np.inf, -1
-        while True:
-            j, s, r = _next_child(p_cond, marginal, coef, logp, i, group[i], rank[i], s_last, r_last, arity)
-            if j < 0 or allowed_child[group[i], j]:
-                break
-            s_last, r_last = s, r
-        if j < 0:
-            return result, i
-        child_of[i], heap_score[i], rot_of[i] = j, s, r
+        child_of[i], heap_score[i] = _best_child(p_cond, marginal, coef, logp, i, group[i], rank[i], arity)
     for pos in range(n // 2 - 1, -1, -1):
         _sift_down(heap_score, heap_label, pos, n)
     size = n
@@ -262,8 +250,6 @@ def _greedy_kernel(p_cond, marginal, coef, group, rank, capacity, allowed_child,
                     if row[a] == child:
                         pointer[label] = a
             nxt = pointer[label] + 1
-            while nxt < arity and not allowed_child[g, prefs[label, nxt]]:
-                nxt += 1
             if nxt >= arity:
                 return result, label
             pointer[label] = nxt
@@ -293,7 +279,6 @@ def _run_greedy(
     capacity: np.ndarray,
     well_formed: bool,
     wrt: Wrt,
-    allowed_child: np.ndarray | None = None,
 ) -> np.ndarray:
     """The greedy over all labels of several nodes (``group[i]`` = node of label i)."""
     if not np.isfinite(p_cond).all():
@@ -302,10 +287,8 @@ def _run_greedy(
     num_groups = capacity.shape[0]
     p_cond = np.ascontiguousarray(p_cond, dtype=np.float64)
     coef, marginal = _node_terms(p_cond, weights, group, num_groups)
-    if allowed_child is None:
-        allowed_child = np.ones(capacity.shape, dtype=np.bool_)
     result, stuck = _greedy_kernel(p_cond, marginal, coef, group, _rank_in_group(group),
-                                   capacity.astype(np.int64).copy(), allowed_child, well_formed, wrt == "logp")
+                                   capacity.astype(np.int64).copy(), well_formed, wrt == "logp")
     if stuck >= 0:
         raise AssignmentDeadlock(
             f"label {stuck} could not be placed: every child of its node is full"
