@@ -175,11 +175,11 @@ class NodeStatistics:
 
 
 def node_objectives(tree: Tree, statistics: NodeStatistics) -> dict[str, np.ndarray]:
-    from .assign import _node_terms  # p_j of every node in one compiled pass
-
     """J_n (eq. 6) of every internal node that real labels reach, estimated from the statistics
     (continuous definition, eqs. 8-9). Returns arrays ``node``, ``depth``, ``objective``,
     ``mass`` (share of examples reaching the node)."""
+    from .assign import _node_terms  # p_j of every node in one compiled pass (assign imports this module's peers)
+
     weights = statistics.label_weights()[: tree.num_labels]
     labels = np.arange(tree.num_labels)
     out_node, out_depth, out_j, out_mass = [], [], [], []
