@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .assign import _node_terms
 from .tree import Tree
 
 __all__ = ["NodeStatistics", "node_objectives"]
@@ -178,8 +179,6 @@ def node_objectives(tree: Tree, statistics: NodeStatistics) -> dict[str, np.ndar
     """J_n (eq. 6) of every internal node that real labels reach, estimated from the statistics
     (continuous definition, eqs. 8-9). Returns arrays ``node``, ``depth``, ``objective``,
     ``mass`` (share of examples reaching the node)."""
-    from .assign import _node_terms  # p_j of every node in one compiled pass (assign imports this module's peers)
-
     weights = statistics.label_weights()[: tree.num_labels]
     labels = np.arange(tree.num_labels)
     out_node, out_depth, out_j, out_mass = [], [], [], []
