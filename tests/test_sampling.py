@@ -1,7 +1,6 @@
 """Tests for hsm.sampling: the softmax-likelihood approximations of Barber & Botev (seed 004)."""
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import pytest

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import tempfile
 import time
 from collections.abc import Callable, Sequence
