@@ -56,6 +56,7 @@ from hsm.data.lm import UNK, LMCorpus
 from hsm.experiments import experiment
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
 from hsm.models import LogBilinearLM
+from hsm.sampling import SampledSoftmax
 from hsm.results import make_record, provenance, write_results
 from hsm.training import TreeLearner
 from hsm.tree import Tree
@@ -72,9 +73,13 @@ __all__ = [
     "run_lm_gutenberg_65",
     "run_lm_gutenberg_75",
     "OUTPUT_KINDS",
+    "SAMPLED_KINDS",
 ]
 
 OUTPUT_KINDS = ("flat", "random", "clustering", "learned")
+#: flat softmax trained with a sampling approximation of the normaliser (seed 004,
+#: :class:`hsm.sampling.SampledSoftmax`); exact at evaluation, so perplexities compare directly
+SAMPLED_KINDS = ("importance", "bernoulli", "ranking", "blackout", "nce", "negative_sampling")
 RESULTS_DIR = "results/lm"
 #: result file of each experiment
 DEFAULT_OUT = {"lm-ptb": f"{RESULTS_DIR}/ptb.json", "lm-ptb-schedules": f"{RESULTS_DIR}/ptb-schedules.json",
@@ -219,7 +224,7 @@ def clustering_tree(embeddings: np.ndarray, arity: int, depth: int = 3, seed: in
 class LMRunConfig:
     """One training run of the log-bilinear LM with one output layer."""
 
-    output: str  #: flat | random | clustering | learned
+    output: str  #: flat | random | clustering | learned | one of SAMPLED_KINDS
     context: int = 3
     dim: int = 200
     arity: int = 25
@@ -234,9 +239,14 @@ class LMRunConfig:
     max_steps_per_epoch: int | None = None  #: LR selection runs stop early
     eval_per_epoch: bool = True
     decay: float = 0.5  #: NodeStatistics decay at each re-assignment (hsm.statistics)
+    num_negatives: int = 20  #: sampled outputs: negatives per batch (seed 004's K)
 
     def key(self) -> str:
-        return hashlib.sha1(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:12]
+        fields = asdict(self)
+        if self.output not in SAMPLED_KINDS:
+            # keeps the keys (and so the checkpoints) of runs made before sampled outputs existed
+            fields.pop("num_negatives")
+        return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
 
 
 @dataclass
@@ -257,9 +267,17 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _make_output(cfg: LMRunConfig, vocab_size: int, tree: Tree | None) -> torch.nn.Module:
+def _make_output(cfg: LMRunConfig, vocab_size: int, tree: Tree | None,
+                 counts: np.ndarray | None = None) -> torch.nn.Module:
     if cfg.output == "flat":
         return FlatSoftmax(cfg.dim, vocab_size)
+    if cfg.output in SAMPLED_KINDS:
+        if counts is None:
+            raise ValueError(f"output {cfg.output!r} needs the training counts (its proposal distribution)")
+        # add-one smoothing keeps every word reachable by the sampler (hsm.sampling.class_frequencies)
+        freq = torch.as_tensor(np.asarray(counts, dtype=np.float64) + 1.0)
+        return SampledSoftmax(cfg.dim, vocab_size, freq, method=cfg.output,
+                              num_negatives=cfg.num_negatives, seed=cfg.seed)
     if tree is None:
         raise ValueError(f"output {cfg.output!r} needs a tree")
     return HierarchicalSoftmax(cfg.dim, tree, sparse=True)
@@ -317,9 +335,9 @@ def train_lm(
     per epoch). With ``checkpoint_dir`` the run resumes from its last finished epoch and, once
     done, returns its stored result without training again.
     """
-    if cfg.output not in OUTPUT_KINDS:
-        raise ValueError(f"output must be one of {OUTPUT_KINDS}, got {cfg.output!r}")
-    if cfg.output != "flat" and tree is None:
+    if cfg.output not in OUTPUT_KINDS + SAMPLED_KINDS:
+        raise ValueError(f"output must be one of {OUTPUT_KINDS + SAMPLED_KINDS}, got {cfg.output!r}")
+    if cfg.output in ("random", "clustering", "learned") and tree is None:
         raise ValueError(f"output {cfg.output!r} needs a tree")
     if tree is not None and tree.num_labels != corpus.vocab_size:
         raise ValueError(f"the tree has {tree.num_labels} labels, the vocabulary {corpus.vocab_size} words")
@@ -339,7 +357,7 @@ def train_lm(
 
     hsm_config.seed_everything(cfg.seed)
     model = LogBilinearLM(corpus.vocab_size, cfg.dim, cfg.context, sparse=True).to(device)
-    output = _make_output(cfg, corpus.vocab_size, tree).to(device)
+    output = _make_output(cfg, corpus.vocab_size, tree, corpus.counts).to(device)
     optimizer = torch.optim.Adagrad(list(model.parameters()) + list(output.parameters()), lr=cfg.lr)
     x_train, y_train = (t.to(device) for t in corpus.windows("train", cfg.context))
     x_valid, y_valid = (t.contiguous().to(device) for t in corpus.windows("valid", cfg.context))
