@@ -54,6 +54,7 @@ __all__ = [
     "ranking_offset",
     "sample_bernoulli",
     "sample_importance",
+    "sample_negatives_excluding_target",
     "sample_uniform_negatives",
     "sampled_softmax_nll",
 ]
@@ -462,31 +463,103 @@ def _log1mexp(log_p: Tensor) -> Tensor:
 # ------------------------------------------------------------------------------------------ output layer
 
 
+def sample_negatives_excluding_target(proposal: Tensor, target: Tensor, num_samples: int,
+                                      generator: torch.Generator | None = None, max_rounds: int = 8) -> Tensor:
+    """``[B, K]`` draws with replacement from ``proposal`` restricted to ``{d != c_b}``, by rejection.
+
+    The same distribution as :func:`sample_importance` with ``exclude = one_hot(target)``
+    (``q_b(d) = proposal(d) / (1 - proposal(c_b))``, the negatives of BlackOut and negative sampling),
+    but drawn from the shared 1-d proposal in ``O(C + B K log C)`` instead of ``O(B C)``: every draw
+    that hits its row's target is drawn again (each round keeps a fraction ``proposal(c_b)`` of them,
+    so a handful of rounds suffice; rows still hitting their target after ``max_rounds`` are drawn
+    from the renormalised complement directly).
+    """
+    _check_frequencies(proposal)
+    if num_samples < 1:
+        raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+    batch = target.shape[0]
+    probs = proposal.double() / proposal.double().sum()
+    if bool((probs[target] >= 1.0 - 1e-12).any()):
+        raise ValueError("a target holds all the proposal's mass: there is no other class to draw")
+    draws = torch.multinomial(probs, batch * num_samples, replacement=True, generator=generator)
+    draws = draws.view(batch, num_samples)
+    for _ in range(max_rounds):
+        hit = draws == target[:, None]
+        count = int(hit.sum())
+        if count == 0:
+            return draws
+        draws[hit] = torch.multinomial(probs, count, replacement=True, generator=generator)
+    # a class with most of the mass keeps being redrawn: draw the rest from the renormalised
+    # complement directly (exact, O(C) per remaining row)
+    for row in torch.nonzero((draws == target[:, None]).any(1)).squeeze(1).tolist():
+        hit = draws[row] == target[row]
+        rest = probs.clone()
+        rest[target[row]] = 0.0
+        draws[row, hit] = torch.multinomial(rest, int(hit.sum()), replacement=True, generator=generator)
+    return draws
+
+
+class _SparseRows1d(torch.autograd.Function):
+    """``vector[index]`` whose gradient w.r.t. ``vector`` is a sparse COO tensor (only the rows used),
+    the 1-d counterpart of ``F.embedding(..., sparse=True)`` (which needs a 2-d weight)."""
+
+    @staticmethod
+    def forward(ctx, vector: Tensor, index: Tensor) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(index)
+        ctx.size = vector.shape[0]
+        return vector[index]
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        (index,) = ctx.saved_tensors
+        sparse = torch.sparse_coo_tensor(index.reshape(1, -1), grad.reshape(-1), (ctx.size,), check_invariants=False)
+        return sparse, None
+
+
 class SampledSoftmax(torch.nn.Module):
     """A flat softmax output layer trained with one of the approximations above, exact at evaluation.
 
     Same interface as :class:`hsm.FlatSoftmax` / :class:`hsm.HierarchicalSoftmax`
     (``forward(h, y) -> HSMOutput(output, loss)``, ``log_prob``, ``predict``, ``topk``), so it can be
     the output layer of any model in :mod:`hsm.models`. In training mode ``forward`` computes only
-    the scores of the target and the sampled classes (``B * (1 + K)`` dot products, or the minibatch
-    classes plus K for ``explicit="minibatch"``) and returns the approximate objective: ``output`` is
-    the approximate log-likelihood for ``"importance"``/``"bernoulli"`` (Eq. 23) and minus the
-    per-example loss otherwise; ``loss`` is the mean over the batch. In eval mode ``forward`` is the
-    exact log-softmax (so perplexities are exact).
+    the scores of the classes an approximation looks at and returns the approximate objective:
+    ``output`` is the approximate log-likelihood for ``"importance"``/``"bernoulli"`` (Eq. 23) and
+    minus the per-example loss otherwise; ``loss`` is the mean over the batch. In eval mode
+    ``forward`` is the exact log-softmax (so perplexities are exact).
 
-    Methods: ``"exact"``, ``"importance"``, ``"bernoulli"``, ``"ranking"`` (offset ``alpha``,
-    default ``log(C - 1)``), ``"blackout"`` (proposal ``f^blackout_power``), ``"nce"`` (``z = 1``),
-    ``"negative_sampling"``.
+    Methods: ``"exact"``, ``"importance"``, ``"bernoulli"``, ``"ranking"`` (uniform negatives, offset
+    ``alpha``, default ``log(C - 1)``), ``"blackout"`` (proposal ``f^blackout_power``), ``"nce"``
+    (``z = 1``, noise ``f``), ``"negative_sampling"`` (proposal ``f^0.75``).
+
+    Which classes are scored per minibatch of B examples:
+
+    * ``"importance"``/``"bernoulli"`` with ``explicit="minibatch"`` (the default, the paper's Fig. 2
+      setting): the distinct classes of the minibatch, summed exactly for every example, plus K
+      sampled negatives shared by the minibatch, one ``[B, d] x [d, U + K]`` product;
+    * with ``explicit="target"``: the target plus K negatives per example (``B (1 + K)`` scores; the
+      Bernoulli inclusion probabilities are then solved per example, ``O(B C)`` per step: slow for
+      large C);
+    * the others: the target plus K negatives per example, drawn from a shared proposal with the
+      target rejected (:func:`sample_negatives_excluding_target`).
+
+    ``sparse=True`` gathers only the rows of the classes scored (``F.embedding(..., sparse=True)``),
+    so the weight and bias gradients are sparse COO tensors touching those rows: an optimiser step
+    then costs ``O((U + K) d)`` instead of ``O(C d)`` (``torch.optim.Adagrad`` / ``SGD`` accept
+    sparse gradients; Adam does not). The values are the dense path's (``tests/test_sampling.py``).
+    Evaluation is always dense (every class is scored anyway).
     """
 
     METHODS = ("exact", "importance", "bernoulli", "ranking", "blackout", "nce", "negative_sampling")
 
     def __init__(self, in_features: int, num_classes: int, freq: Tensor, method: str = "bernoulli",
-                 num_negatives: int = 20, explicit: str = "target", alpha: float | None = None,
-                 blackout_power: float = 0.5, bias: bool = True, seed: int | None = None) -> None:
+                 num_negatives: int = 20, explicit: str = "minibatch", alpha: float | None = None,
+                 blackout_power: float = 0.5, bias: bool = True, seed: int | None = None,
+                 sparse: bool = False) -> None:
         super().__init__()
         if method not in self.METHODS:
             raise ValueError(f"method must be one of {self.METHODS}, got {method!r}")
+        if explicit not in ("minibatch", "target"):
+            raise ValueError(f"explicit must be 'minibatch' or 'target', got {explicit!r}")
         if num_classes < 2 or in_features < 1:
             raise ValueError("num_classes >= 2 and in_features >= 1 are required")
         freq = torch.as_tensor(freq, dtype=torch.float64)
@@ -497,11 +570,18 @@ class SampledSoftmax(torch.nn.Module):
             raise ValueError(f"num_negatives must be in 1..{num_classes - 1}, got {num_negatives}")
         self.in_features, self.num_labels = in_features, num_classes
         self.method, self.num_negatives, self.explicit = method, num_negatives, explicit
+        self.sparse = bool(sparse)
         self.alpha = ranking_offset(num_classes) if alpha is None else float(alpha)
         self.linear = torch.nn.Linear(in_features, num_classes, bias=bias)
-        self.register_buffer("freq", (freq / freq.sum()).float(), persistent=False)
-        proposal = freq ** blackout_power
-        self.register_buffer("log_blackout", (proposal / proposal.sum()).log().float(), persistent=False)
+        freq = freq / freq.sum()
+        self.register_buffer("freq", freq.float(), persistent=False)
+        # the samplers' proposals, normalised once (float64: the bisection and multinomial want it)
+        self._freq64 = freq
+        blackout = freq**blackout_power
+        self._blackout64 = blackout / blackout.sum()
+        self.register_buffer("log_blackout", self._blackout64.log().float(), persistent=False)
+        word2vec = freq**0.75  # word2vec's unigram^(3/4)
+        self._word2vec64 = word2vec / word2vec.sum()
         self.generator = torch.Generator()
         if seed is not None:
             self.generator.manual_seed(seed)
@@ -509,6 +589,31 @@ class SampledSoftmax(torch.nn.Module):
     def _check(self, input: Tensor) -> None:
         if not isinstance(input, Tensor) or input.dim() != 2 or input.shape[1] != self.in_features:
             raise ValueError(f"input must have shape [B, {self.in_features}]")
+
+    def _scores(self, input: Tensor, classes: Tensor) -> Tensor:
+        """Scores of ``classes`` ([S] shared by the batch, or [B, S]), reading only those rows of the
+        weight (sparsely with ``sparse=True``: one gradient row per column, duplicates summed by the
+        optimiser's coalesce). Negative ids (padding) are scored as class 0."""
+        classes = classes.clamp_min(0).to(input.device)
+        if classes.dim() == 1:
+            rows = torch.nn.functional.embedding(classes, self.linear.weight, sparse=self.sparse)  # [S, d]
+            scores = input @ rows.t()
+            index = classes
+        else:
+            # each distinct row is read (and gets a gradient row) once: the optimiser's sparse step
+            # costs per gradient row, and B (1 + K) draws hold many repeats of the frequent classes
+            unique, inverse = torch.unique(classes, return_inverse=True)
+            rows = torch.nn.functional.embedding(unique, self.linear.weight, sparse=self.sparse)  # [U, d]
+            # an elementwise product and a sum: a batched [1, d] x [d, S] product (bmm) is several times slower
+            scores = (torch.nn.functional.embedding(inverse, rows) * input.unsqueeze(1)).sum(-1)
+            index = inverse
+        bias = self.linear.bias
+        if bias is None:
+            return scores
+        if classes.dim() == 1:
+            return scores + (_SparseRows1d.apply(bias, classes) if self.sparse else bias[classes])
+        bias_rows = _SparseRows1d.apply(bias, unique) if self.sparse else bias[unique]
+        return scores + bias_rows[index]
 
     def forward(self, input: Tensor, target: Tensor):
         from .layers import HSMOutput
@@ -518,38 +623,46 @@ class SampledSoftmax(torch.nn.Module):
         if not self.training or self.method == "exact":
             output = torch.log_softmax(self.linear(input), dim=1).gather(1, target[:, None]).squeeze(1)
             return HSMOutput(output, -output.mean())
-        weight, bias = self.linear.weight, self.linear.bias
         device = input.device
         target_cpu = target.cpu()
         m = self.method
         if m in ("importance", "bernoulli"):
-            chosen = normalisation_classes(target_cpu, self.freq.cpu(), self.num_negatives, m, self.explicit, self.generator)
-            scores = gather_scores(input, weight, bias, chosen.classes.to(device))
-            per = -sampled_softmax_nll(scores, chosen.log_weight.to(device), chosen.target_column.to(device), "none")
+            chosen = normalisation_classes(target_cpu, self._freq64, self.num_negatives, m, self.explicit,
+                                           self.generator)
+            # explicit="minibatch": every row of chosen.classes is the same shared set
+            classes = chosen.classes[0] if self.explicit == "minibatch" else chosen.classes
+            scores = self._scores(input, classes)
+            if classes.dim() == 1:
+                scores = scores.expand(input.shape[0], -1)
+            per = -sampled_softmax_nll(scores, chosen.log_weight.to(device, scores.dtype),
+                                       chosen.target_column.to(device), "none")
             return HSMOutput(per, -per.mean())
-        target_scores = (input * weight[target]).sum(1) + (bias[target] if bias is not None else 0.0)
-        exclude = F.one_hot(target_cpu, self.num_labels).bool()
         if m == "ranking":
             negatives = sample_uniform_negatives(target_cpu, self.num_labels, self.num_negatives, self.generator)
-            per = -ranking_loss(target_scores, gather_scores(input, weight, bias, negatives.to(device)), self.alpha,
-                                reduction="none")
         elif m == "blackout":
-            negatives, _ = sample_importance(self.log_blackout.cpu().exp().double(), self.num_negatives, exclude,
-                                             self.generator)
-            negatives = negatives.to(device)
-            per = -blackout_loss(target_scores, gather_scores(input, weight, bias, negatives),
-                                 self.log_blackout[target], self.log_blackout[negatives], reduction="none")
+            negatives = sample_negatives_excluding_target(self._blackout64, target_cpu, self.num_negatives,
+                                                          self.generator)
+        elif m == "nce":  # NCE's noise ranges over all classes, the target included
+            negatives = torch.multinomial(self._freq64, target.shape[0] * self.num_negatives, replacement=True,
+                                          generator=self.generator).view(target.shape[0], -1)
+        else:
+            negatives = sample_negatives_excluding_target(self._word2vec64, target_cpu, self.num_negatives,
+                                                          self.generator)
+        # one gather for the target and its negatives: column 0 is the target
+        scores = self._scores(input, torch.cat([target_cpu[:, None], negatives], dim=1))
+        target_scores, negative_scores = scores[:, 0], scores[:, 1:]
+        negatives = negatives.to(device)
+        if m == "ranking":
+            per = -ranking_loss(target_scores, negative_scores, self.alpha, reduction="none")
+        elif m == "blackout":
+            per = -blackout_loss(target_scores, negative_scores, self.log_blackout[target],
+                                 self.log_blackout[negatives], reduction="none")
         elif m == "nce":
-            noise = torch.multinomial(self.freq.cpu().double(), target.shape[0] * self.num_negatives, replacement=True,
-                                      generator=self.generator).view(target.shape[0], -1).to(device)
             log_pn = self.freq.log()
-            per = -nce_loss(target_scores, gather_scores(input, weight, bias, noise), log_pn[target], log_pn[noise],
-                            self.num_negatives, reduction="none")
-        else:  # negative sampling, word2vec's unigram^(3/4) proposal
-            proposal = self.freq.cpu().double() ** 0.75
-            negatives, _ = sample_importance(proposal / proposal.sum(), self.num_negatives, exclude, self.generator)
-            per = -negative_sampling_loss(target_scores, gather_scores(input, weight, bias, negatives.to(device)),
-                                          reduction="none")
+            per = -nce_loss(target_scores, negative_scores, log_pn[target], log_pn[negatives], self.num_negatives,
+                            reduction="none")
+        else:
+            per = -negative_sampling_loss(target_scores, negative_scores, reduction="none")
         return HSMOutput(per, -per.mean())
 
     def log_prob(self, input: Tensor) -> Tensor:
@@ -568,3 +681,7 @@ class SampledSoftmax(torch.nn.Module):
         values, indices = self.log_prob(input).topk(k, dim=-1)
         visited = torch.full((input.shape[0],), self.num_labels, dtype=torch.long, device=input.device)
         return TopK(values, indices, visited)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, num_classes={self.num_labels}, method={self.method!r}, "
+                f"num_negatives={self.num_negatives}, explicit={self.explicit!r}, sparse={self.sparse}")

@@ -274,3 +274,76 @@ def test_sampled_softmax_layer_rejects_bad_settings():
         S.SampledSoftmax(3, 5, freq, num_negatives=5)
     with pytest.raises(ValueError, match="freq"):
         S.SampledSoftmax(3, 6, freq)
+
+
+# ------------------------------------------------------------------------------- fast samplers, sparse path
+
+
+@pytest.mark.parametrize("max_rounds", [8, 0])
+def test_rejection_sampler_draws_from_the_proposal_restricted_to_non_targets(max_rounds):
+    """Same law as sample_importance(exclude=one_hot(target)); max_rounds=0 exercises the direct fallback."""
+    gen = torch.Generator().manual_seed(5)
+    proposal = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+    target = torch.tensor([0, 1, 4] * 400)
+    draws = S.sample_negatives_excluding_target(proposal, target, 50, gen, max_rounds=max_rounds)
+    assert draws.shape == (1200, 50)
+    assert not bool((draws == target[:, None]).any())
+    for label in (0, 1, 4):
+        rows = draws[target == label].reshape(-1)
+        expected = proposal.clone()
+        expected[label] = 0.0
+        expected = expected / expected.sum()
+        observed = torch.bincount(rows, minlength=5).double() / rows.numel()
+        assert torch.allclose(observed, expected, atol=0.01)
+
+
+def test_rejection_sampler_rejects_a_target_with_all_the_mass():
+    with pytest.raises(ValueError, match="all the proposal"):
+        S.sample_negatives_excluding_target(torch.tensor([1.0, 1e-20]), torch.tensor([0]), 3)
+
+
+@pytest.mark.parametrize("method,explicit", [(m, "minibatch") for m in S.SampledSoftmax.METHODS[1:]]
+                         + [("importance", "target"), ("bernoulli", "target")])
+def test_sparse_path_equals_dense_path(method, explicit):
+    """sparse=True changes only how the gradient is stored: same loss, same gradient values, and the
+    same parameters after a few Adagrad steps (Adagrad leaves rows with zero gradient unchanged)."""
+    num_classes, dim = 15, 4
+    freq = _frequencies(num_classes, seed=2)
+    dense = S.SampledSoftmax(dim, num_classes, freq, method=method, num_negatives=4, explicit=explicit, seed=3)
+    sparse = S.SampledSoftmax(dim, num_classes, freq, method=method, num_negatives=4, explicit=explicit, seed=3,
+                              sparse=True)
+    sparse.load_state_dict(dense.state_dict())
+    gen = torch.Generator().manual_seed(4)
+    h, y = torch.randn(9, dim, generator=gen), torch.randint(0, num_classes, (9,), generator=gen)
+    loss_d, loss_s = dense(h, y).loss, sparse(h, y).loss
+    assert torch.allclose(loss_d, loss_s)
+    loss_d.backward()
+    loss_s.backward()
+    assert sparse.linear.weight.grad.is_sparse and sparse.linear.bias.grad.is_sparse
+    assert torch.allclose(dense.linear.weight.grad, sparse.linear.weight.grad.to_dense())
+    assert torch.allclose(dense.linear.bias.grad, sparse.linear.bias.grad.to_dense())
+    opt_d = torch.optim.Adagrad(dense.parameters(), lr=0.1)
+    opt_s = torch.optim.Adagrad(sparse.parameters(), lr=0.1)
+    for _ in range(3):
+        for layer, opt in ((dense, opt_d), (sparse, opt_s)):
+            opt.zero_grad(set_to_none=True)
+            layer(h, y).loss.backward()
+            opt.step()
+    assert torch.allclose(dense.linear.weight, sparse.linear.weight)
+    assert torch.allclose(dense.linear.bias, sparse.linear.bias)
+
+
+def test_sampled_scores_are_the_full_products_of_the_classes_asked_for():
+    layer = S.SampledSoftmax(5, 11, _frequencies(11), num_negatives=3, sparse=True)
+    gen = torch.Generator().manual_seed(6)
+    h = torch.randn(3, 5, generator=gen)
+    full = layer.linear(h)
+    shared = torch.tensor([4, 0, 4, 10])
+    per_example = torch.tensor([[1, 1, 2], [3, 9, 3], [10, 0, 5]])
+    assert torch.allclose(layer._scores(h, shared), full[:, shared])
+    assert torch.allclose(layer._scores(h, per_example), full.gather(1, per_example))
+
+
+def test_sampled_softmax_rejects_unknown_explicit():
+    with pytest.raises(ValueError, match="explicit"):
+        S.SampledSoftmax(3, 5, _frequencies(5), explicit="batch")
