@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import numpy as np
@@ -226,3 +227,77 @@ def test_fractional_learn_epochs_freezes_mid_epoch() -> None:
     assert res.reassignments and all(r["epoch"] <= 0.5 for r in res.reassignments)
     assert 3 <= len(res.reassignments) <= 4
     assert lm._parse_options({"learn_epochs": "0.5", "epochs": "2"}) == {"learn_epochs": 0.5, "epochs": 2}
+
+
+# ---------------------------------------------------------------------------- ablation (why the learned tree gains little)
+def test_config_fields_at_their_defaults_leave_the_checkpoint_key_unchanged() -> None:
+    """Runs checkpointed before prior/prior_mode/wrt/fixed_tree/track_objective existed are
+    found again: those fields enter the key only when they differ from their defaults."""
+    import hashlib
+
+    cfg = lm.LMRunConfig(output="learned", lr=0.05, epochs=2, learn_epochs=1)
+    old_fields = {k: v for k, v in asdict(cfg).items()
+                  if k not in {"num_negatives", "prior", "prior_mode", "wrt", "fixed_tree", "track_objective"}}
+    old_key = hashlib.sha1(json.dumps(old_fields, sort_keys=True).encode()).hexdigest()[:12]
+    assert cfg.key() == old_key
+    changed = {replace(cfg, **change).key() for change in (
+        {"prior": 2.0}, {"prior_mode": "uniform"}, {"wrt": "p"}, {"fixed_tree": "retrained:base"},
+        {"track_objective": True})}
+    assert len(changed) == 5 and old_key not in changed
+
+
+def test_tracking_a_fixed_tree_records_its_objective_without_moving_it() -> None:
+    corpus = _toy_corpus()
+    tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
+    cfg = lm.LMRunConfig(output="random", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=2, learn_epochs=1,
+                         reassign_per_epoch=5, track_objective=True)
+    res = lm.train_lm(corpus, cfg, tree=tree)
+    # tracked at the learned tree's rebuild steps, in every epoch, and the tree never moves
+    assert len(res.reassignments) == 10
+    assert all(r["moved_labels"] == 0 for r in res.reassignments)
+    assert all(0 <= j <= 1 for r in res.reassignments for j in r["objective_by_depth"].values())
+    assert lm.Tree.from_dict(res.tree).to_dict() == tree.to_dict()
+
+
+@pytest.mark.parametrize("change", [{"prior_mode": "uniform"}, {"wrt": "p"}, {"decay": 0.0}])
+def test_learned_tree_options_reach_the_learner(change) -> None:
+    corpus = _toy_corpus()
+    tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
+    cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=1, learn_epochs=1,
+                         reassign_per_epoch=4, **change)
+    res = lm.train_lm(corpus, cfg, tree=tree)
+    assert len(res.reassignments) == 4 and res.config[next(iter(change))] == next(iter(change.values()))
+
+
+def test_train_lm_rejects_an_unknown_ranking() -> None:
+    with pytest.raises(ValueError, match="wrt"):
+        lm.train_lm(_toy_corpus(), lm.LMRunConfig(output="flat", wrt="q"))
+
+
+def test_unknown_ablation_variant_is_rejected() -> None:
+    with pytest.raises(ValueError, match="variants"):
+        lm.run_lm_ptb_ablation(scale="quick", variants="base,bogus")
+
+
+@needs_mirror
+def test_lm_ptb_ablation_tiny(tmp_path) -> None:
+    out = lm.run_lm_ptb_ablation(scale="quick", out=tmp_path / "a.json", variants="base,decay_0,lr_0.1",
+                                 random_seeds="2", **{k: v for k, v in TINY.items()})
+    payload = results.load_results(out)
+    runs = {r["run"]: r for r in payload["records"] if r["measure"] == "test_perplexity"}
+    assert set(runs) == {"random_seed0", "random_seed1", "random_lr0.1", "base", "decay_0", "lr_0.1", "retrained"}
+    assert all(r["claim"] is None for r in payload["records"])
+    for name, record in runs.items():
+        assert 1 < record["value"] < 1.5 * record["vocab_size"]
+        reference = runs["random_lr0.1" if record["lr"] == 0.1 else "random_seed0"]
+        assert record["gain_vs_random"] == pytest.approx(reference["value"] - record["value"])
+    assert runs["decay_0"]["config"]["decay"] == 0.0 and runs["lr_0.1"]["config"]["lr"] == 0.1
+    for name in ("base", "decay_0", "lr_0.1"):
+        assert 0 <= runs[name]["moved_labels_last_epoch"] <= 1
+        assert runs[name]["reassignments"] and all(r["epoch"] <= 1 for r in runs[name]["reassignments"])
+    # the random tree's J_n is tracked at the same steps; the retrained tree is base's final tree
+    assert all(r["moved_labels"] == 0 for r in runs["random_seed0"]["reassignments"])
+    assert runs["retrained"]["config"]["fixed_tree"] == "retrained:base"
+    spread = next(r for r in payload["records"] if r["measure"] == "random_seed_spread")
+    assert spread["value"] == pytest.approx(np.std(spread["test_perplexities"]))
+    assert set(payload["provenance"]["config"]["variants"]) == {"base", "decay_0", "lr_0.1"}

@@ -72,6 +72,9 @@ __all__ = [
     "run_lm_ptb_schedules",
     "run_lm_gutenberg_65",
     "run_lm_gutenberg_75",
+    "run_lm_ptb_ablation",
+    "run_ablation",
+    "ABLATION_VARIANTS",
     "OUTPUT_KINDS",
     "SAMPLED_KINDS",
 ]
@@ -240,13 +243,31 @@ class LMRunConfig:
     eval_per_epoch: bool = True
     decay: float = 0.5  #: NodeStatistics decay at each re-assignment (hsm.statistics)
     num_negatives: int = 20  #: sampled outputs: negatives per batch (seed 004's K)
+    prior: float = 1.0  #: NodeStatistics pseudo-count (hsm.statistics, point 1)
+    prior_mode: str = "current_child"  #: NodeStatistics prior: "current_child" (released code) or "uniform" (thesis)
+    wrt: str = "logp"  #: AssignLabels ranking: "logp" (eq. 12, the LM variant) or "p" (eq. 10)
+    #: a fixed tree that is not ``Tree.random(tree_seed)`` (e.g. "retrained:<run>"): part of the
+    #: checkpoint key, so such runs never reuse a random-tree run's checkpoint
+    fixed_tree: str | None = None
+    #: fixed trees: collect the node statistics anyway and record the mean J_n per depth at the
+    #: steps where a learned tree would be rebuilt (the random tree's J_n, for comparison)
+    track_objective: bool = False
 
     def key(self) -> str:
         fields = asdict(self)
         if self.output not in SAMPLED_KINDS:
             # keeps the keys (and so the checkpoints) of runs made before sampled outputs existed
             fields.pop("num_negatives")
+        for name, default in _KEY_OPTIONAL.items():
+            # fields added later leave the keys of runs that use their defaults unchanged
+            if fields[name] == default:
+                fields.pop(name)
         return hashlib.sha1(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+#: LMRunConfig fields left out of the checkpoint key when they hold these (default) values
+_KEY_OPTIONAL: dict[str, Any] = {"prior": 1.0, "prior_mode": "current_child", "wrt": "logp", "fixed_tree": None,
+                                 "track_objective": False}
 
 
 @dataclass
@@ -343,6 +364,8 @@ def train_lm(
         raise ValueError(f"the tree has {tree.num_labels} labels, the vocabulary {corpus.vocab_size} words")
     if cfg.epochs < 1 or cfg.batch_size < 1 or not cfg.lr > 0:
         raise ValueError(f"epochs, batch_size and lr must be positive: {cfg}")
+    if cfg.wrt not in ("logp", "p"):
+        raise ValueError(f"wrt must be 'logp' (eq. 12) or 'p' (eq. 10), got {cfg.wrt!r}")
     device = torch.device(device)
     log = log or (lambda message: None)
     done_path = ckpt_path = None
@@ -367,9 +390,13 @@ def train_lm(
     if cfg.max_steps_per_epoch is not None:
         steps_per_epoch = min(steps_per_epoch, cfg.max_steps_per_epoch)
     learner = None
-    if cfg.output == "learned":
-        learner = TreeLearner(output, reassign_every=max(1, steps_per_epoch // cfg.reassign_per_epoch),
-                              wrt="logp", algorithm="depth", decay=cfg.decay)
+    reassign_every = max(1, steps_per_epoch // cfg.reassign_per_epoch)
+    tracking = cfg.track_objective and cfg.output in ("random", "clustering")
+    if cfg.output == "learned" or tracking:
+        # tracking a fixed tree: the same statistics, read at the same steps, never rebuilt
+        learner = TreeLearner(output, reassign_every=reassign_every, wrt=cfg.wrt, algorithm="depth",
+                              decay=cfg.decay, prior=cfg.prior, prior_mode=cfg.prior_mode)
+    tracked: list[dict[str, Any]] = []
     result = LMRunResult(config=asdict(cfg))
     step_times: list[float] = []
     start_epoch = 0
@@ -395,7 +422,7 @@ def train_lm(
     t_start = time.perf_counter() - result.seconds
 
     for epoch in range(start_epoch, cfg.epochs):
-        if learner is not None and epoch >= cfg.learn_epochs and not learner.frozen:
+        if learner is not None and not tracking and epoch >= cfg.learn_epochs and not learner.frozen:
             learner.freeze()
         model.train()
         output.train()
@@ -410,10 +437,16 @@ def train_lm(
             loss = output(model(x), y).loss
             loss.backward()
             optimizer.step()
-            if learner is not None:
+            if learner is not None and not tracking:
                 learner.step()
                 if not learner.frozen and epoch * steps_per_epoch + step + 1 >= cfg.learn_epochs * steps_per_epoch:
                     learner.freeze()  # a fractional learn_epochs ends the tree learning mid-epoch
+            elif tracking and (epoch * steps_per_epoch + step + 1) % reassign_every == 0:
+                global_step = epoch * steps_per_epoch + step + 1
+                tracked.append({"step": global_step, "epoch": global_step / steps_per_epoch, "moved_labels": 0.0,
+                                "seconds": 0.0, "objective_by_depth": {
+                                    str(k): v for k, v in learner.objective_by_depth().items()}})
+                learner.statistics.on_reassign(output.tree)  # the same decay as a learned tree's statistics
             _sync(device)
             step_times.append(time.perf_counter() - t0)
             value = float(loss.detach())
@@ -430,7 +463,9 @@ def train_lm(
             if last:
                 result.test_ms_per_batch = test_ms
         result.epochs.append(record)
-        if learner is not None:
+        if tracking:
+            result.reassignments = earlier_reassignments + tracked
+        elif learner is not None:
             result.reassignments = earlier_reassignments + [
                 {"step": h.step, "epoch": h.step / steps_per_epoch, "moved_labels": h.moved_labels,
                  "seconds": h.seconds, "objective_by_depth": {str(k): v for k, v in h.objective_by_depth.items()}}
@@ -686,7 +721,7 @@ def _out_path(out: Path | None, default: str) -> Path:
 
 def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scale: str, device: str,
            seconds: float, tree_files: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
-           training_seconds: float | None = None) -> Path:
+           training_seconds: float | None = None, extra_config: dict[str, Any] | None = None) -> Path:
     """Write the result file and, beside it, each learned tree with the word counts as
     ``<stem>-<run>-tree.json`` (not a result file: the notebooks draw the tree from it)."""
     path = _out_path(out, default)
@@ -706,6 +741,7 @@ def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scal
         f"{scale}, reduced: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items())))
     prov["config"]["overrides"] = overrides
     prov["config"]["training_seconds"] = training_seconds
+    prov["config"].update(extra_config or {})
     return write_results(path, records, prov)
 
 
@@ -826,6 +862,166 @@ def run_lm_gutenberg_75(scale: str = "quick", device: str = "cpu", out: Path | N
     """arXiv Table 1, Gutenberg columns."""
     return _run_experiment("lm-gutenberg-75", scale, device, out, options, ("flat", "random", "learned"),
                            "arxiv2016.table1.gutenberg", "arxiv")
+
+
+# ============================================================================ ablation: why the learned tree gains little
+#: One change at a time from the learned tree's setting of ``lm-ptb`` (LMRunConfig fields), to see
+#: which of the choices the papers leave open (hsm.statistics: decay, prior; the rebuild rate;
+#: the ranking; the learning rate; the schedule) limits the learned tree's gain over the random
+#: tree it starts from. ``learn_all`` learns the tree in every epoch (no fine-tuning).
+ABLATION_VARIANTS: dict[str, dict[str, Any]] = {
+    "base": {},
+    "reassign_5": {"reassign_per_epoch": 5},
+    "reassign_50": {"reassign_per_epoch": 50},
+    "decay_0": {"decay": 0.0},
+    "decay_0.9": {"decay": 0.9},
+    "decay_1": {"decay": 1.0},
+    "prior_uniform": {"prior_mode": "uniform"},
+    "wrt_p": {"wrt": "p"},
+    "lr_0.025": {"lr": 0.025},
+    "lr_0.1": {"lr": 0.1},
+    "learn_all": {"learn_epochs": "all"},
+}
+#: what each ablation variant changes, in words (the notebook's table)
+ABLATION_WHAT: dict[str, str] = {
+    "base": "lm-ptb's setting: 20 rebuilds/epoch, decay 0.5, current-child prior, eq. 12, learned then fine-tuned",
+    "reassign_5": "5 rebuilds per epoch", "reassign_50": "50 rebuilds per epoch (ICML's rate)",
+    "decay_0": "statistics reset at every rebuild (decay 0)", "decay_0.9": "statistics decay 0.9",
+    "decay_1": "statistics never decay (the released code)", "prior_uniform": "uniform prior (the thesis' 1/M)",
+    "wrt_p": "ranking by eq. 10 (p) instead of eq. 12 (log p)", "lr_0.025": "learning rate 0.025 (the arXiv paper's)",
+    "lr_0.1": "learning rate 0.1", "learn_all": "tree learned in every epoch (no fine-tuning)",
+    "retrained": "base's final tree, fixed, trained from scratch (tree quality without the cost of moving words)",
+}
+
+
+def _ablation_changes(name: str, epochs: int) -> dict[str, Any]:
+    changes = dict(ABLATION_VARIANTS[name])
+    if changes.get("learn_epochs") == "all":
+        changes["learn_epochs"] = epochs
+    return changes
+
+
+def run_ablation(sc: LMScale, variants: Sequence[str], device: str = "cpu",
+                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train the learned tree under each of ``variants`` (:data:`ABLATION_VARIANTS`), the random
+    tree it starts from (seed 0, with its J_n tracked at the same steps) at every learning rate
+    used, ``sc.random_seeds`` random trees for the seed-to-seed spread, and (with ``base``) the
+    base run's final tree retrained from scratch. Learning rate: ``sc.lr_grid[0]`` unless the
+    variant changes it. Runs checkpoint under the cache (``lm-runs/lm-ptb-ablation``)."""
+    unknown = [v for v in variants if v not in ABLATION_VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"unknown or no ablation variants {unknown}; known: {list(ABLATION_VARIANTS)}")
+    log = log or (lambda message: print(message, flush=True))
+    if torch.device(device).type == "cpu":
+        torch.set_num_threads(int(os.environ.get("HSM_THREADS", "1")))
+    corpus = load_lm_corpus(sc.dataset, max_books=sc.max_books, vocab_size=sc.vocab_size,
+                            train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens)
+    V = corpus.vocab_size
+    if sc.arity**3 < V:
+        raise ValueError(f"a {sc.arity}-ary depth-3 tree holds {sc.arity**3} words < vocabulary {V}")
+    run_dir = _run_dir("lm-ptb-ablation")
+    base = LMRunConfig(output="learned", context=sc.context, arity=sc.arity, depth=3, batch_size=sc.batch_size,
+                       epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch,
+                       lr=sc.lr_grid[0])
+    trees = [Tree.random(V, sc.arity, 3, seed=s, label_names=corpus.vocab) for s in range(max(1, sc.random_seeds))]
+    runs: dict[str, LMRunResult] = {}
+    random_by_lr: dict[float, LMRunResult] = {}
+    for seed, tree in enumerate(trees):
+        cfg = replace(base, output="random", tree_seed=seed, track_objective=seed == 0)
+        runs[f"random_seed{seed}"] = train_lm(corpus, cfg, tree=tree, device=device, checkpoint_dir=run_dir, log=log)
+    random_by_lr[base.lr] = runs["random_seed0"]
+    for name in variants:
+        cfg = replace(base, **_ablation_changes(name, sc.epochs))
+        if cfg.lr not in random_by_lr:
+            random_by_lr[cfg.lr] = runs[f"random_lr{cfg.lr:g}"] = train_lm(
+                corpus, replace(cfg, output="random", learn_epochs=base.learn_epochs, reassign_per_epoch=base.reassign_per_epoch,
+                                track_objective=True), tree=trees[0], device=device, checkpoint_dir=run_dir, log=log)
+        runs[name] = train_lm(corpus, cfg, tree=trees[0], device=device, checkpoint_dir=run_dir, log=log)
+    if "base" in variants and runs["base"].tree is not None:
+        cfg = replace(base, output="random", fixed_tree="retrained:base")
+        runs["retrained"] = train_lm(corpus, cfg, tree=Tree.from_dict(runs["base"].tree), device=device,
+                                     checkpoint_dir=run_dir, log=log)
+    return {"corpus": corpus, "runs": runs, "random_by_lr": random_by_lr, "variants": list(variants)}
+
+
+def _ablation_records(table: dict[str, Any], sc: LMScale, scale: str) -> list[dict[str, Any]]:
+    """One ``test_perplexity`` record per run (variant or baseline), with its gain over the random
+    tree it started from (seed 0, same learning rate), its rebuild history (moved labels, J_n per
+    depth) and, for the learned trees, the mean share of words moved per rebuild in the last
+    learning epoch; one ``random_seed_spread`` record."""
+    corpus: LMCorpus = table["corpus"]
+    common = {"dataset": sc.dataset, "vocab_size": corpus.vocab_size, "train_tokens": int(corpus.train.numel()),
+              "valid_tokens": int(corpus.valid.numel()), "test_tokens": int(corpus.test.numel()),
+              "context": sc.context, "arity": sc.arity, "depth": 3, "scale": scale,
+              "scale_note": f"{sc.dataset}: {int(corpus.train.numel()):,} training tokens, vocabulary "
+                            f"{corpus.vocab_size:,}, {sc.arity}-ary depth-3 trees, {sc.epochs} epochs "
+                            f"(learned tree: {sc.learn_epochs} learning the tree), batch {sc.batch_size}; "
+                            + sc.description}
+    records = []
+    for name, run in table["runs"].items():
+        cfg = run.config
+        learned = cfg["output"] == "learned"
+        reference = table["random_by_lr"][cfg["lr"]]
+        history = run.reassignments
+        fields = dict(common, run=name, variant=name if learned or name == "retrained" else None,
+                      what=ABLATION_WHAT.get(name, f"random tree (seed {cfg['tree_seed']}, lr {cfg['lr']:g})"),
+                      model="Learned Tree" if learned else "Random Tree" if cfg.get("fixed_tree") is None else
+                      "Learned Tree (fixed, retrained)", output=cfg["output"], lr=cfg["lr"],
+                      changes=(_ablation_changes(name, sc.epochs) if name in ABLATION_VARIANTS else
+                               {"fixed_tree": cfg.get("fixed_tree")} if cfg.get("fixed_tree") else {}),
+                      config=cfg, per_epoch=run.epochs, wall_time_s=run.seconds,
+                      train_ms_per_batch=run.train_ms_per_batch, reassignments=history,
+                      gain_vs_random=reference.test_perplexity - run.test_perplexity)
+        if learned and history:
+            last_epoch = math.ceil(max(h["epoch"] for h in history) - 1e-9)
+            fields["moved_labels_last_epoch"] = float(np.mean(
+                [h["moved_labels"] for h in history if h["epoch"] > last_epoch - 1]))
+        if history:
+            fields["objective_by_depth_last"] = history[-1]["objective_by_depth"]
+        records.append(make_record(None, run.test_perplexity, measure="test_perplexity",
+                                   valid_perplexity=run.valid_perplexity, **fields))
+    seeds = [run.test_perplexity for name, run in table["runs"].items() if name.startswith("random_seed")]
+    records.append(make_record(None, float(np.std(seeds)), measure="random_seed_spread", test_perplexities=seeds,
+                               valid_perplexities=[run.valid_perplexity for name, run in table["runs"].items()
+                                                   if name.startswith("random_seed")], **common))
+    return records
+
+
+SCALES["lm-ptb-ablation"] = {
+    "quick": LMScale("ptb", context=3, arity=13, epochs=2, reassign_per_epoch=20, lr_grid=(0.05,), select_steps=0,
+                     random_seeds=2, learn_epochs=1, vocab_size=2000, train_tokens=60_000, eval_tokens=10_000,
+                     description="quick: first 60k PTB training tokens, first 10k valid/test tokens, vocabulary "
+                                 "2,000 (13-ary trees), 2 epochs (learned: 1 learning + 1 fine-tuning), lr 0.05"),
+    "full": LMScale("ptb", context=3, arity=25, epochs=3, reassign_per_epoch=20, lr_grid=(0.05,), select_steps=0,
+                    random_seeds=3, learn_epochs=2, train_tokens=250_000,
+                    description="reduced PTB for the ablation: first 250k training tokens (of 929k), full valid/"
+                                "test, 10k vocabulary, 25-ary depth-3 trees, 3 epochs (learned: 2 learning + 1 "
+                                "fine-tuning), lr 0.05 (lm-ptb's selected tree rate), 3 random trees"),
+}
+DEFAULT_OUT["lm-ptb-ablation"] = f"{RESULTS_DIR}/ptb-ablation.json"
+
+
+@experiment("lm-ptb-ablation", "Why the learned tree gains little over the random tree (PTB, reduced): one "
+            "change at a time (rebuild rate, statistics decay and prior, ranking, learning rate, schedule)",
+            DEFAULT_OUT["lm-ptb-ablation"])
+def run_lm_ptb_ablation(scale: str = "quick", device: str = "cpu", out: Path | None = None,
+                        **options: Any) -> Path:
+    """Ablation of the learned tree's setting on a reduced PTB (``-o variants=base,decay_0,...``
+    picks a subset of :data:`ABLATION_VARIANTS`; the other options are LMScale fields)."""
+    start = time.perf_counter()
+    options = dict(options)
+    variants = options.pop("variants", None)
+    variants = (list(ABLATION_VARIANTS) if variants is None else
+                [v for v in (variants.split(",") if isinstance(variants, str) else variants) if v])
+    sc = _scale_for("lm-ptb-ablation", scale, options)
+    table = run_ablation(sc, variants, device)
+    records = _ablation_records(table, sc, scale)
+    training_seconds = sum(run.seconds for run in table["runs"].values())
+    return _write("lm-ptb-ablation", out, DEFAULT_OUT["lm-ptb-ablation"], records, sc, scale, device,
+                  time.perf_counter() - start, None, dict(options, **({"variants": ",".join(variants)}
+                                                            if variants != list(ABLATION_VARIANTS) else {})),
+                  training_seconds, extra_config={"variants": {v: _ablation_changes(v, sc.epochs) for v in variants},
+                                                  "initial_learned_tree": "random (seed 0), the random_seed0 run's tree"})
 
 
 # ============================================================================ reading results (notebooks)
