@@ -354,9 +354,15 @@ def blackout_loss(target_scores: Tensor, negative_scores: Tensor, log_q_target: 
     if negative_mask is not None:
         keep = torch.cat([torch.ones_like(negative_mask[:, :1]), negative_mask], dim=1)
         logits = logits.masked_fill(~keep, -math.inf)
-    log_p = logits - torch.logsumexp(logits, dim=1, keepdim=True)
-    # log(1 - p) computed as log(sum of the other columns) - log(sum of all), stable for p near 1
-    log_one_minus = _log1mexp(log_p[:, 1:])
+    log_total = torch.logsumexp(logits, dim=1, keepdim=True)
+    log_p = logits - log_total
+    # log(1 - p_d) = log(sum of the columns other than d) - log(sum of all): exact even where p_d
+    # rounds to 1 (a rare negative with a large weight 1/Q), where log(1 - exp(log p_d)) is -inf
+    num_negatives = logits.shape[1] - 1
+    leave_out = torch.zeros(num_negatives, num_negatives + 1, dtype=logits.dtype, device=logits.device)
+    leave_out[torch.arange(num_negatives), torch.arange(1, num_negatives + 1)] = -math.inf
+    log_others = torch.logsumexp(logits.unsqueeze(1) + leave_out, dim=2)  # [B, K]
+    log_one_minus = log_others - log_total
     if negative_mask is not None:
         log_one_minus = torch.where(negative_mask, log_one_minus, torch.zeros_like(log_one_minus))
     return _reduce(-(log_p[:, 0] + log_one_minus.sum(1)), reduction)
@@ -453,11 +459,6 @@ def _masked_sum(values: Tensor, mask: Tensor | None) -> Tensor:
     if mask is None:
         return values.sum(1)
     return torch.where(mask, values, torch.zeros_like(values)).sum(1)
-
-
-def _log1mexp(log_p: Tensor) -> Tensor:
-    """``log(1 - exp(x))`` for ``x <= 0``, accurate at both ends (Machler 2012)."""
-    return torch.where(log_p > -math.log(2.0), torch.log(-torch.expm1(log_p)), torch.log1p(-torch.exp(log_p)))
 
 
 # ------------------------------------------------------------------------------------------ output layer

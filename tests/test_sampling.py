@@ -347,3 +347,17 @@ def test_sampled_scores_are_the_full_products_of_the_classes_asked_for():
 def test_sampled_softmax_rejects_unknown_explicit():
     with pytest.raises(ValueError, match="explicit"):
         S.SampledSoftmax(3, 5, _frequencies(5), explicit="batch")
+
+
+def test_blackout_stays_finite_when_a_negative_takes_all_the_probability():
+    """A rare negative (tiny Q, weight 1/Q) can get p~ = 1 in float32: log(1 - p~) must stay finite."""
+    s_c = torch.tensor([0.0], dtype=torch.float32, requires_grad=True)
+    s_n = torch.tensor([[40.0, 0.0, -3.0]], dtype=torch.float32, requires_grad=True)
+    log_q = torch.tensor([-1.0], dtype=torch.float32)
+    log_q_n = torch.tensor([[-12.0, -1.0, -2.0]], dtype=torch.float32)
+    loss = S.blackout_loss(s_c, s_n, log_q, log_q_n)
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(s_c.grad).all() and torch.isfinite(s_n.grad).all()
+    # and in float64 it is the direct formula
+    expected = S.blackout_loss(s_c.detach().double(), s_n.detach().double(), log_q.double(), log_q_n.double())
+    assert float(loss) == pytest.approx(float(expected), rel=1e-5)

@@ -28,6 +28,7 @@ result file.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -42,7 +43,8 @@ from hsm.config import seed_everything
 from hsm.experiments import experiment
 from hsm.results import make_record, provenance, write_results
 
-__all__ = ["SoftmaxRegressionProblem", "make_problem", "train_softmax_regression", "METHODS", "run_fig2", "run_fig1"]
+__all__ = ["SoftmaxRegressionProblem", "make_problem", "train_softmax_regression", "METHODS", "run_fig2", "run_fig1",
+           "LM_METHODS", "run_lm_ptb_sampling", "lm_rows"]
 
 #: the methods of Fig. 2 (and the two the paper leaves out of it)
 METHODS = ("exact", "importance", "bernoulli", "ranking_1", "ranking_logC", "blackout", "nce", "negative_sampling")
@@ -311,3 +313,264 @@ def run_fig1(scale: str = "quick", device: str = "cpu", out: Path | str | None =
     cfg = dict(cfg, device=device, learning_rates=rates, alphas=alphas, log_C_minus_1=log_c)
     return write_results(_default_path(out, "results/sampling/fig1.json"), records,
                          provenance(cfg, time.perf_counter() - start))
+
+
+# ============================================================================ beyond the paper: "tree or sampling?"
+#: the sampled outputs of the PTB comparison, in the order they are trained (the most informative first)
+LM_METHODS = ("importance", "bernoulli", "blackout", "negative_sampling", "ranking", "nce")
+#: names shown in tables
+LM_METHOD_NAMES = {"importance": "importance sampling (Eq. 22-23)", "bernoulli": "Bernoulli sampling (Eq. 22-23)",
+                   "blackout": "BlackOut (Eq. 47)", "negative_sampling": "negative sampling (Eq. 43)",
+                   "ranking": "ranking, alpha = log(V - 1) (Eq. 35)", "nce": "NCE, z = 1 (Eq. 30-31)",
+                   "flat": "Flat soft-max (exact)", "random": "Random Tree (HSM)"}
+
+
+def _lm_settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Settings of ``lm-ptb-sampling``; ``options`` (strings from the CLI) override them."""
+    if scale not in ("quick", "full"):
+        raise ValueError(f"scale must be 'quick' or 'full', got {scale!r}")
+    quick = scale == "quick"
+    cfg: dict[str, Any] = {
+        # the data and model of lm-ptb (results/lm/ptb.json): log-bilinear LM, d = 200, T = 3, batch 128, Adagrad
+        "vocab_size": 2000 if quick else 0, "train_tokens": 100_000 if quick else 0,
+        "eval_tokens": 10_000 if quick else 0, "context": 3, "dim": 200, "batch_size": 128,
+        "epochs": 1 if quick else 4,
+        "methods": list(LM_METHODS[:4]) if quick else list(LM_METHODS),
+        "num_negatives": 20,
+        # importance / Bernoulli also with more negatives (their cost grows little: the negatives are shared)
+        "large_k": 0 if quick else 200, "large_k_methods": ["importance", "bernoulli"],
+        "lr_grid": [0.1] if quick else [0.025, 0.05, 0.1, 0.2], "select_steps": 0 if quick else 1500,
+        # flat and random-tree runs at the same scale (at full scale they come from results/lm/ptb.json)
+        "reference": ["flat", "random"] if quick else [],
+        "bench_steps": 20 if quick else 100, "bench_rounds": 2 if quick else 3,
+        "seed": 0,
+    }
+    for key, value in options.items():
+        if key not in cfg:
+            raise ValueError(f"unknown option {key!r}; known: {sorted(cfg)}")
+        if isinstance(cfg[key], list):
+            items = [v for v in str(value).split(",") if v] if isinstance(value, str) else list(value)
+            cfg[key] = [float(v) for v in items] if key == "lr_grid" else [str(v) for v in items]
+        else:
+            cfg[key] = int(value)
+    from hsm.experiments.lm import SAMPLED_KINDS
+
+    for method in cfg["methods"] + cfg["large_k_methods"]:
+        if method not in SAMPLED_KINDS:
+            raise ValueError(f"unknown sampled output {method!r}; known: {SAMPLED_KINDS}")
+    for ref in cfg["reference"]:
+        if ref not in ("flat", "random"):
+            raise ValueError(f"reference runs are 'flat' and/or 'random', got {ref!r}")
+    if not cfg["lr_grid"] or min(cfg["lr_grid"]) <= 0:
+        raise ValueError("lr_grid must hold positive learning rates")
+    return cfg
+
+
+class _SparseSampledOutputs:
+    """While active, the sampled output layers that :func:`hsm.experiments.lm.train_lm` builds use
+    :class:`hsm.sampling.SampledSoftmax`'s sparse path (as the trees use ``sparse=True``), so Adagrad
+    updates only the rows a step scored instead of the whole ``[V, d]`` matrix. The values of the
+    updates are the dense path's (``tests/test_sampling.py``); only the cost changes."""
+
+    def __enter__(self) -> None:
+        from hsm.experiments import lm
+
+        self._module, self._original = lm, lm._make_output
+
+        def make(cfg, vocab_size, tree, counts=None):
+            layer = self._original(cfg, vocab_size, tree, counts)
+            if isinstance(layer, S.SampledSoftmax):
+                layer.sparse = True
+            return layer
+
+        lm._make_output = make
+
+    def __exit__(self, *exc: Any) -> None:
+        self._module._make_output = self._original
+
+
+def _benchmark_steps(corpus, cfg: dict[str, Any], contestants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """ms per training step (forward, backward, Adagrad) of every output layer, measured in one process,
+    round-robin (``bench_rounds`` rounds of ``bench_steps`` steps each, after 5 warm-up steps), on the
+    same batches: the load of a shared machine then weighs on all of them alike."""
+    from hsm.experiments.lm import LMRunConfig, _make_output
+    from hsm.layers import HierarchicalSoftmax
+    from hsm.models import LogBilinearLM
+    from hsm.tree import Tree
+
+    x_all, y_all = corpus.windows("train", cfg["context"])
+    gen = torch.Generator().manual_seed(cfg["seed"])
+    order = torch.randperm(len(y_all), generator=gen)
+    batches = [order[i * cfg["batch_size"]:(i + 1) * cfg["batch_size"]] for i in range(cfg["bench_steps"] + 5)]
+    arity = _tree_arity(corpus.vocab_size)
+    states = {}
+    for label, spec in contestants.items():
+        seed_everything(cfg["seed"])
+        model = LogBilinearLM(corpus.vocab_size, cfg["dim"], cfg["context"], sparse=True)
+        kind = spec["output"]
+        if kind == "random":
+            layer = HierarchicalSoftmax(cfg["dim"], Tree.random(corpus.vocab_size, arity, 3, seed=0), sparse=True)
+        else:
+            layer = _make_output(LMRunConfig(output=kind, dim=cfg["dim"], num_negatives=spec.get("num_negatives", 20)),
+                                 corpus.vocab_size, None, corpus.counts)
+            if isinstance(layer, S.SampledSoftmax):
+                layer.sparse = spec.get("sparse", True)
+        states[label] = (model, layer, torch.optim.Adagrad(list(model.parameters()) + list(layer.parameters()), lr=0.05))
+    times: dict[str, list[float]] = {label: [] for label in contestants}
+    for round_ in range(cfg["bench_rounds"]):
+        for label, (model, layer, optimizer) in states.items():
+            model.train()
+            layer.train()
+            for i, index in enumerate(batches):
+                t0 = time.perf_counter()
+                optimizer.zero_grad(set_to_none=True)
+                layer(model(x_all[index]), y_all[index]).loss.backward()
+                optimizer.step()
+                if i >= 5:  # warm-up steps (allocator, first sampler calls) are not counted
+                    times[label].append(time.perf_counter() - t0)
+    return {label: {"ms_per_step": 1000 * float(np.median(t)), "ms_per_step_mean": 1000 * float(np.mean(t)),
+                    "steps": len(t), **contestants[label]} for label, t in times.items()}
+
+
+def _tree_arity(vocab_size: int) -> int:
+    """The smallest arity M with M**3 >= V (25 for PTB's 10k words, as in lm-ptb)."""
+    arity = max(2, round(vocab_size ** (1 / 3)))
+    while arity**3 < vocab_size:
+        arity += 1
+    return arity
+
+
+@experiment("lm-ptb-sampling", "Beyond seed 004: PTB log-bilinear LM trained with sampled softmax approximations "
+            "(importance, Bernoulli, BlackOut, negative sampling, ranking, NCE), exact perplexity and ms/step",
+            "results/sampling/lm-ptb.json")
+def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | str | None = None,
+                        **options: Any) -> Path:
+    """"Tree or sampling?": the log-bilinear LM of ``lm-ptb`` (arXiv Table 1's PTB setting) with its
+    output layer trained by each approximation of Barber & Botev (seed 004), evaluated exactly.
+
+    Every sampled run is :func:`hsm.experiments.lm.train_lm` with ``output`` one of
+    :data:`hsm.experiments.lm.SAMPLED_KINDS` (add-one-smoothed training counts as proposal; the
+    sparse path of :class:`hsm.sampling.SampledSoftmax`, like the trees' ``sparse=True``). The
+    learning rate of each method is the best of ``lr_grid`` on validation perplexity after
+    ``select_steps`` steps (the K = ``large_k`` runs reuse their method's K = 20 choice). Test
+    perplexity is exact (the full softmax at evaluation), so it compares with the flat softmax and
+    the trees of ``results/lm/ptb.json`` (same data, model, batch size and optimiser); at full
+    scale those are read from that file, at a reduced scale (``reference``) they are trained here.
+    Train ms/batch of each run is measured under whatever else the machine was running; the
+    round-robin benchmark (:func:`_benchmark_steps`, flat and random tree included) is the fair
+    speed comparison. The result file is rewritten after every run (``complete`` says whether all
+    finished); finished runs are kept under the cache (``hsm.config.cache_dir()``) at full scale,
+    so an interrupted command resumes.
+    """
+    from dataclasses import replace
+
+    from hsm import config as hsm_config
+    from hsm.experiments.lm import LMRunConfig, load_lm_corpus, train_lm
+    from hsm.tree import Tree
+
+    start = time.perf_counter()
+    cfg = _lm_settings(scale, options)
+    torch.set_num_threads(int(os.environ.get("HSM_THREADS", "1")))  # a shared machine: see hsm.experiments.lm
+    corpus = load_lm_corpus("ptb", vocab_size=cfg["vocab_size"] or None, train_tokens=cfg["train_tokens"] or None,
+                            eval_tokens=cfg["eval_tokens"] or None)
+    arity = _tree_arity(corpus.vocab_size)
+    run_dir = None
+    if scale == "full":
+        run_dir = hsm_config.cache_dir() / "lm-runs" / "lm-ptb-sampling"
+        run_dir.mkdir(parents=True, exist_ok=True)
+    path = _default_path(out, "results/sampling/lm-ptb.json")
+    base = LMRunConfig(output="flat", context=cfg["context"], dim=cfg["dim"], arity=arity, depth=3,
+                       batch_size=cfg["batch_size"], epochs=cfg["epochs"], seed=cfg["seed"],
+                       num_negatives=cfg["num_negatives"])
+    log = lambda message: print(f"[lm-ptb-sampling] {message}", file=sys.stderr, flush=True)  # noqa: E731
+    common = {"dataset": "ptb", "vocab_size": corpus.vocab_size, "train_tokens": int(corpus.train.numel()),
+              "valid_tokens": int(corpus.valid.numel()), "test_tokens": int(corpus.test.numel()),
+              "context": cfg["context"], "dim": cfg["dim"], "batch_size": cfg["batch_size"], "scale": scale,
+              "beyond_paper": True}
+    plan: list[tuple[str, str, int]] = [(f"{m}-K{cfg['num_negatives']}", m, cfg["num_negatives"]) for m in cfg["methods"]]
+    if cfg["large_k"]:
+        plan += [(f"{m}-K{cfg['large_k']}", m, cfg["large_k"]) for m in cfg["large_k_methods"] if m in cfg["methods"]]
+    plan = [(ref, ref, 0) for ref in cfg["reference"]] + plan
+    tree = Tree.random(corpus.vocab_size, arity, 3, seed=0, label_names=corpus.vocab) if "random" in cfg["reference"] else None
+    records: list[dict[str, Any]] = []
+    chosen_lr: dict[str, float] = {}
+    selection: dict[str, list[dict[str, Any]]] = {}
+
+    def write(complete: bool, bench: dict[str, dict[str, Any]] | None = None) -> Path:
+        extra = []
+        for label, spec in (bench or {}).items():
+            extra.append(make_record(None, spec["ms_per_step"], measure="bench_train_ms_per_step", run=label,
+                                     model=spec["model"], method=spec["output"], num_negatives=spec.get("num_negatives"),
+                                     sparse=spec.get("sparse"), ms_per_step_mean=spec["ms_per_step_mean"],
+                                     steps=spec["steps"], **common))
+        prov = provenance(dict(cfg, experiment="lm-ptb-sampling", device=device, optimizer="Adagrad", l2=0.0,
+                               tree_arity=arity, learning_rates=chosen_lr, lr_selection=selection, complete=complete,
+                               proposal="add-one-smoothed unigram counts of the training split",
+                               explicit="minibatch (importance, Bernoulli: the minibatch's classes summed exactly, "
+                                        "K negatives shared by the minibatch)",
+                               note="beyond the papers: no paper number to compare with"),
+                          time.perf_counter() - start)
+        return write_results(path, records + extra, prov)
+
+    with _SparseSampledOutputs():
+        for label, kind, k in plan:
+            method_key = kind
+            if method_key not in chosen_lr:
+                trials = []
+                if len(cfg["lr_grid"]) > 1:
+                    for lr in cfg["lr_grid"]:
+                        trial_cfg = replace(base, output=kind, lr=lr, epochs=1, max_steps_per_epoch=cfg["select_steps"],
+                                            num_negatives=k or cfg["num_negatives"])
+                        try:
+                            res = train_lm(corpus, trial_cfg, tree=tree if kind == "random" else None, device=device,
+                                           checkpoint_dir=run_dir, log=log)
+                            ppl, seconds = res.valid_perplexity, res.seconds
+                        except FloatingPointError:
+                            ppl, seconds = math.inf, 0.0
+                        trials.append({"lr": lr, "valid_perplexity": ppl if math.isfinite(ppl) else None,
+                                       "seconds": seconds})
+                        log(f"{kind} lr {lr}: valid perplexity {ppl:.1f} after {cfg['select_steps']} steps")
+                    best = min(trials, key=lambda t: t["valid_perplexity"] or math.inf)
+                    chosen_lr[method_key] = best["lr"]
+                else:
+                    chosen_lr[method_key] = cfg["lr_grid"][0]
+                selection[method_key] = trials
+            run_cfg = replace(base, output=kind, lr=chosen_lr[method_key], num_negatives=k or cfg["num_negatives"])
+            run = train_lm(corpus, run_cfg, tree=tree if kind == "random" else None, device=device,
+                           checkpoint_dir=run_dir, log=log)
+            name = LM_METHOD_NAMES[kind] + (f", K = {k}" if k else "")
+            fields = dict(common, model=name, run=label, method=kind, num_negatives=k or None, lr=run_cfg.lr,
+                          epochs=cfg["epochs"], per_epoch=run.epochs, wall_time_s=run.seconds,
+                          arity=arity if kind == "random" else None)
+            records.append(make_record(None, run.test_perplexity, measure="test_perplexity",
+                                       valid_perplexity=run.valid_perplexity, **fields))
+            records.append(make_record(None, run.train_ms_per_batch, measure="train_ms_per_batch", **fields))
+            records.append(make_record(None, run.test_ms_per_batch, measure="test_ms_per_batch", **fields))
+            log(f"{label}: test perplexity {run.test_perplexity:.1f}, {run.train_ms_per_batch:.1f} ms/step")
+            write(False)
+        contestants: dict[str, dict[str, Any]] = {
+            "flat": {"output": "flat", "model": LM_METHOD_NAMES["flat"]},
+            "random": {"output": "random", "model": LM_METHOD_NAMES["random"] + f", {arity}-ary depth 3"},
+        }
+        for label, kind, k in plan:
+            if k:
+                contestants[label] = {"output": kind, "num_negatives": k, "sparse": True,
+                                      "model": LM_METHOD_NAMES[kind] + f", K = {k}"}
+        if cfg["methods"]:  # what the sparse path buys: the same method with a dense [V, d] gradient
+            first = cfg["methods"][0]
+            contestants[f"{first}-K{cfg['num_negatives']}-dense"] = {
+                "output": first, "num_negatives": cfg["num_negatives"], "sparse": False,
+                "model": LM_METHOD_NAMES[first] + f", K = {cfg['num_negatives']}, dense gradient"}
+        log("round-robin step benchmark")
+        bench = _benchmark_steps(corpus, cfg, contestants)
+    return write(True, bench)
+
+
+def lm_rows(payload: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{run: {measure: record}}`` of an ``lm-ptb-sampling`` result file (benchmark records under
+    ``bench:<run>``)."""
+    rows: dict[str, dict[str, dict[str, Any]]] = {}
+    for record in payload["records"]:
+        key = ("bench:" if record["measure"] == "bench_train_ms_per_step" else "") + record["run"]
+        rows.setdefault(key, {})[record["measure"]] = record
+    return rows
