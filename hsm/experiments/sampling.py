@@ -536,12 +536,20 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
                     chosen_lr[method_key] = cfg["lr_grid"][0]
                 selection[method_key] = trials
             run_cfg = replace(base, output=kind, lr=chosen_lr[method_key], num_negatives=k or cfg["num_negatives"])
-            run = train_lm(corpus, run_cfg, tree=tree if kind == "random" else None, device=device,
-                           checkpoint_dir=run_dir, log=log)
             name = LM_METHOD_NAMES[kind] + (f", K = {k}" if k else "")
+            try:
+                run = train_lm(corpus, run_cfg, tree=tree if kind == "random" else None, device=device,
+                               checkpoint_dir=run_dir, log=log)
+            except FloatingPointError as exc:  # recorded, not fatal: the other methods still run
+                log(f"{label}: diverged ({exc})")
+                records.append(make_record(None, math.nan, measure="test_perplexity", diverged=str(exc),
+                                           **dict(common, model=name, run=label, method=kind, num_negatives=k or None,
+                                                  lr=run_cfg.lr, epochs=cfg["epochs"])))
+                write(False)
+                continue
             fields = dict(common, model=name, run=label, method=kind, num_negatives=k or None, lr=run_cfg.lr,
                           epochs=cfg["epochs"], per_epoch=run.epochs, wall_time_s=run.seconds,
-                          arity=arity if kind == "random" else None)
+                          arity=arity if kind == "random" else None, diverged=None)
             records.append(make_record(None, run.test_perplexity, measure="test_perplexity",
                                        valid_perplexity=run.valid_perplexity, **fields))
             records.append(make_record(None, run.train_ms_per_batch, measure="train_ms_per_batch", **fields))
