@@ -343,6 +343,9 @@ def _lm_settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
         # flat and random-tree runs at the same scale (at full scale they come from results/lm/ptb.json)
         "reference": ["flat", "random"] if quick else [],
         "bench_steps": 20 if quick else 100, "bench_rounds": 2 if quick else 3,
+        # the random tree of the reference run and of the benchmark: lm-ptb's arity (25 on PTB, 13 at V = 2,000;
+        # 0: the smallest M with M**3 >= V)
+        "arity": 13 if quick else 25,
         "seed": 0,
     }
     for key, value in options.items():
@@ -402,7 +405,7 @@ def _benchmark_steps(corpus, cfg: dict[str, Any], contestants: dict[str, dict[st
     gen = torch.Generator().manual_seed(cfg["seed"])
     order = torch.randperm(len(y_all), generator=gen)
     batches = [order[i * cfg["batch_size"]:(i + 1) * cfg["batch_size"]] for i in range(cfg["bench_steps"] + 5)]
-    arity = _tree_arity(corpus.vocab_size)
+    arity = cfg["arity"] or _tree_arity(corpus.vocab_size)
     states = {}
     for label, spec in contestants.items():
         seed_everything(cfg["seed"])
@@ -473,7 +476,9 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
     torch.set_num_threads(int(os.environ.get("HSM_THREADS", "1")))  # a shared machine: see hsm.experiments.lm
     corpus = load_lm_corpus("ptb", vocab_size=cfg["vocab_size"] or None, train_tokens=cfg["train_tokens"] or None,
                             eval_tokens=cfg["eval_tokens"] or None)
-    arity = _tree_arity(corpus.vocab_size)
+    arity = cfg["arity"] or _tree_arity(corpus.vocab_size)
+    if arity**3 < corpus.vocab_size:
+        raise ValueError(f"a {arity}-ary depth-3 tree holds {arity**3} words < vocabulary {corpus.vocab_size}")
     run_dir = None
     if scale == "full":
         run_dir = hsm_config.cache_dir() / "lm-runs" / "lm-ptb-sampling"
