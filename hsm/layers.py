@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import kernels
 from .tree import Tree
 
 __all__ = ["FlatSoftmax", "HierarchicalSoftmax", "HSMOutput", "RowSparseAdagrad", "TopK"]
@@ -281,6 +282,72 @@ class _TreePathLogProb(torch.autograd.Function):
         return grad_input, grad_weight, grad_bias, None, None, None, None, None
 
 
+def _np(tensor: Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor (no copy when it is contiguous)."""
+    return tensor.detach().contiguous().numpy()
+
+
+class _KernelPlan(NamedTuple):
+    """The batch's (example, node, child) pairs and their grouping by node, for the numba kernels."""
+
+    example: np.ndarray  #: [P]
+    node: np.ndarray  #: [P]
+    child: np.ndarray  #: [P]
+    order: np.ndarray  #: [P] pairs sorted by node
+    starts: np.ndarray  #: [G + 1] pair range of each unique node in ``order``
+    full: bool  #: P == B * L in (example, depth) order
+
+
+class _TreePathLogProbKernel(torch.autograd.Function):
+    """:class:`_TreePathLogProb` computed by the compiled kernels of :mod:`hsm.kernels` (float32
+    CPU tensors): one pass for the forward, one for the backward, one gradient row per unique
+    node (checked against :meth:`HierarchicalSoftmax.forward_reference` in tests/test_layers.py)."""
+
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, penalty: np.ndarray,
+                plan: _KernelPlan, sparse: bool, arity: int):  # type: ignore[override]
+        h = _np(input)
+        node_logp = np.empty((plan.node.shape[0], arity), dtype=np.float32)
+        bias_np = _np(bias) if bias is not None else np.empty((0, arity), dtype=np.float32)
+        output = kernels.run_path_forward(h, _np(weight), bias_np, penalty, plan.example, plan.node, plan.child,
+                                          plan.order, plan.starts, arity, node_logp)
+        ctx.plan, ctx.sparse, ctx.has_bias = plan, sparse, bias is not None
+        ctx.weight_shape = weight.shape
+        log_probs = torch.from_numpy(node_logp)
+        ctx.save_for_backward(input, weight, log_probs)
+        ctx.mark_non_differentiable(log_probs)
+        return torch.from_numpy(output), log_probs
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor, _grad_log_probs: Tensor | None):  # type: ignore[override]
+        input, weight, log_probs = ctx.saved_tensors
+        plan: _KernelPlan = ctx.plan
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        arity = log_probs.shape[1]
+        groups = plan.starts.shape[0] - 1
+        values = np.empty((groups if need_weight else 0, weight.shape[1]), dtype=np.float32)
+        bias_values = np.empty((groups, arity), dtype=np.float32)
+        grad_h = kernels.run_path_backward(_np(input), _np(weight), plan.example, plan.node, plan.child, plan.order,
+                                           plan.starts, _np(log_probs), _np(grad_output.float()), values,
+                                           bias_values, need_input, need_weight)
+        # unique nodes in increasing order (a stable sort by node): the sparse gradients are coalesced
+        rows = torch.from_numpy(plan.node[plan.order[plan.starts[:-1]]]).unsqueeze(0)
+        grad_input = torch.from_numpy(grad_h) if need_input else None
+        grad_weight = grad_bias = None
+        if need_weight:
+            grad_weight = _row_gradient(rows, torch.from_numpy(values), ctx.weight_shape, ctx.sparse)
+        if need_bias and ctx.has_bias:
+            grad_bias = _row_gradient(rows, torch.from_numpy(bias_values), (ctx.weight_shape[0], arity), ctx.sparse)
+        return grad_input, grad_weight, grad_bias, None, None, None, None
+
+
+def _row_gradient(rows: Tensor, values: Tensor, shape, sparse: bool) -> Tensor:
+    """The gradient of a parameter whose rows ``rows`` (distinct, increasing) received ``values``."""
+    if sparse:
+        return torch.sparse_coo_tensor(rows, values, shape, check_invariants=False, is_coalesced=True)
+    return values.new_zeros(shape).index_copy_(0, rows[0], values)
+
+
 class HierarchicalSoftmax(nn.Module):
     """Tree softmax over ``tree.num_labels`` labels (eq. 5 / 11).
 
@@ -375,6 +442,15 @@ class HierarchicalSoftmax(nn.Module):
         # many small kernels); every real label's path has the full length L in fixed-depth trees
         self._host_paths = (tree.path_nodes, tree.path_children, tree.path_mask)
         self._full_paths = bool(tree.path_mask[: tree.num_labels].all())
+        # the compiled kernels' view of the tree: -inf on empty slots (none: a [0, M] array), and
+        # child tables with -1 wherever a slot holds no usable node / real label (dummy leaves of
+        # well-formed trees, ids >= K, are never predicted)
+        usable = tree.slot_mask
+        self._kernel_penalty = (np.where(usable, 0.0, -np.inf).astype(np.float32) if not usable.all()
+                                else np.empty((0, tree.arity), dtype=np.float32))
+        self._kernel_child_node = np.ascontiguousarray(np.where(usable, tree.child_node, -1), dtype=np.int64)
+        real = usable & (tree.child_label >= 0) & (tree.child_label < tree.num_labels)
+        self._kernel_child_label = np.ascontiguousarray(np.where(real, tree.child_label, -1), dtype=np.int64)
         if reset_nodes is not None and len(reset_nodes):
             self.reset_parameters(reset_nodes)
 
@@ -420,14 +496,72 @@ class HierarchicalSoftmax(nn.Module):
                          torch.from_numpy(np.ascontiguousarray(child)).to(device),
                          _plan_groups(example, node, device), self._full_paths)
 
+    #: use the compiled kernels of :mod:`hsm.kernels` where they apply (float32 CPU tensors);
+    #: False forces the PyTorch implementation (the benchmark compares the two)
+    use_kernels: bool = True
+
+    def _kernels_apply(self, input: Tensor) -> bool:
+        return (self.use_kernels and input.device.type == "cpu" and input.dtype == torch.float32
+                and self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
+                and (self.bias is None or self.bias.dtype == torch.float32))
+
+    def _kernel_plan(self, target: Tensor) -> _KernelPlan:
+        nodes, children, mask = self._host_paths
+        labels = target.detach().cpu().numpy()
+        if self._full_paths:
+            length = nodes.shape[1]
+            example = np.repeat(np.arange(labels.shape[0], dtype=np.int64), length)
+            node, child = nodes[labels].reshape(-1), children[labels].reshape(-1)
+        else:
+            keep = mask[labels]
+            example = np.nonzero(keep)[0].astype(np.int64)
+            node, child = nodes[labels][keep], children[labels][keep]
+        node = np.ascontiguousarray(node, dtype=np.int64)
+        order, starts = kernels.group_pairs(node)
+        return _KernelPlan(example, node, np.ascontiguousarray(child, dtype=np.int64), order, starts,
+                           self._full_paths)
+
+    def _forward_kernels(self, input: Tensor, target: Tensor) -> HSMOutput:
+        batch = input.shape[0]
+        plan = self._kernel_plan(target)
+        collect = self.statistics is not None and self.training
+        if not (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)) and not collect:
+            bias = _np(self.bias) if self.bias is not None else np.empty((0, self.arity), dtype=np.float32)
+            output = kernels.run_path_forward(_np(input), _np(self.weight), bias, self._kernel_penalty, plan.example,
+                                              plan.node, plan.child, plan.order, plan.starts, self.arity,
+                                              np.empty((0, self.arity), dtype=np.float32))
+            output_t = torch.from_numpy(output)
+            return HSMOutput(output_t, -output_t.mean())
+        output, pair_log_probs = _TreePathLogProbKernel.apply(input, self.weight, self.bias, self._kernel_penalty,
+                                                              plan, self.sparse, self.arity)
+        if collect:
+            self._collect_statistics(target, pair_log_probs, plan.full)
+        return HSMOutput(output, -output.mean())
+
+    def _collect_statistics(self, target: Tensor, pair_log_probs: Tensor, full: bool) -> None:
+        """Algorithm 1's statistics (hsm.statistics) from the batch's node distributions."""
+        batch = target.shape[0]
+        length = self.path_nodes.shape[1]
+        mask = self.path_mask[target]
+        if full:
+            probs = pair_log_probs.detach().exp().view(batch, length, self.arity)
+        else:
+            probs = pair_log_probs.new_zeros(batch * length, self.arity)
+            probs[mask.view(-1)] = pair_log_probs.detach().exp()
+            probs = probs.view(batch, length, self.arity)
+        self.statistics.accumulate(target, probs, mask)
+
     def forward(self, input: Tensor, target: Tensor) -> HSMOutput:
         """Eq. 5: sum over the path of ``log softmax(W_n h + b_n)[c_d]``.
 
         Pairs (example, path node) are grouped by node, so each node's parameters are read once per
-        batch and its gradient is written once (:class:`_TreePathLogProb`); the result equals
+        batch and its gradient is written once (compiled kernels, :mod:`hsm.kernels`, for float32
+        CPU tensors; :class:`_TreePathLogProb` otherwise); the result equals
         :meth:`forward_reference` (tests check values and gradients)."""
         _check_input(input, self.in_features)
         _check_target(target, input.shape[0], self.num_labels)
+        if self._kernels_apply(input):
+            return self._forward_kernels(input, target)
         batch = input.shape[0]
         plan = self._plan(target)
         if not (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)) and (
@@ -446,15 +580,7 @@ class HierarchicalSoftmax(nn.Module):
         output, pair_log_probs = _TreePathLogProb.apply(input, self.weight, self.bias, self.slot_penalty, plan,
                                                         batch, self.sparse, self.arity)
         if self.statistics is not None and self.training:
-            length = self.path_nodes.shape[1]
-            mask = self.path_mask[target]
-            if plan.full:
-                probs = pair_log_probs.detach().exp().view(batch, length, self.arity)
-            else:
-                probs = pair_log_probs.new_zeros(batch * length, self.arity)
-                probs[mask.view(-1)] = pair_log_probs.detach().exp()
-                probs = probs.view(batch, length, self.arity)
-            self.statistics.accumulate(target, probs, mask)
+            self._collect_statistics(target, pair_log_probs, plan.full)
         return HSMOutput(output, -output.mean())
 
     def forward_reference(self, input: Tensor, target: Tensor) -> HSMOutput:
@@ -522,6 +648,12 @@ class HierarchicalSoftmax(nn.Module):
     @torch.no_grad()
     def _predict_top1(self, input: Tensor) -> tuple[Tensor, Tensor]:
         """(labels, nodes visited per row) of the exact top-1 search described in :meth:`predict`."""
+        if self._kernels_apply(input):
+            bias = _np(self.bias) if self.bias is not None else np.empty((0, self.arity), dtype=np.float32)
+            labels, _, visited = kernels.run_top1_search(_np(input), _np(self.weight), bias, self._kernel_penalty,
+                                                         self._kernel_child_node, self._kernel_child_label,
+                                                         self.path_nodes.shape[1])
+            return torch.from_numpy(labels), torch.from_numpy(visited)
         batch, device = input.shape[0], input.device
         child_node, child_label, slot_mask = self.tree.child_node, self.tree.child_label, self.tree.slot_mask
         num_labels = self.num_labels
@@ -702,28 +834,6 @@ class FlatSoftmax(nn.Module):
 
 
 # ---------------------------------------------------------------------------- optimiser
-def _adagrad_rows_kernel():
-    """numba kernel: one pass over the touched rows (state += g**2; param -= lr g / (sqrt(state) + eps))."""
-    import numba
-
-    # serial on purpose: a numba parallel (OpenMP) region leaves worker threads that slow torch's
-    # own kernels down for tens of ms afterwards (measured: a 0.8 ms step became 60 ms)
-    @numba.njit(cache=True)
-    def kernel(param, state, rows, grad, clr, eps):  # pragma: no cover - compiled
-        for r in range(rows.shape[0]):
-            row = rows[r]
-            for j in range(grad.shape[1]):
-                g = grad[r, j]
-                total = state[row, j] + g * g
-                state[row, j] = total
-                param[row, j] -= clr * g / (np.sqrt(total) + eps)
-
-    return kernel
-
-
-_ADAGRAD_KERNEL = None
-
-
 class RowSparseAdagrad(torch.optim.Optimizer):
     """``torch.optim.Adagrad`` (the papers' optimiser) with a fast path for row-sparse gradients.
 
@@ -774,7 +884,6 @@ class RowSparseAdagrad(torch.optim.Optimizer):
 
     @staticmethod
     def _sparse_step(param: Tensor, total: Tensor, grad: Tensor, clr: float, eps: float) -> None:
-        global _ADAGRAD_KERNEL
         indices = grad._indices()[0]
         values = grad._values()
         if not grad.is_coalesced() and torch.unique(indices).numel() != indices.numel():
@@ -785,11 +894,9 @@ class RowSparseAdagrad(torch.optim.Optimizer):
         values = values.reshape(values.shape[0], -1)
         if (param.device.type == "cpu" and param.dtype in (torch.float32, torch.float64)
                 and param.is_contiguous() and total.is_contiguous()):
-            if _ADAGRAD_KERNEL is None:
-                _ADAGRAD_KERNEL = _adagrad_rows_kernel()
             dtype = np.float32 if param.dtype == torch.float32 else np.float64
-            _ADAGRAD_KERNEL(flat_param.numpy(), flat_total.numpy(), indices.contiguous().numpy(),
-                            values.contiguous().numpy(), dtype(clr), dtype(eps))
+            kernels.run_adagrad_rows(flat_param.numpy(), flat_total.numpy(), indices.contiguous().numpy(),
+                                     values.contiguous().numpy(), dtype(clr), dtype(eps))
             return
         rows = flat_total.index_select(0, indices).addcmul_(values, values)
         flat_total.index_copy_(0, indices, rows)

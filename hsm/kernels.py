@@ -1,0 +1,442 @@
+"""Compiled CPU kernels for the hierarchical softmax (issue 8: speed).
+
+A tree-softmax training step evaluates ``P = B * L`` (example, path node) pairs. In PyTorch that
+is a dozen small kernels per batch (gathers, a batched matmul per bucket of node groups, log-softmax,
+scatters), and their fixed costs, not the arithmetic, dominate at the sizes that matter
+(``P`` a few hundred, ``M * d`` a few thousand). These numba kernels do the same work in one pass
+each, the way fastText's ``src/loss.cc`` does it (``HierarchicalSoftmaxLoss::forward`` walks the
+path, ``computeOutput`` / ``update`` per node), but grouped by node so that a node shared by many
+examples (the root: all B) has its ``[M, d]`` block read once and its gradient written once:
+
+* :func:`group_pairs`: sort the pairs by node (stable), giving each unique node's pair range;
+* :func:`path_forward`: logits ``W_n h_b + b_n`` of every pair, the node log-softmax, and
+  ``log p(y_b | h_b) = sum over the path`` (eq. 5 / eq. 11);
+* :func:`path_backward`: the gradients w.r.t. ``h``, the node weights (one ``[M*d]`` row per
+  unique node, so the sparse gradient has no duplicates) and the biases, from the saved node
+  log-softmax: ``d log p / d logit_m = onehot(child)_m - softmax_m`` per pair;
+* :func:`top1_search`: the exact most likely label per example (greedy descent for a bound, then a
+  depth-first branch and bound, ICML §11.1), one example at a time;
+* :func:`adagrad_rows`: the row-sparse Adagrad update (one pass over the touched rows).
+
+Every kernel is checked against the plain PyTorch reference in ``tests/test_kernels.py`` and
+``tests/test_layers.py`` (values, gradients, the arg max of ``log_prob``).
+
+Threads: the kernels release the GIL (``nogil``) and work on a share of the groups (examples,
+rows); the ``run_*`` functions split a batch into ``torch.get_num_threads()`` shares balanced by
+work and run them on a small pool of Python threads. Not numba's ``parallel=True``: its OpenMP
+workers keep spinning after a parallel region and slow torch's own kernels that follow by tens
+of milliseconds on a machine with few cores (measured in session 1: a 0.8 ms step became 60 ms);
+pool threads sleep when idle. Shares write disjoint rows, except per-example sums (``output``,
+the input gradient), which each share accumulates in its own buffer.
+
+Only ``float32`` contiguous CPU tensors take these paths (what training uses); other dtypes and
+devices use the PyTorch implementation in :mod:`hsm.layers`.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import numba
+import numpy as np
+import torch
+
+__all__ = ["group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows",
+           "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows"]
+
+#: multiply-adds below which a batch runs on one thread (a hand-off to the pool costs ~20 us)
+MIN_WORK_PER_THREAD = 250_000
+
+# Re-association and contraction let LLVM vectorise the dot products and axpys (sums in another
+# order: results differ from torch's in the last bits, well inside the tests' tolerances). Not
+# "fast": that would also assume no infinities, and empty slots carry a -inf logit.
+_FASTMATH = {"reassoc", "contract", "arcp"}
+# error_model="numpy" (division by zero gives inf, not a Python ZeroDivisionError): numba's check
+# before every division otherwise keeps LLVM from vectorising the loop (7x on the Adagrad update)
+
+
+@numba.njit(cache=True)
+def group_pairs(node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover - compiled
+    """(order, starts): ``order`` sorts the pairs by node (stable), and the pairs of the g-th
+    unique node are ``order[starts[g]:starts[g + 1]]``."""
+    order = np.argsort(node, kind="mergesort")
+    count = node.shape[0]
+    starts = np.empty(count + 1, dtype=np.int64)
+    groups = 0
+    for q in range(count):
+        if q == 0 or node[order[q]] != node[order[q - 1]]:
+            starts[groups] = q
+            groups += 1
+    starts[groups] = count
+    return order, starts[: groups + 1].copy()
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _logits_of_group(h, weight, example, order, first, last, n, arity, logits):  # pragma: no cover - compiled
+    """``logits[q - first, m] = W_n[m] . h[example[order[q]]]`` for the pairs of one node.
+
+    Four rows of ``W_n`` at a time against one example: four independent sums share each load of
+    ``h`` (register blocking), so the loop runs at the FMA units' rate, not at one sum's latency."""
+    dim = h.shape[1]
+    for q in range(first, last):
+        b = example[order[q]]
+        m = 0
+        while m + 4 <= arity:
+            b0, b1, b2, b3 = m * dim, (m + 1) * dim, (m + 2) * dim, (m + 3) * dim
+            a0 = np.float32(0.0)
+            a1 = np.float32(0.0)
+            a2 = np.float32(0.0)
+            a3 = np.float32(0.0)
+            for k in range(dim):
+                x = h[b, k]
+                a0 += weight[n, b0 + k] * x
+                a1 += weight[n, b1 + k] * x
+                a2 += weight[n, b2 + k] * x
+                a3 += weight[n, b3 + k] * x
+            row = q - first
+            logits[row, m] = a0
+            logits[row, m + 1] = a1
+            logits[row, m + 2] = a2
+            logits[row, m + 3] = a3
+            m += 4
+        while m < arity:
+            base = m * dim
+            acc = np.float32(0.0)
+            for k in range(dim):
+                acc += weight[n, base + k] * h[b, k]
+            logits[q - first, m] = acc
+            m += 1
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_logp, output,
+                 g_lo, g_hi):  # pragma: no cover - compiled
+    """Eq. 5 for every pair, grouped by node.
+
+    ``h`` [B, d], ``weight`` [N, M*d], ``bias`` [N, M] (or shape [0, M]: no bias), ``penalty``
+    [N, M] with -inf on empty slots (or shape [0, M]: a full tree); pairs ``example, node, child``
+    [P]; ``order, starts`` from :func:`group_pairs`. Writes ``node_logp`` [P, M] (the node
+    log-softmax of each pair; may have 0 rows when not needed: inference) and adds each pair's
+    ``log p(child | node, h)`` to ``output[example]`` (``output`` [B], zeroed by the caller).
+    Only the groups ``g_lo <= g < g_hi`` (a thread's share, see :func:`run_path_forward`).
+    """
+    has_bias = bias.shape[0] > 0
+    has_penalty = penalty.shape[0] > 0
+    keep = node_logp.shape[0] > 0
+    largest = 0
+    for g in range(g_lo, g_hi):
+        largest = max(largest, starts[g + 1] - starts[g])
+    logits = np.empty((largest, arity), dtype=h.dtype)
+    for g in range(g_lo, g_hi):
+        first, last = starts[g], starts[g + 1]
+        n = node[order[first]]
+        _logits_of_group(h, weight, example, order, first, last, n, arity, logits)
+        for q in range(first, last):
+            p = order[q]
+            row = logits[q - first]
+            if has_bias:
+                for m in range(arity):
+                    row[m] += bias[n, m]
+            if has_penalty:
+                for m in range(arity):
+                    row[m] += penalty[n, m]
+            top = row[0]
+            for m in range(1, arity):
+                top = max(top, row[m])
+            total = np.float32(0.0)
+            for m in range(arity):
+                total += np.exp(row[m] - top)
+            log_z = top + np.log(total)
+            output[example[p]] += row[child[p]] - log_z
+            if keep:
+                for m in range(arity):
+                    node_logp[p, m] = row[m] - log_z
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def path_backward(h, weight, example, node, child, order, starts, node_logp, grad_output,
+                  grad_h, grad_weight, grad_bias, need_h, need_weight, g_lo, g_hi):  # pragma: no cover - compiled
+    """Gradients of ``sum_b grad_output[b] * log p(y_b | h_b)`` from the saved node log-softmax.
+
+    Per pair, ``d/d logit_m = g_b (onehot(child)_m - softmax_m)``. Writes ``grad_h`` [B, d]
+    (accumulated: zeroed by the caller), ``grad_weight`` [G, M*d] (one row per unique node, in
+    ``starts`` order, overwritten) and ``grad_bias`` [G, M] (overwritten). Both products are
+    blocked by four (four pairs per weight-gradient row, four weight rows per input gradient) so
+    each load and store serves four multiply-adds. Only the groups ``g_lo <= g < g_hi``."""
+    dim = h.shape[1]
+    arity = node_logp.shape[1]
+    count = node_logp.shape[0]
+    pair_grad = np.empty((count, arity), dtype=h.dtype)  # rows of this share's pairs only
+    for g in range(g_lo, g_hi):
+        first, last = starts[g], starts[g + 1]
+        n = node[order[first]]
+        for q in range(first, last):
+            p = order[q]
+            scale = grad_output[example[p]]
+            for m in range(arity):
+                pair_grad[p, m] = -scale * np.exp(node_logp[p, m])
+            pair_grad[p, child[p]] += scale
+        for m in range(arity):
+            acc = np.float32(0.0)
+            for q in range(first, last):
+                acc += pair_grad[order[q], m]
+            grad_bias[g, m] = acc
+        if need_weight:
+            # grad W_n[m] = sum over the node's pairs of s_pm h_b
+            for m in range(arity):
+                base = m * dim
+                q = first
+                if last - first >= 4:
+                    p0, p1, p2, p3 = order[q], order[q + 1], order[q + 2], order[q + 3]
+                    s0, s1, s2, s3 = pair_grad[p0, m], pair_grad[p1, m], pair_grad[p2, m], pair_grad[p3, m]
+                    e0, e1, e2, e3 = example[p0], example[p1], example[p2], example[p3]
+                    for k in range(dim):
+                        grad_weight[g, base + k] = s0 * h[e0, k] + s1 * h[e1, k] + s2 * h[e2, k] + s3 * h[e3, k]
+                    q += 4
+                else:
+                    for k in range(dim):
+                        grad_weight[g, base + k] = 0.0
+                while q + 4 <= last:
+                    p0, p1, p2, p3 = order[q], order[q + 1], order[q + 2], order[q + 3]
+                    s0, s1, s2, s3 = pair_grad[p0, m], pair_grad[p1, m], pair_grad[p2, m], pair_grad[p3, m]
+                    e0, e1, e2, e3 = example[p0], example[p1], example[p2], example[p3]
+                    for k in range(dim):
+                        grad_weight[g, base + k] += s0 * h[e0, k] + s1 * h[e1, k] + s2 * h[e2, k] + s3 * h[e3, k]
+                    q += 4
+                while q < last:
+                    p = order[q]
+                    s = pair_grad[p, m]
+                    e = example[p]
+                    for k in range(dim):
+                        grad_weight[g, base + k] += s * h[e, k]
+                    q += 1
+        if need_h:
+            # grad h_b += sum_m s_pm W_n[m]
+            for q in range(first, last):
+                p = order[q]
+                b = example[p]
+                m = 0
+                while m + 4 <= arity:
+                    b0, b1, b2, b3 = m * dim, (m + 1) * dim, (m + 2) * dim, (m + 3) * dim
+                    s0, s1, s2, s3 = pair_grad[p, m], pair_grad[p, m + 1], pair_grad[p, m + 2], pair_grad[p, m + 3]
+                    for k in range(dim):
+                        grad_h[b, k] += (s0 * weight[n, b0 + k] + s1 * weight[n, b1 + k]
+                                         + s2 * weight[n, b2 + k] + s3 * weight[n, b3 + k])
+                    m += 4
+                while m < arity:
+                    base = m * dim
+                    s = pair_grad[p, m]
+                    for k in range(dim):
+                        grad_h[b, k] += s * weight[n, base + k]
+                    m += 1
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _node_log_softmax(h, b, weight, bias, penalty, n, arity, out):  # pragma: no cover - compiled
+    dim = h.shape[1]
+    for m in range(arity):
+        base = m * dim
+        acc = np.float32(0.0)
+        for k in range(dim):
+            acc += weight[n, base + k] * h[b, k]
+        out[m] = acc
+    if bias.shape[0] > 0:
+        for m in range(arity):
+            out[m] += bias[n, m]
+    if penalty.shape[0] > 0:
+        for m in range(arity):
+            out[m] += penalty[n, m]
+    top = out[0]
+    for m in range(1, arity):
+        top = max(top, out[m])
+    total = np.float32(0.0)
+    for m in range(arity):
+        total += np.exp(out[m] - top)
+    log_z = top + np.log(total)
+    for m in range(arity):
+        out[m] -= log_z
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited,
+                b_lo, b_hi):  # pragma: no cover - compiled
+    """Exact arg max of ``log p(y | h_b)`` for every row (ICML §11.1's branch and bound).
+
+    A greedy descent (most likely child at each node) gives a label and so a lower bound; then a
+    depth-first search from the root keeps a child only while its path log-probability exceeds
+    the best label found so far, which is exact because a node's path probability bounds every
+    label below it. ``child_node`` / ``child_label`` [N, M] (-1 where the slot holds no node /
+    label; empty slots have -inf in ``penalty``). Writes ``labels``, ``values`` (the best
+    log-probability) and ``visited`` (distinct node evaluations) per row. The greedy path's node
+    distributions are kept so the search does not evaluate them twice."""
+    arity = child_node.shape[1]
+    lp = np.empty(arity, dtype=h.dtype)
+    greedy_nodes = np.empty(max_depth, dtype=np.int64)
+    greedy_lp = np.empty((max_depth, arity), dtype=h.dtype)
+    stack_node = np.empty(max_depth * arity + 1, dtype=np.int64)
+    stack_score = np.empty(max_depth * arity + 1, dtype=h.dtype)
+    neg_inf = np.float32(-np.inf)
+    for b in range(b_lo, b_hi):
+        # greedy descent
+        n = 0
+        score = np.float32(0.0)
+        best = neg_inf
+        best_label = -1
+        depth = 0
+        count = 0
+        while n >= 0 and depth < max_depth:
+            _node_log_softmax(h, b, weight, bias, penalty, n, arity, lp)
+            count += 1
+            greedy_nodes[depth] = n
+            greedy_lp[depth, :] = lp
+            depth += 1
+            step, nxt = neg_inf, -1
+            for m in range(arity):
+                v = score + lp[m]
+                if child_label[n, m] >= 0 and v > best:
+                    best, best_label = v, child_label[n, m]
+                if child_node[n, m] >= 0 and v > step:
+                    step, nxt = v, child_node[n, m]
+            score = step
+            n = nxt
+        greedy_len = depth
+        # branch and bound (depth first); the root is always the greedy path's first node
+        top = 0
+        stack_node[0] = 0
+        stack_score[0] = 0.0
+        top = 1
+        while top > 0:
+            top -= 1
+            n = stack_node[top]
+            score = stack_score[top]
+            if score <= best:
+                continue  # the bound improved since this node was pushed
+            cached = -1
+            for level in range(greedy_len):
+                if greedy_nodes[level] == n:
+                    cached = level
+                    break
+            if cached >= 0:
+                lp[:] = greedy_lp[cached]
+            else:
+                _node_log_softmax(h, b, weight, bias, penalty, n, arity, lp)
+                count += 1
+            for m in range(arity):
+                v = score + lp[m]
+                if v <= best:
+                    continue
+                if child_label[n, m] >= 0:
+                    best, best_label = v, child_label[n, m]
+                elif child_node[n, m] >= 0:
+                    stack_node[top] = child_node[n, m]
+                    stack_score[top] = v
+                    top += 1
+        labels[b] = best_label
+        values[b] = best
+        visited[b] = count
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def adagrad_rows(param, state, rows, grad, clr, eps, r_lo, r_hi):  # pragma: no cover - compiled
+    """Row-sparse Adagrad (torch.optim.Adagrad's update on the touched rows): per element
+    ``state += g**2``; ``param -= clr * g / (sqrt(state) + eps)``. ``rows`` must be distinct."""
+    width = grad.shape[1]
+    for r in range(r_lo, r_hi):
+        row = rows[r]
+        p = param[row]
+        s = state[row]
+        g = grad[r]
+        for j in range(width):
+            total = s[j] + g[j] * g[j]
+            s[j] = total
+            p[j] -= clr * g[j] / (np.sqrt(total) + eps)
+
+
+# ------------------------------------------------------------------ thread shares
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None or _POOL._max_workers < workers:
+            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hsm-kernel")
+        return _POOL
+
+
+def _shares(cumulative: np.ndarray, work: float) -> list[tuple[int, int]]:
+    """Split items ``0..len(cumulative)-2`` (item i's load is ``cumulative[i+1] - cumulative[i]``)
+    into contiguous ranges of about equal load, one per thread."""
+    items = len(cumulative) - 1
+    parts = int(min(torch.get_num_threads(), items, max(1, work // MIN_WORK_PER_THREAD)))
+    if parts <= 1:
+        return [(0, items)]
+    total = cumulative[-1] - cumulative[0]
+    cuts = np.searchsorted(cumulative, cumulative[0] + total * np.arange(1, parts) / parts)
+    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 0, items), [items]]))
+    return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+
+
+def _run(task: Callable[[int, int, int], None], shares: list[tuple[int, int]]) -> None:
+    """``task(share_index, lo, hi)`` for every share: the first on this thread, the rest on the pool."""
+    if len(shares) == 1:
+        task(0, *shares[0])
+        return
+    futures = [_pool(len(shares) - 1).submit(task, i, lo, hi) for i, (lo, hi) in enumerate(shares[1:], 1)]
+    task(0, *shares[0])
+    for future in futures:
+        future.result()
+
+
+def run_path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_logp) -> np.ndarray:
+    """:func:`path_forward` on all groups, split over threads; returns ``output`` [B]."""
+    shares = _shares(starts, float(node.shape[0]) * arity * h.shape[1])
+    outputs = [np.zeros(h.shape[0], dtype=h.dtype) for _ in shares]
+
+    def task(i: int, lo: int, hi: int) -> None:
+        path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_logp, outputs[i], lo, hi)
+
+    _run(task, shares)
+    return outputs[0] if len(outputs) == 1 else np.sum(outputs, axis=0)
+
+
+def run_path_backward(h, weight, example, node, child, order, starts, node_logp, grad_output,
+                      grad_weight, grad_bias, need_h, need_weight) -> np.ndarray:
+    """:func:`path_backward` on all groups, split over threads; returns ``grad_h`` [B, d]."""
+    shares = _shares(starts, 2.0 * node.shape[0] * node_logp.shape[1] * h.shape[1])
+    grads = [np.zeros(h.shape, dtype=h.dtype) for _ in shares]
+
+    def task(i: int, lo: int, hi: int) -> None:
+        path_backward(h, weight, example, node, child, order, starts, node_logp, grad_output, grads[i],
+                      grad_weight, grad_bias, need_h, need_weight, lo, hi)
+
+    _run(task, shares)
+    return grads[0] if len(grads) == 1 else np.sum(grads, axis=0)
+
+
+def run_top1_search(h, weight, bias, penalty, child_node, child_label, max_depth):
+    """:func:`top1_search` for every row, rows split over threads; (labels, values, visited)."""
+    batch = h.shape[0]
+    labels = np.empty(batch, dtype=np.int64)
+    values = np.empty(batch, dtype=h.dtype)
+    visited = np.empty(batch, dtype=np.int64)
+    per_row = float(max_depth) * child_node.shape[1] * h.shape[1]
+    shares = _shares(np.arange(batch + 1), per_row * batch)
+
+    def task(i: int, lo: int, hi: int) -> None:
+        top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited, lo, hi)
+
+    _run(task, shares)
+    return labels, values, visited
+
+
+def run_adagrad_rows(param, state, rows, grad, clr, eps) -> None:
+    """:func:`adagrad_rows` over all ``rows`` (distinct), split over threads."""
+    shares = _shares(np.arange(rows.shape[0] + 1), float(rows.shape[0]) * grad.shape[1] / 4)
+
+    def task(i: int, lo: int, hi: int) -> None:
+        adagrad_rows(param, state, rows, grad, clr, eps, lo, hi)
+
+    _run(task, shares)

@@ -1,0 +1,192 @@
+"""hsm.kernels: the compiled float32 CPU paths of HierarchicalSoftmax against the float64 reference.
+
+Every check runs with one thread and with the batch split over two threads (the shares of
+hsm.kernels.run_*), so the per-share buffers and their sums are exercised too."""
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hsm.kernels as kernels
+from hsm.layers import HierarchicalSoftmax, RowSparseAdagrad
+from hsm.statistics import NodeStatistics
+from hsm.tree import Tree
+
+
+def _trees():
+    return [
+        Tree.random(50, 4, 3, seed=1),  # fixed depth with unused leaves (slot penalty)
+        Tree.random(27, 3, 3, seed=2),  # exactly full
+        Tree.random(400, 9, 3, seed=3),  # arity not a multiple of the kernels' blocking (4)
+        Tree.huffman(np.arange(1, 38), 3),  # well formed, variable depth
+        Tree.huffman(np.arange(1, 21), 4),  # with dummy leaves
+        Tree.huffman(np.arange(1, 20), 2),  # binary
+        Tree.from_taxonomy({"a": ["x", "y", "z"], "b": ["w"], "c": ["u", "v"]}, list("xyzwuv")),  # ragged
+    ]
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def threads(request, monkeypatch):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    monkeypatch.setattr(kernels, "MIN_WORK_PER_THREAD", 1)  # split even tiny batches
+    yield request.param
+    torch.set_num_threads(before)
+
+
+def _layer(tree, d=7, scale=2.0, seed=0, sparse=True):
+    torch.manual_seed(seed)
+    layer = HierarchicalSoftmax(d, tree, sparse=sparse)
+    with torch.no_grad():
+        layer.weight.mul_(scale)
+        layer.bias.normal_()
+    return layer
+
+
+def _reference(layer):
+    """The same parameters in float64 through the plain PyTorch implementation."""
+    ref = HierarchicalSoftmax(layer.in_features, layer.tree, sparse=False).double()
+    ref.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
+    ref.use_kernels = False
+    return ref
+
+
+def _targets(tree, batch, seed):
+    rng = np.random.default_rng(seed)
+    probs = 1.0 / np.arange(1, tree.num_labels + 1) ** 1.2  # Zipf-like: groups of every size
+    return torch.as_tensor(rng.choice(tree.num_labels, batch, p=probs / probs.sum()))
+
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("tree", _trees(), ids=repr)
+@pytest.mark.parametrize("sparse", [False, True])
+def test_kernel_forward_and_gradients_equal_reference(tree, sparse, threads):
+    layer = _layer(tree, sparse=sparse)
+    ref = _reference(layer)
+    for batch, seed in ((1, 0), (29, 1), (260, 2)):
+        y = _targets(tree, batch, seed)
+        h = torch.randn(batch, layer.in_features, requires_grad=True)
+        h64 = h.detach().double().requires_grad_()
+        upstream = torch.randn(batch)  # a non-uniform gradient of the outputs
+        out = layer(h, y).output
+        want = ref.forward_reference(h64, y).output
+        torch.testing.assert_close(out.double(), want, **TOL)
+        got = torch.autograd.grad((out * upstream).sum(), [h, layer.weight, layer.bias])
+        expected = torch.autograd.grad((want * upstream.double()).sum(), [h64, ref.weight, ref.bias])
+        for g, w in zip(got, expected):
+            assert g.is_sparse == (sparse and g.shape != h.shape)
+            torch.testing.assert_close(g.to_dense().double(), w, **TOL)
+        if sparse:  # one gradient row per unique path node: nothing for the optimiser to sum
+            rows = got[1]._indices()[0]
+            path_nodes = np.unique(tree.path_nodes[y.numpy()][tree.path_mask[y.numpy()]])
+            assert rows.tolist() == path_nodes.tolist()
+
+
+@pytest.mark.parametrize("tree", _trees(), ids=repr)
+def test_kernel_inference_equals_training_forward(tree, threads):
+    layer = _layer(tree, seed=1)
+    for batch, seed in ((3, 0), (180, 1)):
+        h = torch.randn(batch, layer.in_features)
+        y = _targets(tree, batch, seed)
+        with torch.no_grad():
+            inference = layer(h, y).output
+        training = layer(h.requires_grad_(), y).output.detach()
+        torch.testing.assert_close(inference, training)
+        torch.testing.assert_close(inference.double(), _reference(layer).forward_reference(h.double(), y).output
+                                   .detach(), **TOL)
+
+
+@pytest.mark.parametrize("tree", _trees(), ids=repr)
+def test_kernel_top1_is_the_arg_max_of_log_prob(tree, threads):
+    for scale in (0.01, 6.0):  # near uniform (visits everything) and confident (prunes)
+        layer = _layer(tree, scale=scale, seed=2)
+        h = torch.randn(41, layer.in_features)
+        labels, visited = layer._predict_top1(h)
+        log_prob = _reference(layer).log_prob(h.double())
+        best = log_prob.max(1).values
+        # the chosen label is (within float32 rounding) as likely as the best one
+        torch.testing.assert_close(log_prob[torch.arange(41), labels], best, rtol=0, atol=1e-5)
+        assert ((labels >= 0) & (labels < tree.num_labels)).all()
+        assert (visited >= 1).all() and (visited <= tree.num_nodes).all()
+
+
+def test_kernel_statistics_match_the_reference_path():
+    for tree in (Tree.random(60, 4, 3, seed=0), Tree.huffman(np.arange(1, 30), 3)):
+        layers = [_layer(tree, seed=3), _layer(tree, seed=3)]
+        layers[1].use_kernels = False
+        h = torch.randn(40, layers[0].in_features)
+        y = _targets(tree, 40, 3)
+        for layer in layers:
+            layer.statistics = NodeStatistics(tree, dtype=torch.double)
+            layer(h, y)
+        for name in ("sum_probas", "path_counts", "label_counts"):
+            torch.testing.assert_close(getattr(layers[0].statistics, name), getattr(layers[1].statistics, name),
+                                       rtol=1e-5, atol=1e-6)
+
+
+def test_kernel_and_torch_paths_train_alike(threads):
+    """A few RowSparseAdagrad steps through the kernels and through the PyTorch path."""
+    tree = Tree.random(300, 7, 3, seed=0)
+    layers = [_layer(tree, seed=4), _layer(tree, seed=4)]
+    layers[1].use_kernels = False
+    opts = [RowSparseAdagrad(layer.parameters(), lr=0.2) for layer in layers]
+    for step in range(5):
+        h = torch.randn(64, layers[0].in_features)
+        y = _targets(tree, 64, step)
+        for layer, opt in zip(layers, opts):
+            opt.zero_grad()
+            layer(h, y).loss.backward()
+            opt.step()
+    torch.testing.assert_close(layers[0].weight, layers[1].weight, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(layers[0].bias, layers[1].bias, rtol=1e-4, atol=1e-5)
+
+
+def test_adagrad_rows_kernel_equals_the_formula(threads):
+    rng = np.random.default_rng(0)
+    param = rng.standard_normal((20, 33)).astype(np.float32)
+    state = rng.random((20, 33)).astype(np.float32)
+    rows = np.array([1, 4, 5, 19], dtype=np.int64)
+    grad = rng.standard_normal((4, 33)).astype(np.float32)
+    want_state = state.copy()
+    want_state[rows] += grad ** 2
+    want_param = param.copy()
+    want_param[rows] -= 0.3 * grad / (np.sqrt(want_state[rows]) + 1e-10)
+    kernels.run_adagrad_rows(param, state, rows, grad, np.float32(0.3), np.float32(1e-10))
+    np.testing.assert_allclose(state, want_state, rtol=1e-6)
+    np.testing.assert_allclose(param, want_param, rtol=1e-5, atol=1e-6)
+
+
+def test_shares_cover_every_item_once():
+    cumulative = np.cumsum([0, 5, 1, 1, 40, 3, 3, 3, 2])
+    torch_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        shares = kernels._shares(cumulative, work=1e9)
+    finally:
+        torch.set_num_threads(torch_threads)
+    covered = [i for lo, hi in shares for i in range(lo, hi)]
+    assert covered == list(range(len(cumulative) - 1))
+    assert kernels._shares(cumulative, work=1.0) == [(0, len(cumulative) - 1)]  # too little work to split
+
+
+@settings(max_examples=25, deadline=None)
+@given(k=st.integers(2, 200), m=st.integers(2, 9), batch=st.integers(1, 70), seed=st.integers(0, 10_000))
+def test_kernel_log_probabilities_property(k, m, batch, seed):
+    """For random fixed-depth trees (any K, M), the kernel forward equals the reference and the
+    target's log-probability matches log_prob's entry."""
+    depth = 1
+    while m ** depth < k:
+        depth += 1
+    tree = Tree.random(k, m, depth, seed=seed)
+    layer = _layer(tree, d=5, seed=seed % 97)
+    rng = np.random.default_rng(seed)
+    y = torch.as_tensor(rng.integers(0, k, batch))
+    h = torch.randn(batch, 5)
+    with torch.no_grad():
+        out = layer(h, y).output
+    ref = _reference(layer)
+    torch.testing.assert_close(out.double(), ref.forward_reference(h.double(), y).output.detach(), **TOL)
+    torch.testing.assert_close(out.double(), ref.log_prob(h.double())[torch.arange(batch), y].detach(), **TOL)
