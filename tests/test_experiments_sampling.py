@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -71,3 +72,66 @@ def test_fig1_result_file_sweeps_alpha(tmp_path):
 def test_unknown_option_is_refused(tmp_path):
     with pytest.raises(ValueError, match="unknown option"):
         E.run_fig2(scale="quick", out=tmp_path / "x.json", learning_rate="1")
+
+
+# ------------------------------------------------------------------------------- lm-ptb-sampling (beyond the paper)
+
+import os  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+needs_ptb = pytest.mark.skipif(not (MIRROR / "ptb").exists(), reason="data mirror (PTB) not available")
+
+TINY_LM = dict(vocab_size="300", train_tokens="4000", eval_tokens="1500", dim="16", epochs="1",
+               methods="importance,blackout", reference="flat,random", arity="7", bench_steps="3", bench_rounds="1",
+               lr_grid="0.1")
+
+
+@needs_ptb
+def test_lm_ptb_sampling_result_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    payload = load_results(E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "lm.json", **TINY_LM))
+    rows = E.lm_rows(payload)
+    assert {"flat", "random", "importance-K20", "blackout-K20"} <= set(rows)
+    for run in ("flat", "random", "importance-K20", "blackout-K20"):
+        ppl = rows[run]["test_perplexity"]
+        # exact evaluation: a proper perplexity, at most a little above the uniform model's after so short a run
+        assert 1.0 < ppl["value"] < 2 * 300 and ppl["vocab_size"] == 300
+        assert ppl["lr"] == 0.1 and len(ppl["per_epoch"]) == 1
+        assert rows[run]["train_ms_per_batch"]["value"] > 0
+    assert rows["importance-K20"]["test_perplexity"]["num_negatives"] == 20
+    # the round-robin benchmark has every output, and the dense-gradient variant of the first method
+    bench = {key[len("bench:"):]: m["bench_train_ms_per_step"] for key, m in rows.items() if key.startswith("bench:")}
+    assert set(bench) == {"flat", "random", "importance-K20", "blackout-K20", "importance-K20-dense"}
+    assert bench["importance-K20-dense"]["sparse"] is False and bench["importance-K20"]["sparse"] is True
+    assert all(b["steps"] == 3 and b["value"] > 0 for b in bench.values())
+    config = payload["provenance"]["config"]
+    assert config["complete"] is True and config["learning_rates"]["importance"] == 0.1
+
+
+def test_lm_ptb_sampling_rejects_bad_options(tmp_path):
+    with pytest.raises(ValueError, match="unknown option"):
+        E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "x.json", negatives="5")
+    with pytest.raises(ValueError, match="unknown sampled output"):
+        E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "x.json", methods="importance,hinge")
+    with pytest.raises(ValueError, match="reference"):
+        E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "x.json", reference="learned")
+
+
+def test_sparse_sampled_outputs_switch_train_lms_layer_and_restore_it():
+    from hsm.experiments import lm
+    from hsm.sampling import SampledSoftmax
+
+    original = lm._make_output
+    counts = np.arange(1, 31, dtype=np.float64)
+    cfg = lm.LMRunConfig(output="negative_sampling", dim=4, num_negatives=3)
+    with E._SparseSampledOutputs():
+        layer = lm._make_output(cfg, 30, None, counts)
+        assert isinstance(layer, SampledSoftmax) and layer.sparse
+        assert isinstance(lm._make_output(lm.LMRunConfig(output="flat", dim=4), 30, None, counts), torch.nn.Module)
+    assert lm._make_output is original
+    assert not lm._make_output(cfg, 30, None, counts).sparse
+
+
+def test_tree_arity_is_the_smallest_that_holds_the_vocabulary():
+    assert E._tree_arity(10_000) == 22 and E._tree_arity(2000) == 13 and E._tree_arity(8) == 2
