@@ -15,7 +15,9 @@ softmax's frequency-sorted cutoffs are meaningful):
 Methods: ``flat`` (:class:`hsm.FlatSoftmax`: ``nn.Linear`` + log-softmax, the O(V d) baseline),
 ``adaptive`` (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, cutoffs 2k/10k/50k/200k below V,
 ``div_value=4``, at most as many tail clusters as keep every tail projection >= 1 dimension), ``tree-d2`` / ``tree-d3`` (:class:`hsm.HierarchicalSoftmax` on a random
-fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``), and ``naive-d3`` (the same tree through
+fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``; on CPU in float32 the compiled kernels
+of :mod:`hsm.kernels`), ``torch-d3`` (the same layer with ``use_kernels = False``: pairs grouped
+by node in PyTorch ops, the path a GPU takes), and ``naive-d3`` (the same tree through
 :meth:`HierarchicalSoftmax.forward_reference` with a dense gradient: per-example weight copies,
 what a straightforward PyTorch tree does).
 
@@ -52,7 +54,7 @@ import torch
 __all__ = ["METHODS", "BenchConfig", "adaptive_cutoffs", "machine_limits", "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
 
-METHODS = ("flat", "adaptive", "tree-d2", "tree-d3", "naive-d3")
+METHODS = ("flat", "adaptive", "tree-d2", "tree-d3", "torch-d3", "naive-d3")
 METRICS = ("train", "train_sgd", "train_adagrad", "logprob", "predict")
 _POOL = 16  # distinct batches cycled through by every timing loop
 
@@ -170,7 +172,7 @@ def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | 
     Optimiser steps add a read and write of every updated parameter (and of Adagrad's state)."""
     f32 = 4.0
     out: dict[str, dict[str, float]] = {}
-    if method.startswith(("tree", "naive")):
+    if method.startswith(("tree", "torch", "naive")):
         block = arity * dim * f32
         fwd_bytes = unique_nodes * block
         fwd_flops = 2.0 * pairs * arity * dim
@@ -241,7 +243,8 @@ def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: i
     depth = int(method.rsplit("-d", 1)[1])
     arity = tree_arity(num_labels, depth)
     tree = Tree.random(num_labels, arity, depth, seed=seed)
-    layer = HierarchicalSoftmax(dim, tree, sparse=method.startswith("tree")).to(device)
+    layer = HierarchicalSoftmax(dim, tree, sparse=method.startswith(("tree", "torch"))).to(device)
+    layer.use_kernels = not method.startswith("torch")
     return layer, tree
 
 
