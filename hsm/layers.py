@@ -834,6 +834,17 @@ class FlatSoftmax(nn.Module):
 
 
 # ---------------------------------------------------------------------------- optimiser
+def _strictly_increasing(indices: Tensor) -> bool:
+    """Distinct rows, cheaply: the layer's gradients list each node once, in increasing order
+    (autograd's accumulation drops the coalesced flag, and ``torch.unique`` costs a sort)."""
+    if indices.numel() < 2:
+        return True
+    if indices.device.type == "cpu":
+        rows = indices.numpy()
+        return bool((rows[1:] > rows[:-1]).all())
+    return bool((indices[1:] > indices[:-1]).all()) or torch.unique(indices).numel() == indices.numel()
+
+
 class RowSparseAdagrad(torch.optim.Optimizer):
     """``torch.optim.Adagrad`` (the papers' optimiser) with a fast path for row-sparse gradients.
 
@@ -886,7 +897,7 @@ class RowSparseAdagrad(torch.optim.Optimizer):
     def _sparse_step(param: Tensor, total: Tensor, grad: Tensor, clr: float, eps: float) -> None:
         indices = grad._indices()[0]
         values = grad._values()
-        if not grad.is_coalesced() and torch.unique(indices).numel() != indices.numel():
+        if not grad.is_coalesced() and not _strictly_increasing(indices):
             grad = grad.coalesce()  # duplicate rows must be summed before squaring
             indices, values = grad._indices()[0], grad._values()
         flat_param = param.view(param.shape[0], -1)
