@@ -135,3 +135,17 @@ def test_sparse_sampled_outputs_switch_train_lms_layer_and_restore_it():
 
 def test_tree_arity_is_the_smallest_that_holds_the_vocabulary():
     assert E._tree_arity(10_000) == 22 and E._tree_arity(2000) == 13 and E._tree_arity(8) == 2
+
+
+@needs_ptb
+def test_lm_ptb_sampling_selects_the_rate_on_validation_and_extends_an_edge(tmp_path, monkeypatch):
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    options = dict(TINY_LM, methods="importance", reference="", lr_grid="0.05,0.1", select_steps="3",
+                   lr_extend="1", bench_steps="1")
+    config = load_results(E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "lm.json", **options))["provenance"]["config"]
+    trials = config["lr_selection"]["importance"]
+    rates = [t["lr"] for t in trials]
+    assert rates[:2] == [0.05, 0.1] and len(rates) == 3  # the best of the two is an edge: one more rate, beyond it
+    assert rates[2] in (0.025, 0.2)
+    best = min(trials, key=lambda t: t["valid_perplexity"])
+    assert config["learning_rates"]["importance"] == best["lr"]

@@ -340,6 +340,7 @@ def _lm_settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
         # importance / Bernoulli also with more negatives (their cost grows little: the negatives are shared)
         "large_k": 0 if quick else 200, "large_k_methods": ["importance", "bernoulli"],
         "lr_grid": [0.1] if quick else [0.025, 0.05, 0.1, 0.2], "select_steps": 0 if quick else 1500,
+        "lr_extend": 0 if quick else 2,  # extra rates tried when the best is at an edge of the grid
         # flat and random-tree runs at the same scale (at full scale they come from results/lm/ptb.json)
         "reference": ["flat", "random"] if quick else [],
         "bench_steps": 20 if quick else 100, "bench_rounds": 2 if quick else 3,
@@ -455,7 +456,8 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
     :data:`hsm.experiments.lm.SAMPLED_KINDS` (add-one-smoothed training counts as proposal; the
     sparse path of :class:`hsm.sampling.SampledSoftmax`, like the trees' ``sparse=True``). The
     learning rate of each method is the best of ``lr_grid`` on validation perplexity after
-    ``select_steps`` steps (the K = ``large_k`` runs reuse their method's K = 20 choice). Test
+    ``select_steps`` steps, the grid extended (halved or doubled, up to ``lr_extend`` times) while
+    the best rate is at its edge (the K = ``large_k`` runs reuse their method's K = 20 choice). Test
     perplexity is exact (the full softmax at evaluation), so it compares with the flat softmax and
     the trees of ``results/lm/ptb.json`` (same data, model, batch size and optimiser); at full
     scale those are read from that file, at a reduced scale (``reference``) they are trained here.
@@ -522,21 +524,34 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
             method_key = kind
             if method_key not in chosen_lr:
                 trials = []
+
+                def trial(lr: float) -> None:
+                    trial_cfg = replace(base, output=kind, lr=lr, epochs=1, max_steps_per_epoch=cfg["select_steps"],
+                                        num_negatives=k or cfg["num_negatives"])
+                    try:
+                        res = train_lm(corpus, trial_cfg, tree=tree if kind == "random" else None, device=device,
+                                       checkpoint_dir=run_dir, log=log)
+                        ppl, seconds = res.valid_perplexity, res.seconds
+                    except FloatingPointError:
+                        ppl, seconds = math.inf, 0.0
+                    trials.append({"lr": lr, "valid_perplexity": ppl if math.isfinite(ppl) else None,
+                                   "seconds": seconds})
+                    log(f"{kind} lr {lr}: valid perplexity {ppl:.1f} after {cfg['select_steps']} steps")
+
                 if len(cfg["lr_grid"]) > 1:
-                    for lr in cfg["lr_grid"]:
-                        trial_cfg = replace(base, output=kind, lr=lr, epochs=1, max_steps_per_epoch=cfg["select_steps"],
-                                            num_negatives=k or cfg["num_negatives"])
-                        try:
-                            res = train_lm(corpus, trial_cfg, tree=tree if kind == "random" else None, device=device,
-                                           checkpoint_dir=run_dir, log=log)
-                            ppl, seconds = res.valid_perplexity, res.seconds
-                        except FloatingPointError:
-                            ppl, seconds = math.inf, 0.0
-                        trials.append({"lr": lr, "valid_perplexity": ppl if math.isfinite(ppl) else None,
-                                       "seconds": seconds})
-                        log(f"{kind} lr {lr}: valid perplexity {ppl:.1f} after {cfg['select_steps']} steps")
-                    best = min(trials, key=lambda t: t["valid_perplexity"] or math.inf)
-                    chosen_lr[method_key] = best["lr"]
+                    for lr in sorted(cfg["lr_grid"]):
+                        trial(lr)
+                    # a best rate at the edge of the grid: extend the grid that way (halve / double)
+                    for _ in range(cfg["lr_extend"]):
+                        rates = [t["lr"] for t in trials]
+                        best = min(trials, key=lambda t: t["valid_perplexity"] or math.inf)["lr"]
+                        if best == min(rates):
+                            trial(best / 2)
+                        elif best == max(rates):
+                            trial(best * 2)
+                        else:
+                            break
+                    chosen_lr[method_key] = min(trials, key=lambda t: t["valid_perplexity"] or math.inf)["lr"]
                 else:
                     chosen_lr[method_key] = cfg["lr_grid"][0]
                 selection[method_key] = trials
