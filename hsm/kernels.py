@@ -34,6 +34,7 @@ devices use the PyTorch implementation in :mod:`hsm.layers`.
 """
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -415,14 +416,16 @@ def adagrad_rows(param, state, rows, grad, clr, eps, r_lo, r_hi):  # pragma: no 
 
 # ------------------------------------------------------------------ thread shares
 _POOL: ThreadPoolExecutor | None = None
+_POOL_PID = -1  # a forked child (DataLoader workers) inherits the pool object but not its threads
 _POOL_LOCK = threading.Lock()
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
-    global _POOL
+    global _POOL, _POOL_PID
     with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < workers:
+        if _POOL is None or _POOL._max_workers < workers or _POOL_PID != os.getpid():
             _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hsm-kernel")
+            _POOL_PID = os.getpid()
         return _POOL
 
 

@@ -190,3 +190,24 @@ def test_kernel_log_probabilities_property(k, m, batch, seed):
     ref = _reference(layer)
     torch.testing.assert_close(out.double(), ref.forward_reference(h.double(), y).output.detach(), **TOL)
     torch.testing.assert_close(out.double(), ref.log_prob(h.double())[torch.arange(batch), y].detach(), **TOL)
+
+
+def test_kernels_work_in_a_forked_child(threads):
+    """A child forked after the thread pool started (DataLoader workers) gets a pool of its own."""
+    import multiprocessing
+
+    tree = Tree.random(500, 8, 3, seed=0)
+    layer = _layer(tree)
+    h = torch.randn(64, layer.in_features)
+    y = _targets(tree, 64, 0)
+    with torch.no_grad():
+        expected = layer(h, y).output  # starts the pool in this process (2-thread case)
+    context = multiprocessing.get_context("fork")
+    with context.Pool(1) as pool:
+        got = pool.apply_async(_forward_in_child, (layer, h, y)).get(timeout=60)
+    torch.testing.assert_close(got, expected)
+
+
+def _forward_in_child(layer, h, y):
+    with torch.no_grad():
+        return layer(h, y).output
