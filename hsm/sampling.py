@@ -21,6 +21,9 @@ All losses take ``scores`` of the classes involved, ``s = w_c^T h + b_c``, gathe
 paper's §4 has ``h = x``). Autograd then gives exactly the paper's ``gamma``-weighted gradients
 (Eq. 24-25, 34-35, 44-45; checked in ``tests/test_sampling.py``).
 
+:class:`SampledSoftmax` packs them as an output layer (exact at evaluation) with a sparse-gradient
+path, so a training step costs ``O((U + K) d)`` for U scored classes instead of ``O(C d)``.
+
 Also here: the variance formulas (18) and (21) and the expected variances of footnote 2 (the
 paper's, and the corrected importance-sampling one), used by the notebook
 ``notebooks/sampling_softmax.md``.

@@ -1,6 +1,6 @@
 """Seed 004 (Barber & Botev): softmax regression trained with approximations of the likelihood.
 
-Two registered experiments:
+Two registered experiments redraw the paper's figures:
 
 * ``sampling-fig2``: their Fig. 2. Synthetic softmax regression drawn from the model (N = 2000,
   D = 100, C = 1000), minibatch 50, K = 20 negatives, gradient ascent with momentum 0.99, one
@@ -15,6 +15,14 @@ Two registered experiments:
   predictions, and record the parameter difference as well), and against the true model.
 * ``sampling-fig1``: their Fig. 1, the ranking objective for a sweep of alpha, with the exact
   gradient beside it.
+
+And one beyond the paper:
+
+* ``lm-ptb-sampling``: "tree or sampling?" -- the log-bilinear language model of ``lm-ptb`` (the
+  main paper's PTB experiment) with its output layer trained by each approximation
+  (:class:`hsm.sampling.SampledSoftmax` through :func:`hsm.experiments.lm.train_lm`), evaluated
+  exactly, so that its perplexity and speed sit beside the flat softmax and the trees of
+  ``results/lm/ptb.json`` (:func:`run_lm_ptb_sampling`).
 
 Learning rates. The paper sets the exact and normalisation approximations to one rate and
 ranking/BlackOut to "the largest values that ensured convergence", without numbers. We use
