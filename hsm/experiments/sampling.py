@@ -24,7 +24,7 @@ And one beyond the paper:
   exactly, so that its perplexity and speed sit beside the flat softmax and the trees of
   ``results/lm/ptb.json`` (:func:`run_lm_ptb_sampling`).
 
-Learning rates. The paper sets the exact and normalisation approximations to one rate and
+Learning rates (Figs. 1-2). The paper sets the exact and normalisation approximations to one rate and
 ranking/BlackOut to "the largest values that ensured convergence", without numbers. We use
 ``lr_exact = 1e-4`` (on the summed minibatch loss; with momentum 0.99 the exact run reaches a
 training log-likelihood near 0 within about 1000 iterations, since N = 2000 points in D = 100
