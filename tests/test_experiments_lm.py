@@ -237,13 +237,13 @@ def test_config_fields_at_their_defaults_leave_the_checkpoint_key_unchanged() ->
 
     cfg = lm.LMRunConfig(output="learned", lr=0.05, epochs=2, learn_epochs=1)
     old_fields = {k: v for k, v in asdict(cfg).items()
-                  if k not in {"num_negatives", "prior", "prior_mode", "wrt", "fixed_tree", "track_objective"}}
+                  if k not in {"num_negatives", "prior", "prior_mode", "wrt", "fixed_tree", "track_objective", "l2"}}
     old_key = hashlib.sha1(json.dumps(old_fields, sort_keys=True).encode()).hexdigest()[:12]
     assert cfg.key() == old_key
     changed = {replace(cfg, **change).key() for change in (
         {"prior": 2.0}, {"prior_mode": "uniform"}, {"wrt": "p"}, {"fixed_tree": "retrained:base"},
-        {"track_objective": True})}
-    assert len(changed) == 5 and old_key not in changed
+        {"track_objective": True}, {"l2": 5e-5})}
+    assert len(changed) == 6 and old_key not in changed
 
 
 def test_tracking_a_fixed_tree_records_its_objective_without_moving_it() -> None:
@@ -281,15 +281,18 @@ def test_unknown_ablation_variant_is_rejected() -> None:
 
 @needs_mirror
 def test_lm_ptb_ablation_tiny(tmp_path) -> None:
-    out = lm.run_lm_ptb_ablation(scale="quick", out=tmp_path / "a.json", variants="base,decay_0,lr_0.1",
+    out = lm.run_lm_ptb_ablation(scale="quick", out=tmp_path / "a.json", variants="base,decay_0,lr_0.1,l2_5e-5",
                                  random_seeds="2", **{k: v for k, v in TINY.items()})
     payload = results.load_results(out)
     runs = {r["run"]: r for r in payload["records"] if r["measure"] == "test_perplexity"}
-    assert set(runs) == {"random_seed0", "random_seed1", "random_lr0.1", "base", "decay_0", "lr_0.1", "retrained"}
+    assert set(runs) == {"random_seed0", "random_seed1", "random_lr0.1", "random_l25e-05", "base", "decay_0", "lr_0.1",
+                         "l2_5e-5", "retrained"}
     assert all(r["claim"] is None for r in payload["records"])
     for name, record in runs.items():
         assert 1 < record["value"] < 1.5 * record["vocab_size"]
-        reference = runs["random_lr0.1" if record["lr"] == 0.1 else "random_seed0"]
+        reference = runs[record["reference_run"]]
+        assert record["reference_run"] == ("random_lr0.1" if record["lr"] == 0.1 else "random_l25e-05"
+                                           if record["config"].get("l2") else "random_seed0")
         assert record["gain_vs_random"] == pytest.approx(reference["value"] - record["value"])
     assert runs["decay_0"]["config"]["decay"] == 0.0 and runs["lr_0.1"]["config"]["lr"] == 0.1
     for name in ("base", "decay_0", "lr_0.1"):
@@ -300,4 +303,33 @@ def test_lm_ptb_ablation_tiny(tmp_path) -> None:
     assert runs["retrained"]["config"]["fixed_tree"] == "retrained:base"
     spread = next(r for r in payload["records"] if r["measure"] == "random_seed_spread")
     assert spread["value"] == pytest.approx(np.std(spread["test_perplexities"]))
-    assert set(payload["provenance"]["config"]["variants"]) == {"base", "decay_0", "lr_0.1"}
+    assert set(payload["provenance"]["config"]["variants"]) == {"base", "decay_0", "lr_0.1", "l2_5e-5"}
+
+
+def test_l2_adds_the_penalty_gradient_on_touched_rows_only() -> None:
+    torch.manual_seed(0)
+    embedding = torch.nn.Embedding(6, 3, sparse=True)
+    dense = torch.nn.Linear(3, 2)
+    loss = dense(embedding(torch.tensor([1, 4, 1])).sum(0)).sum()
+    loss.backward()
+    sparse_before = embedding.weight.grad.coalesce().to_dense().clone()
+    dense_before = dense.weight.grad.clone()
+    lm._add_l2([embedding.weight, dense.weight, dense.bias], 0.1)
+    sparse_after = embedding.weight.grad.to_dense()
+    touched = torch.tensor([1, 4])
+    untouched = torch.tensor([0, 2, 3, 5])
+    w = embedding.weight.detach()
+    assert torch.allclose(sparse_after[touched], sparse_before[touched] + 0.1 * w[touched])
+    assert (sparse_after[untouched] == 0).all()
+    assert torch.allclose(dense.weight.grad, dense_before + 0.1 * dense.weight.detach())
+
+
+def test_l2_changes_training_and_is_validated() -> None:
+    corpus = _toy_corpus()
+    tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
+    cfg = lm.LMRunConfig(output="random", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=1)
+    plain = lm.train_lm(corpus, cfg, tree=tree)
+    penalised = lm.train_lm(corpus, replace(cfg, l2=0.05), tree=tree)
+    assert penalised.epochs[0]["train_nll"] != plain.epochs[0]["train_nll"]
+    with pytest.raises(ValueError, match="l2"):
+        lm.train_lm(corpus, replace(cfg, l2=-1.0), tree=tree)
