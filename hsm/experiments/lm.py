@@ -1000,7 +1000,8 @@ def _ablation_records(table: dict[str, Any], sc: LMScale, scale: str) -> list[di
         reference = table["runs"][table["reference"][name]]
         history = run.reassignments
         fields = dict(common, run=name, variant=name if learned or name == "retrained" else None,
-                      what=ABLATION_WHAT.get(name, f"random tree (seed {cfg['tree_seed']}, lr {cfg['lr']:g})"),
+                      what=ABLATION_WHAT.get(name, f"random tree (seed {cfg['tree_seed']}, lr {cfg['lr']:g}"
+                                                   + (f", L2 {cfg['l2']:g})" if cfg.get("l2") else ")")),
                       model="Learned Tree" if learned else "Random Tree" if cfg.get("fixed_tree") is None else
                       "Learned Tree (fixed, retrained)", output=cfg["output"], lr=cfg["lr"],
                       changes=(_ablation_changes(name, sc.epochs) if name in ABLATION_VARIANTS else
@@ -1166,3 +1167,70 @@ def leaf_table_markdown(table: dict[str, list[str]]) -> str:
     for i in range(rows):
         lines.append("| " + " | ".join((table[n][i] if i < len(table[n]) else "") for n in names) + " |")
     return "\n".join(lines) + "\n"
+
+
+def ablation_rows(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{run: test_perplexity record}`` of an ``lm-ptb-ablation`` result file, in run order."""
+    return {r["run"]: r for r in payload["records"] if r.get("measure") == "test_perplexity"}
+
+
+def ablation_markdown(payload: dict[str, Any]) -> str:
+    """The ablation as a table: what each run changes, its validation and test perplexity, its
+    gain over the random tree it started from (same learning rate and L2), the share of words
+    moved per rebuild in its last learning epoch and the mean J_n per depth at its last rebuild."""
+    lines = ["| run | what changes | valid ppl | test ppl | gain over random (test) | words moved per rebuild "
+             "(last learning epoch) | J_n at depth 0 / 1 / 2 (last rebuild) |",
+             "|---|---|---|---|---|---|---|"]
+    for name, rec in ablation_rows(payload).items():
+        moved = rec.get("moved_labels_last_epoch")
+        j = rec.get("objective_by_depth_last") or {}
+        j_text = " / ".join(f"{j[d]:.3f}" for d in sorted(j, key=int)) if j else "-"
+        gain = f"{rec['gain_vs_random']:+.1f} (vs {rec['reference_run']})" if name != rec["reference_run"] else "-"
+        lines.append(f"| {name} | {rec['what']} | {rec['valid_perplexity']:.1f} | {rec['value']:.1f} | {gain} | "
+                     f"{'-' if moved is None else f'{100 * moved:.1f} %'} | {j_text} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_ablation(payload: dict[str, Any], axes: Sequence[Any],
+                  moved_runs: Sequence[str] = ("base", "reassign_5", "reassign_50", "decay_0", "decay_1",
+                                               "prior_uniform")) -> None:
+    """Left: mean J_n per depth along training, learned tree (base, solid) against the random tree
+    it started from (dashed, the same statistics read at the same steps); middle: share of words
+    moved at each rebuild for ``moved_runs``; right: each variant's test-perplexity gain over its
+    random tree, with the random trees' seed-to-seed spread (2 standard deviations) shaded."""
+    rows = ablation_rows(payload)
+    colours = plt_colours()
+    for run, style in (("base", "-"), ("random_seed0", "--")):
+        history = rows.get(run, {}).get("reassignments") or []
+        for depth in sorted({d for h in history for d in h["objective_by_depth"]}, key=int):
+            axes[0].plot([h["epoch"] for h in history], [h["objective_by_depth"].get(depth, math.nan) for h in history],
+                         style, color=colours[int(depth) % len(colours)],
+                         label=f"{'learned' if run == 'base' else 'random'}, depth {depth}")
+    axes[0].set_xlabel("epoch")
+    axes[0].set_ylabel("mass-weighted mean $J_n$")
+    axes[0].legend(fontsize=7, ncol=2)
+    for run in moved_runs:
+        history = rows.get(run, {}).get("reassignments") or []
+        if history:
+            axes[1].plot([h["epoch"] for h in history], [h["moved_labels"] for h in history], marker=".", label=run)
+    axes[1].set_xlabel("epoch")
+    axes[1].set_ylabel("share of words moved per rebuild")
+    axes[1].set_yscale("log")
+    axes[1].legend(fontsize=7)
+    variants = [(name, rec) for name, rec in rows.items() if rec.get("variant")]
+    axes[2].barh([name for name, _ in variants], [rec["gain_vs_random"] for _, rec in variants])
+    spread = next((r for r in payload["records"] if r.get("measure") == "random_seed_spread"), None)
+    if spread is not None:
+        axes[2].axvspan(-2 * spread["value"], 2 * spread["value"], color="grey", alpha=0.25,
+                        label="random seeds: ±2 s.d.")
+        axes[2].legend(fontsize=7)
+    axes[2].axvline(0, color="black", lw=0.8)
+    axes[2].set_xlabel("test perplexity gain over the random tree")
+    axes[2].invert_yaxis()
+
+
+def plt_colours() -> list[str]:
+    """matplotlib's default colour cycle."""
+    import matplotlib.pyplot as plt
+
+    return plt.rcParams["axes.prop_cycle"].by_key()["color"]
