@@ -13,7 +13,7 @@ examples (the root: all B) has its ``[M, d]`` block read once and its gradient w
   ``log p(y_b | h_b) = sum over the path`` (eq. 5 / eq. 11);
 * :func:`path_backward`: the gradients w.r.t. ``h``, the node weights (one ``[M*d]`` row per
   unique node, so the sparse gradient has no duplicates) and the biases, from the saved node
-  log-softmax: ``d log p / d logit_m = onehot(child)_m - softmax_m`` per pair;
+  softmax: ``d log p / d logit_m = onehot(child)_m - softmax_m`` per pair;
 * :func:`top1_search`: the exact most likely label per example (greedy descent for a bound, then a
   depth-first branch and bound, ICML §11.1), one example at a time;
 * :func:`adagrad_rows`: the row-sparse Adagrad update (one pass over the touched rows).
@@ -43,7 +43,7 @@ import numba
 import numpy as np
 import torch
 
-__all__ = ["group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows",
+__all__ = ["group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "accumulate_statistics",
            "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows"]
 
 #: multiply-adds below which a batch runs on one thread (a hand-off to the pool costs ~20 us)
@@ -145,20 +145,20 @@ def _logits_of_group(h, weight, example, order, first, last, n, arity, logits): 
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
-def path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_logp, output,
+def path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob, output,
                  g_lo, g_hi):  # pragma: no cover - compiled
     """Eq. 5 for every pair, grouped by node.
 
     ``h`` [B, d], ``weight`` [N, M*d], ``bias`` [N, M] (or shape [0, M]: no bias), ``penalty``
     [N, M] with -inf on empty slots (or shape [0, M]: a full tree); pairs ``example, node, child``
-    [P]; ``order, starts`` from :func:`group_pairs`. Writes ``node_logp`` [P, M] (the node
-    log-softmax of each pair; may have 0 rows when not needed: inference) and adds each pair's
+    [P]; ``order, starts`` from :func:`group_pairs`. Writes ``node_prob`` [P, M] (the node
+    softmax of each pair; may have 0 rows when not needed: inference) and adds each pair's
     ``log p(child | node, h)`` to ``output[example]`` (``output`` [B], zeroed by the caller).
     Only the groups ``g_lo <= g < g_hi`` (a thread's share, see :func:`run_path_forward`).
     """
     has_bias = bias.shape[0] > 0
     has_penalty = penalty.shape[0] > 0
-    keep = node_logp.shape[0] > 0
+    keep = node_prob.shape[0] > 0
     largest = 0
     for g in range(g_lo, g_hi):
         largest = max(largest, starts[g + 1] - starts[g])
@@ -180,19 +180,24 @@ def path_forward(h, weight, bias, penalty, example, node, child, order, starts, 
             for m in range(1, arity):
                 top = max(top, row[m])
             total = np.float32(0.0)
-            for m in range(arity):
-                total += np.exp(row[m] - top)
-            log_z = top + np.log(total)
-            output[example[p]] += row[child[p]] - log_z
-            if keep:
+            if keep:  # the softmax itself is kept: the backward and the statistics need no exp again
                 for m in range(arity):
-                    node_logp[p, m] = row[m] - log_z
+                    e = np.exp(row[m] - top)
+                    node_prob[p, m] = e
+                    total += e
+                inverse = np.float32(1.0) / total
+                for m in range(arity):
+                    node_prob[p, m] *= inverse
+            else:
+                for m in range(arity):
+                    total += np.exp(row[m] - top)
+            output[example[p]] += row[child[p]] - top - np.log(total)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
-def path_backward(h, weight, example, node, child, order, starts, node_logp, grad_output,
+def path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output,
                   grad_h, grad_weight, grad_bias, need_h, need_weight, g_lo, g_hi):  # pragma: no cover - compiled
-    """Gradients of ``sum_b grad_output[b] * log p(y_b | h_b)`` from the saved node log-softmax.
+    """Gradients of ``sum_b grad_output[b] * log p(y_b | h_b)`` from the saved node softmax.
 
     Per pair, ``d/d logit_m = g_b (onehot(child)_m - softmax_m)``. Writes ``grad_h`` [B, d]
     (accumulated: zeroed by the caller), ``grad_weight`` [G, M*d] (one row per unique node, in
@@ -200,8 +205,8 @@ def path_backward(h, weight, example, node, child, order, starts, node_logp, gra
     blocked by four (four pairs per weight-gradient row, four weight rows per input gradient) so
     each load and store serves four multiply-adds. Only the groups ``g_lo <= g < g_hi``."""
     dim = h.shape[1]
-    arity = node_logp.shape[1]
-    count = node_logp.shape[0]
+    arity = node_prob.shape[1]
+    count = node_prob.shape[0]
     pair_grad = np.empty((count, arity), dtype=h.dtype)  # rows of this share's pairs only
     for g in range(g_lo, g_hi):
         first, last = starts[g], starts[g + 1]
@@ -210,7 +215,7 @@ def path_backward(h, weight, example, node, child, order, starts, node_logp, gra
             p = order[q]
             scale = grad_output[example[p]]
             for m in range(arity):
-                pair_grad[p, m] = -scale * np.exp(node_logp[p, m])
+                pair_grad[p, m] = -scale * node_prob[p, m]
             pair_grad[p, child[p]] += scale
         for m in range(arity):
             acc = np.float32(0.0)
@@ -414,6 +419,23 @@ def adagrad_rows(param, state, rows, grad, clr, eps, r_lo, r_hi):  # pragma: no 
             p[j] -= clr * g[j] / (np.sqrt(total) + eps)
 
 
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def accumulate_statistics(sum_probas, path_counts, label_counts, target, example, depth, node_prob):  # pragma: no cover - compiled
+    """Algorithm 1's NodeCompute for one batch (:meth:`hsm.statistics.NodeStatistics.accumulate`):
+    for every pair, ``sum_probas[y, depth] += softmax`` and ``path_counts[y, depth] += 1``; for
+    every example ``label_counts[y] += 1``. One pass over the batch's node distributions, which the
+    forward kernel has just written (``node_prob`` [P, M])."""
+    for b in range(target.shape[0]):
+        label_counts[target[b]] += 1.0
+    arity = node_prob.shape[1]
+    for p in range(node_prob.shape[0]):
+        label = target[example[p]]
+        level = depth[p]
+        path_counts[label, level] += 1.0
+        for m in range(arity):
+            sum_probas[label, level, m] += node_prob[p, m]
+
+
 # ------------------------------------------------------------------ thread shares
 _POOL: ThreadPoolExecutor | None = None
 _POOL_PID = -1  # a forked child (DataLoader workers) inherits the pool object but not its threads
@@ -453,26 +475,26 @@ def _run(task: Callable[[int, int, int], None], shares: list[tuple[int, int]]) -
         future.result()
 
 
-def run_path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_logp) -> np.ndarray:
+def run_path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob) -> np.ndarray:
     """:func:`path_forward` on all groups, split over threads; returns ``output`` [B]."""
     shares = _shares(starts, float(node.shape[0]) * arity * h.shape[1])
     outputs = [np.zeros(h.shape[0], dtype=h.dtype) for _ in shares]
 
     def task(i: int, lo: int, hi: int) -> None:
-        path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_logp, outputs[i], lo, hi)
+        path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob, outputs[i], lo, hi)
 
     _run(task, shares)
     return outputs[0] if len(outputs) == 1 else np.sum(outputs, axis=0)
 
 
-def run_path_backward(h, weight, example, node, child, order, starts, node_logp, grad_output,
+def run_path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output,
                       grad_weight, grad_bias, need_h, need_weight) -> np.ndarray:
     """:func:`path_backward` on all groups, split over threads; returns ``grad_h`` [B, d]."""
-    shares = _shares(starts, 2.0 * node.shape[0] * node_logp.shape[1] * h.shape[1])
+    shares = _shares(starts, 2.0 * node.shape[0] * node_prob.shape[1] * h.shape[1])
     grads = [np.zeros(h.shape, dtype=h.dtype) for _ in shares]
 
     def task(i: int, lo: int, hi: int) -> None:
-        path_backward(h, weight, example, node, child, order, starts, node_logp, grad_output, grads[i],
+        path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output, grads[i],
                       grad_weight, grad_bias, need_h, need_weight, lo, hi)
 
     _run(task, shares)

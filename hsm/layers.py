@@ -293,6 +293,7 @@ class _KernelPlan(NamedTuple):
     example: np.ndarray  #: [P]
     node: np.ndarray  #: [P]
     child: np.ndarray  #: [P]
+    depth: np.ndarray  #: [P] position of the pair's node on its example's path
     order: np.ndarray  #: [P] pairs sorted by node
     starts: np.ndarray  #: [G + 1] pair range of each unique node in ``order``
     full: bool  #: P == B * L in (example, depth) order
@@ -307,28 +308,28 @@ class _TreePathLogProbKernel(torch.autograd.Function):
     def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, penalty: np.ndarray,
                 plan: _KernelPlan, sparse: bool, arity: int):  # type: ignore[override]
         h = _np(input)
-        node_logp = np.empty((plan.node.shape[0], arity), dtype=np.float32)
+        node_prob = np.empty((plan.node.shape[0], arity), dtype=np.float32)
         bias_np = _np(bias) if bias is not None else np.empty((0, arity), dtype=np.float32)
         output = kernels.run_path_forward(h, _np(weight), bias_np, penalty, plan.example, plan.node, plan.child,
-                                          plan.order, plan.starts, arity, node_logp)
+                                          plan.order, plan.starts, arity, node_prob)
         ctx.plan, ctx.sparse, ctx.has_bias = plan, sparse, bias is not None
         ctx.weight_shape = weight.shape
-        log_probs = torch.from_numpy(node_logp)
-        ctx.save_for_backward(input, weight, log_probs)
-        ctx.mark_non_differentiable(log_probs)
-        return torch.from_numpy(output), log_probs
+        probs = torch.from_numpy(node_prob)
+        ctx.save_for_backward(input, weight, probs)
+        ctx.mark_non_differentiable(probs)
+        return torch.from_numpy(output), probs
 
     @staticmethod
-    def backward(ctx, grad_output: Tensor, _grad_log_probs: Tensor | None):  # type: ignore[override]
-        input, weight, log_probs = ctx.saved_tensors
+    def backward(ctx, grad_output: Tensor, _grad_probs: Tensor | None):  # type: ignore[override]
+        input, weight, probs = ctx.saved_tensors
         plan: _KernelPlan = ctx.plan
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
-        arity = log_probs.shape[1]
+        arity = probs.shape[1]
         groups = plan.starts.shape[0] - 1
         values = np.empty((groups if need_weight else 0, weight.shape[1]), dtype=np.float32)
         bias_values = np.empty((groups, arity), dtype=np.float32)
         grad_h = kernels.run_path_backward(_np(input), _np(weight), plan.example, plan.node, plan.child, plan.order,
-                                           plan.starts, _np(log_probs), _np(grad_output.float()), values,
+                                           plan.starts, _np(probs), _np(grad_output.float()), values,
                                            bias_values, need_input, need_weight)
         # unique nodes in increasing order (a stable sort by node): the sparse gradients are coalesced
         rows = torch.from_numpy(plan.node[plan.order[plan.starts[:-1]]]).unsqueeze(0)
@@ -511,14 +512,15 @@ class HierarchicalSoftmax(nn.Module):
         if self._full_paths:
             length = nodes.shape[1]
             example = np.repeat(np.arange(labels.shape[0], dtype=np.int64), length)
+            depth = np.tile(np.arange(length, dtype=np.int64), labels.shape[0])
             node, child = nodes[labels].reshape(-1), children[labels].reshape(-1)
         else:
             keep = mask[labels]
-            example = np.nonzero(keep)[0].astype(np.int64)
+            example, depth = (np.ascontiguousarray(a, dtype=np.int64) for a in np.nonzero(keep))
             node, child = nodes[labels][keep], children[labels][keep]
         node = np.ascontiguousarray(node, dtype=np.int64)
         order, starts = kernels.group_pairs(node)
-        return _KernelPlan(example, node, np.ascontiguousarray(child, dtype=np.int64), order, starts,
+        return _KernelPlan(example, node, np.ascontiguousarray(child, dtype=np.int64), depth, order, starts,
                            self._full_paths)
 
     def _forward_kernels(self, input: Tensor, target: Tensor) -> HSMOutput:
@@ -532,14 +534,18 @@ class HierarchicalSoftmax(nn.Module):
                                               np.empty((0, self.arity), dtype=np.float32))
             output_t = torch.from_numpy(output)
             return HSMOutput(output_t, -output_t.mean())
-        output, pair_log_probs = _TreePathLogProbKernel.apply(input, self.weight, self.bias, self._kernel_penalty,
-                                                              plan, self.sparse, self.arity)
-        if collect:
-            self._collect_statistics(target, pair_log_probs, plan.full)
+        output, pair_probs = _TreePathLogProbKernel.apply(input, self.weight, self.bias, self._kernel_penalty,
+                                                          plan, self.sparse, self.arity)
+        if collect and not self.statistics.accumulate_pairs(target.detach().cpu().numpy(), plan.example, plan.depth,
+                                                              pair_probs.numpy()):
+            self._collect_statistics(target, pair_probs, plan.full, log=False)
         return HSMOutput(output, -output.mean())
 
-    def _collect_statistics(self, target: Tensor, pair_log_probs: Tensor, full: bool) -> None:
-        """Algorithm 1's statistics (hsm.statistics) from the batch's node distributions."""
+    def _collect_statistics(self, target: Tensor, pair_log_probs: Tensor, full: bool, log: bool = True) -> None:
+        """Algorithm 1's statistics (hsm.statistics) from the batch's node distributions (given
+        as log-probabilities, or as probabilities when ``log`` is False)."""
+        if not log:
+            pair_log_probs = pair_log_probs.log()
         batch = target.shape[0]
         length = self.path_nodes.shape[1]
         mask = self.path_mask[target]

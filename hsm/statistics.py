@@ -103,6 +103,21 @@ class NodeStatistics:
         self.path_counts.view(-1).index_add_(0, index, torch.ones_like(index, dtype=self.dtype))
         self.label_counts.index_add_(0, target, torch.ones_like(target, dtype=self.dtype))
 
+    def accumulate_pairs(self, target: np.ndarray, example: np.ndarray, depth: np.ndarray,
+                         node_probs: np.ndarray) -> bool:
+        """:meth:`accumulate` from per-pair node distributions (what the layer's compiled CPU
+        path produces: pair p is depth ``depth[p]`` of example ``example[p]``'s path), in one
+        compiled pass. Returns False, having done nothing, when the statistics are not plain CPU
+        tensors (the caller then uses :meth:`accumulate`)."""
+        tensors = (self.sum_probas, self.path_counts, self.label_counts)
+        if any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
+            return False
+        from .kernels import accumulate_statistics
+
+        accumulate_statistics(self.sum_probas.numpy(), self.path_counts.numpy(), self.label_counts.numpy(),
+                              np.ascontiguousarray(target, dtype=np.int64), example, depth, node_probs)
+        return True
+
     # ------------------------------------------------------------------ reading (StatisticsSource)
     def label_weights(self) -> np.ndarray:
         """Counts with the prior for real labels, 0 for dummy leaves (they carry no examples)."""

@@ -211,3 +211,21 @@ def test_kernels_work_in_a_forked_child(threads):
 def _forward_in_child(layer, h, y):
     with torch.no_grad():
         return layer(h, y).output
+
+
+def test_kernel_statistics_fallback_when_the_statistics_are_not_plain_cpu_tensors(monkeypatch):
+    """Statistics the compiled pass cannot write (e.g. on a GPU) are collected by the torch path."""
+    tree = Tree.random(60, 4, 3, seed=0)
+    h = torch.randn(40, 7)
+    y = _targets(tree, 40, 5)
+    results = []
+    for compiled in (True, False):
+        layer = _layer(tree, seed=3)
+        layer.statistics = NodeStatistics(tree, dtype=torch.double)
+        if not compiled:
+            monkeypatch.setattr(NodeStatistics, "accumulate_pairs", lambda self, *args: False)
+        layer(h, y)
+        results.append(layer.statistics)
+    for name in ("sum_probas", "path_counts", "label_counts"):
+        torch.testing.assert_close(getattr(results[0], name), getattr(results[1], name))
+    assert float(results[0].path_counts.sum()) == 40 * 3
