@@ -475,9 +475,19 @@ def _run(task: Callable[[int, int, int], None], shares: list[tuple[int, int]]) -
         future.result()
 
 
+#: a node's cost in the thread split, in pairs: reading its [M, d] block from memory costs about
+#: as much as ten examples' dot products against it once cached
+_NODE_COST_IN_PAIRS = 8
+
+
+def _group_costs(starts: np.ndarray) -> np.ndarray:
+    """Cumulative cost of the groups (pairs plus a fixed cost per node), for :func:`_shares`."""
+    return starts + _NODE_COST_IN_PAIRS * np.arange(starts.shape[0])
+
+
 def run_path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob) -> np.ndarray:
     """:func:`path_forward` on all groups, split over threads; returns ``output`` [B]."""
-    shares = _shares(starts, float(node.shape[0]) * arity * h.shape[1])
+    shares = _shares(_group_costs(starts), float(node.shape[0]) * arity * h.shape[1])
     outputs = [np.zeros(h.shape[0], dtype=h.dtype) for _ in shares]
 
     def task(i: int, lo: int, hi: int) -> None:
@@ -490,7 +500,7 @@ def run_path_forward(h, weight, bias, penalty, example, node, child, order, star
 def run_path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output,
                       grad_weight, grad_bias, need_h, need_weight) -> np.ndarray:
     """:func:`path_backward` on all groups, split over threads; returns ``grad_h`` [B, d]."""
-    shares = _shares(starts, 2.0 * node.shape[0] * node_prob.shape[1] * h.shape[1])
+    shares = _shares(_group_costs(starts), 2.0 * node.shape[0] * node_prob.shape[1] * h.shape[1])
     grads = [np.zeros(h.shape, dtype=h.dtype) for _ in shares]
 
     def task(i: int, lo: int, hi: int) -> None:
