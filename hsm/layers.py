@@ -365,7 +365,10 @@ class HierarchicalSoftmax(nn.Module):
     Speed (issue 8, ``python -m hsm bench``): :meth:`forward` groups the batch's (example, path
     node) pairs by node, reads each node's ``[M, d]`` block once and writes one gradient row per
     node (a custom autograd backward); under ``no_grad`` it computes ``logit - logsumexp`` only;
-    :meth:`predict` is a greedy descent followed by branch and bound. Use
+    :meth:`predict` is a greedy descent followed by branch and bound. For float32 tensors on the
+    CPU all of this runs in compiled kernels (:mod:`hsm.kernels`, one pass each, split over
+    ``torch.get_num_threads()`` threads); set ``layer.use_kernels = False`` for the PyTorch
+    implementation (what runs on a GPU). Use
     :class:`RowSparseAdagrad` (or ``torch.optim.SGD``) with ``sparse=True``. On Linux CPUs, setting
     the environment variable ``THP_MEM_ALLOC_ENABLE=1`` before starting Python (torch then backs
     tensors of 2 MB or more with huge pages) removes most of the page-fault cost of the per-batch
