@@ -182,6 +182,7 @@ def run_lm_timing(scale: str = "quick", device: str = "cpu", out: Path | None = 
     unknown = [t for t in settings["tables"] if t not in TIMING_SETTINGS]
     if unknown:
         raise ValueError(f"unknown tables {unknown}; choose from {sorted(TIMING_SETTINGS)}")
+    hsm_config.configure_threads()  # HSM_THREADS, else torch's default (all cores: time on an idle machine)
     begin = time.perf_counter()
     records = []
     corpora: dict[str, Any] = {}
