@@ -901,16 +901,16 @@ def run_lm_gutenberg_75(scale: str = "quick", device: str = "cpu", out: Path | N
 ABLATION_VARIANTS: dict[str, dict[str, Any]] = {  # in the order they run (most telling first)
     "base": {},
     "reassign_5": {"reassign_per_epoch": 5},
+    "l2_5e-5": {"l2": 5e-5},
     "reassign_50": {"reassign_per_epoch": 50},
     "decay_0": {"decay": 0.0},
     "decay_1": {"decay": 1.0},
     "prior_uniform": {"prior_mode": "uniform"},
+    "learn_all": {"learn_epochs": "all"},
     "lr_0.025": {"lr": 0.025},
     "lr_0.1": {"lr": 0.1},
-    "learn_all": {"learn_epochs": "all"},
     "wrt_p": {"wrt": "p"},
     "decay_0.9": {"decay": 0.9},
-    "l2_5e-5": {"l2": 5e-5},
 }
 #: what each ablation variant changes, in words (the notebook's table)
 ABLATION_WHAT: dict[str, str] = {
