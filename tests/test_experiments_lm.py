@@ -333,3 +333,13 @@ def test_l2_changes_training_and_is_validated() -> None:
     assert penalised.epochs[0]["train_nll"] != plain.epochs[0]["train_nll"]
     with pytest.raises(ValueError, match="l2"):
         lm.train_lm(corpus, replace(cfg, l2=-1.0), tree=tree)
+
+
+@needs_mirror
+def test_lm_ptb_tiny_with_l2_says_so(tmp_path) -> None:
+    out = lm.run_lm_ptb(scale="quick", out=tmp_path / "ptb.json", l2="1e-4", **TINY)
+    payload = _check_result_file(out, {"flat", "random", "learned"})
+    assert payload["provenance"]["config"]["l2"] == 1e-4
+    assert "l2=1e-4" in payload["provenance"]["hsm_scale"]
+    notes = {r["scale_note"] for r in payload["records"] if r.get("measure") == "test_perplexity"}
+    assert notes and all("L2 0.0001" in note for note in notes)

@@ -574,6 +574,7 @@ class LMScale:
     batch_size: int = 128
     embed_epochs: int = 1
     description: str = ""
+    l2: float = 0.0  #: L2 penalty of every run (LMRunConfig.l2); the arXiv paper's PTB setting is 5e-5
 
 
 def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -587,6 +588,8 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
             out[key] = tuple(float(v) for v in str(value).split(",")) if isinstance(value, str) else tuple(value)
         elif key in ("dataset", "description"):
             out[key] = str(value)
+        elif key == "l2":
+            out[key] = float(value)
         elif key == "learn_epochs":
             number = float(value)
             out[key] = int(number) if number.is_integer() else number
@@ -640,7 +643,8 @@ def run_table(
         raise ValueError(f"a {sc.arity}-ary depth-3 tree holds {sc.arity**3} words < vocabulary {V}")
     run_dir = _run_dir(RUN_FOLDER.get(name, name))
     base = LMRunConfig(output="random", context=sc.context, arity=sc.arity, depth=3, batch_size=sc.batch_size,
-                       epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch)
+                       epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch,
+                       l2=sc.l2)
     random_trees = [Tree.random(V, sc.arity, 3, seed=s, label_names=corpus.vocab) for s in range(sc.random_seeds)]
     runs: dict[str, Any] = {}
     selection: dict[str, Any] = {}
@@ -691,8 +695,8 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
               "context": sc.context, "arity": sc.arity, "depth": 3, "scale": scale,
               "scale_note": f"{sc.dataset}: {int(corpus.train.numel()):,} training tokens, vocabulary "
                             f"{corpus.vocab_size:,}, {sc.arity}-ary depth-3 trees, {sc.epochs} epochs "
-                            f"(learned tree: {sc.learn_epochs} learning the tree), batch {sc.batch_size}; "
-                            + sc.description}
+                            f"(learned tree: {sc.learn_epochs} learning the tree), batch {sc.batch_size}"
+                            + (f", L2 {sc.l2:g}" if sc.l2 else ", no L2") + "; " + sc.description}
     for kind, run in table["runs"].items():
         learn = run.config.get("learn_epochs")
         model = _MODEL_NAMES.get(kind, f"Learned Tree (learn {learn:g} + fine-tune "
@@ -761,7 +765,7 @@ def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scal
         tmp.write_text(json.dumps(payload))
         os.replace(tmp, tree_path)
     prov = provenance(config={"experiment": name, "scale": scale, "device": device, **asdict(sc),
-                              "optimizer": "Adagrad", "l2": 0.0, "initial_learned_tree": "random (seed 0)",
+                              "optimizer": "Adagrad", "initial_learned_tree": "random (seed 0)",
                               "clustering_embeddings": "our log-bilinear LM, d=50, random-tree HSM"},
                       wall_time_s=seconds)
     # a run whose preset was overridden says so in its scale label (the landing page shows it)
