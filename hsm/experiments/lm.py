@@ -976,10 +976,11 @@ def run_ablation(sc: LMScale, variants: Sequence[str], device: str = "cpu",
                                    tree=trees[0], device=device, checkpoint_dir=run_dir, log=log)
             reference[(cfg.lr, cfg.l2)] = label
         runs[name] = train_lm(corpus, cfg, tree=trees[0], device=device, checkpoint_dir=run_dir, log=log)
-    if "base" in variants and runs["base"].tree is not None:
-        cfg = replace(base, output="random", fixed_tree="retrained:base")
-        runs["retrained"] = train_lm(corpus, cfg, tree=Tree.from_dict(runs["base"].tree), device=device,
-                                     checkpoint_dir=run_dir, log=log)
+        if name == "base" and runs["base"].tree is not None:
+            # right after base: whether its tree is better than random, once words stop moving
+            runs["retrained"] = train_lm(corpus, replace(base, output="random", fixed_tree="retrained:base"),
+                                         tree=Tree.from_dict(runs["base"].tree), device=device,
+                                         checkpoint_dir=run_dir, log=log)
     reference_of = {name: reference[(run.config["lr"], run.config.get("l2", 0.0))] for name, run in runs.items()}
     return {"corpus": corpus, "runs": runs, "reference": reference_of, "variants": list(variants)}
 
