@@ -229,7 +229,7 @@ def test_fractional_learn_epochs_freezes_mid_epoch() -> None:
     assert lm._parse_options({"learn_epochs": "0.5", "epochs": "2"}) == {"learn_epochs": 0.5, "epochs": 2}
 
 
-# ---------------------------------------------------------------------------- ablation (why the learned tree gains little)
+# ------------------------------------------------------------------ ablation (why the learned tree gains little)
 def test_config_fields_at_their_defaults_leave_the_checkpoint_key_unchanged() -> None:
     """Runs checkpointed before prior/prior_mode/wrt/fixed_tree/track_objective existed are
     found again: those fields enter the key only when they differ from their defaults."""

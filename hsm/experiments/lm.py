@@ -897,7 +897,7 @@ def run_lm_gutenberg_75(scale: str = "quick", device: str = "cpu", out: Path | N
                            "arxiv2016.table1.gutenberg", "arxiv")
 
 
-# ============================================================================ ablation: why the learned tree gains little
+# ======================================================================= ablation: why the learned tree gains little
 #: One change at a time from the learned tree's setting of ``lm-ptb`` (LMRunConfig fields), to see
 #: which of the choices the papers leave open (hsm.statistics: decay, prior; the rebuild rate;
 #: the ranking; the learning rate; the schedule) limits the learned tree's gain over the random
@@ -915,11 +915,13 @@ ABLATION_VARIANTS: dict[str, dict[str, Any]] = {  # in the order they run (most 
     "lr_0.1": {"lr": 0.1},
     "wrt_p": {"wrt": "p"},
     "decay_0.9": {"decay": 0.9},
+    "reassign_1": {"reassign_per_epoch": 1},
 }
 #: what each ablation variant changes, in words (the notebook's table)
 ABLATION_WHAT: dict[str, str] = {
     "base": "lm-ptb's setting: 20 rebuilds/epoch, decay 0.5, current-child prior, eq. 12, learned then fine-tuned",
-    "reassign_5": "5 rebuilds per epoch", "reassign_50": "50 rebuilds per epoch (ICML's rate)",
+    "reassign_1": "1 rebuild per epoch (at its end)", "reassign_5": "5 rebuilds per epoch",
+    "reassign_50": "50 rebuilds per epoch (ICML's rate)",
     "decay_0": "statistics reset at every rebuild (decay 0)", "decay_0.9": "statistics decay 0.9",
     "decay_1": "statistics never decay (the released code)", "prior_uniform": "uniform prior (the thesis' 1/M)",
     "wrt_p": "ranking by eq. 10 (p) instead of eq. 12 (log p)", "lr_0.025": "learning rate 0.025 (the arXiv paper's)",
@@ -1065,8 +1067,9 @@ def run_lm_ptb_ablation(scale: str = "quick", device: str = "cpu", out: Path | N
     return _write("lm-ptb-ablation", out, DEFAULT_OUT["lm-ptb-ablation"], records, sc, scale, device,
                   time.perf_counter() - start, None, dict(options, **({"variants": ",".join(variants)}
                                                             if variants != list(ABLATION_VARIANTS) else {})),
-                  training_seconds, extra_config={"variants": {v: _ablation_changes(v, sc.epochs) for v in variants},
-                                                  "initial_learned_tree": "random (seed 0), the random_seed0 run's tree"})
+                  training_seconds, extra_config={
+                      "variants": {v: _ablation_changes(v, sc.epochs) for v in variants},
+                      "initial_learned_tree": "random (seed 0), the random_seed0 run's tree"})
 
 
 # ============================================================================ reading results (notebooks)
