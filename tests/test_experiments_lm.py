@@ -201,6 +201,8 @@ def test_lm_ptb_tiny(tmp_path) -> None:
     assert tree.num_labels == 120 and len(saved["counts"]) == 120
     moved = [r for r in payload["records"] if r.get("measure") == "mean_moved_labels"]
     assert moved and 0 <= moved[0]["value"] <= 1
+    best = lm.best_epoch_markdown(payload, "arxiv2016.table1.ptb")
+    assert best.count("\n") == 5 and "| 151 |" in best  # 3 rows, the paper's flat perplexity beside ours
 
 
 @needs_mirror
@@ -304,6 +306,18 @@ def test_lm_ptb_ablation_tiny(tmp_path) -> None:
     spread = next(r for r in payload["records"] if r["measure"] == "random_seed_spread")
     assert spread["value"] == pytest.approx(np.std(spread["test_perplexities"]))
     assert set(payload["provenance"]["config"]["variants"]) == {"base", "decay_0", "lr_0.1", "l2_5e-5"}
+    # the notebook's table and figure read it
+    table = lm.ablation_markdown(payload)
+    assert table.count("\n") == 2 + len(runs) and "random_l25e-05" in table
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3)
+    lm.plot_ablation(payload, axes)
+    assert axes[0].lines and axes[1].lines and len(axes[2].patches) >= 4
+    plt.close(fig)
 
 
 def test_l2_adds_the_penalty_gradient_on_touched_rows_only() -> None:

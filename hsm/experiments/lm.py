@@ -1242,3 +1242,22 @@ def plt_colours() -> list[str]:
     import matplotlib.pyplot as plt
 
     return plt.rcParams["axes.prop_cycle"].by_key()["color"]
+
+
+def best_epoch_markdown(payload: dict[str, Any], paper_prefix: str | None = None) -> str:
+    """Each run's test perplexity after its last epoch and at its best **validation** epoch (early
+    stopping, chosen on validation only), with the paper's number (after 4 epochs) beside them."""
+    from hsm import paper
+
+    lines = ["| Model | test ppl, last epoch (ours) | best valid epoch (ours) | test ppl there (ours) |"
+             + (" perplexity (paper) |" if paper_prefix else ""),
+             "|---|---|---|---|" + ("---|" if paper_prefix else "")]
+    for run, measures in runs_of(payload).items():
+        rec = measures["test_perplexity"]
+        best = min(rec["per_epoch"], key=lambda e: e["valid_perplexity"])
+        line = f"| {rec['model']} | {rec['value']:.1f} | {best['epoch']} | {best['test_perplexity']:.1f} |"
+        if paper_prefix:
+            key = f"{paper_prefix}.{_SLUGS.get(run)}.perplexity"
+            line += f" {paper.get(key).value:g} |" if key in paper.NUMBERS else " - |"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
