@@ -24,13 +24,20 @@ Choices where the papers are silent (written into every result file's config):
   rate is selected from a grid on validation perplexity after a short run (``select_steps``
   steps), separately for the flat softmax and for the trees (the random tree's choice is used for
   all trees, so the trees differ only in structure);
-* the arXiv paper's L2 of 5e-5 on PTB is **not** applied: torch's Adagrad refuses weight decay
-  with sparse gradients, and sparse gradients are what makes the tree cheap;
+* the arXiv paper's L2 of 5e-5 on PTB is **not** applied by default: torch's Adagrad refuses
+  weight decay with sparse gradients, and sparse gradients are what makes the tree cheap.
+  ``-o l2=5e-5`` (``LMRunConfig.l2``) adds it ourselves, lazily: only on the embedding and node
+  rows a batch touches (:func:`_add_l2`);
 * examples are shuffled every epoch; perplexity is ``exp`` of the mean NLL per token over the
   whole split, every token a target (``<eos>``-padded windows);
 * ms/batch: wall time per optimiser step (forward, backward, Adagrad, and for the learned tree the
   statistics and the amortised re-assignments), and per test batch (forward: ``log p(target)``),
   measured in the same run on the same machine, after ``warmup`` steps.
+
+``lm-ptb-ablation`` varies one setting of the learned tree at a time (rebuild rate, statistics
+decay and prior, ranking, learning rate, L2, schedule) on the full PTB, and retrains the final
+learned tree from scratch, to see why the learned tree gains less over the random tree than in
+the paper.
 
 Long runs are resumable: each (experiment, run) checkpoints after every epoch under
 ``hsm.config.cache_dir()/lm-runs/`` and stores its finished record, so re-running the experiment
