@@ -141,11 +141,22 @@ def test_tree_arity_is_the_smallest_that_holds_the_vocabulary():
 def test_lm_ptb_sampling_selects_the_rate_on_validation_and_extends_an_edge(tmp_path, monkeypatch):
     monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
     options = dict(TINY_LM, methods="importance", reference="", lr_grid="0.05,0.1", select_steps="3",
+                   more_negatives="importance:40",
                    lr_extend="1", bench_steps="1")
-    config = load_results(E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "lm.json", **options))["provenance"]["config"]
+    payload = load_results(E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "lm.json", **options))
+    config = payload["provenance"]["config"]
     trials = config["lr_selection"]["importance"]
     rates = [t["lr"] for t in trials]
     assert rates[:2] == [0.05, 0.1] and len(rates) == 3  # the best of the two is an edge: one more rate, beyond it
     assert rates[2] in (0.025, 0.2)
     best = min(trials, key=lambda t: t["valid_perplexity"])
     assert config["learning_rates"]["importance"] == best["lr"]
+    more = E.lm_rows(payload)["importance-K40"]["test_perplexity"]  # the extra run reuses the selected rate
+    assert more["num_negatives"] == 40 and more["lr"] == best["lr"]
+
+
+def test_lm_ptb_sampling_more_negatives_must_name_a_trained_method(tmp_path):
+    with pytest.raises(ValueError, match="more_negatives"):
+        E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "x.json", methods="importance", more_negatives="nce:100")
+    with pytest.raises(ValueError, match="more_negatives"):
+        E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "x.json", methods="importance", more_negatives="importance:x")

@@ -345,8 +345,9 @@ def _lm_settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
         "epochs": 1 if quick else 4,
         "methods": list(LM_METHODS[:4]) if quick else list(LM_METHODS),
         "num_negatives": 20,
-        # importance / Bernoulli also with more negatives (their cost grows little: the negatives are shared)
-        "large_k": 0 if quick else 200, "large_k_methods": ["importance", "bernoulli"],
+        # runs with more negatives, "method:K" (importance / Bernoulli: the cost grows little, the negatives
+        # are shared by the minibatch); each reuses its method's learning rate from the K = num_negatives grid
+        "more_negatives": [] if quick else ["importance:200", "bernoulli:200"],
         "lr_grid": [0.1] if quick else [0.025, 0.05, 0.1, 0.2], "select_steps": 0 if quick else 1500,
         "lr_extend": 0 if quick else 2,  # extra rates tried when the best is at an edge of the grid
         # flat and random-tree runs at the same scale (at full scale they come from results/lm/ptb.json)
@@ -367,7 +368,11 @@ def _lm_settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
             cfg[key] = int(value)
     from hsm.experiments.lm import SAMPLED_KINDS
 
-    for method in cfg["methods"] + cfg["large_k_methods"]:
+    for item in cfg["more_negatives"]:
+        method, _, k = item.partition(":")
+        if method not in cfg["methods"] or not k.isdigit() or int(k) < 1:
+            raise ValueError(f"more_negatives entries are 'method:K' with a method of 'methods' and K >= 1, got {item!r}")
+    for method in cfg["methods"]:
         if method not in SAMPLED_KINDS:
             raise ValueError(f"unknown sampled output {method!r}; known: {SAMPLED_KINDS}")
     for ref in cfg["reference"]:
@@ -465,7 +470,7 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
     sparse path of :class:`hsm.sampling.SampledSoftmax`, like the trees' ``sparse=True``). The
     learning rate of each method is the best of ``lr_grid`` on validation perplexity after
     ``select_steps`` steps, the grid extended (halved or doubled, up to ``lr_extend`` times) while
-    the best rate is at its edge (the K = ``large_k`` runs reuse their method's K = 20 choice). Test
+    the best rate is at its edge (the ``more_negatives`` runs reuse their method's choice). Test
     perplexity is exact (the full softmax at evaluation), so it compares with the flat softmax and
     the trees of ``results/lm/ptb.json`` (same data, model, batch size and optimiser); at full
     scale those are read from that file, at a reduced scale (``reference``) they are trained here.
@@ -503,8 +508,9 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
               "context": cfg["context"], "dim": cfg["dim"], "batch_size": cfg["batch_size"], "scale": scale,
               "beyond_paper": True}
     plan: list[tuple[str, str, int]] = [(f"{m}-K{cfg['num_negatives']}", m, cfg["num_negatives"]) for m in cfg["methods"]]
-    if cfg["large_k"]:
-        plan += [(f"{m}-K{cfg['large_k']}", m, cfg["large_k"]) for m in cfg["large_k_methods"] if m in cfg["methods"]]
+    for item in cfg["more_negatives"]:
+        method, _, k = item.partition(":")
+        plan.append((f"{method}-K{int(k)}", method, int(k)))
     plan = [(ref, ref, 0) for ref in cfg["reference"]] + plan
     tree = Tree.random(corpus.vocab_size, arity, 3, seed=0, label_names=corpus.vocab) if "random" in cfg["reference"] else None
     records: list[dict[str, Any]] = []
