@@ -229,6 +229,7 @@ def test_fractional_learn_epochs_freezes_mid_epoch() -> None:
     assert res.reassignments and all(r["epoch"] <= 0.5 for r in res.reassignments)
     assert 3 <= len(res.reassignments) <= 4
     assert lm._parse_options({"learn_epochs": "0.5", "epochs": "2"}) == {"learn_epochs": 0.5, "epochs": 2}
+    assert lm._parse_options({"decay": "1", "l2": "5e-5"}) == {"decay": 1.0, "l2": 5e-5}
 
 
 # ------------------------------------------------------------------ ablation (why the learned tree gains little)
@@ -351,9 +352,10 @@ def test_l2_changes_training_and_is_validated() -> None:
 
 @needs_mirror
 def test_lm_ptb_tiny_with_l2_says_so(tmp_path) -> None:
-    out = lm.run_lm_ptb(scale="quick", out=tmp_path / "ptb.json", l2="1e-4", **TINY)
+    out = lm.run_lm_ptb(scale="quick", out=tmp_path / "ptb.json", l2="1e-4", decay="1", **TINY)
     payload = _check_result_file(out, {"flat", "random", "learned"})
-    assert payload["provenance"]["config"]["l2"] == 1e-4
+    assert payload["provenance"]["config"]["l2"] == 1e-4 and payload["provenance"]["config"]["decay"] == 1.0
+    assert all("decay 1" in r["scale_note"] for r in payload["records"] if r.get("measure") == "test_perplexity")
     assert "l2=1e-4" in payload["provenance"]["hsm_scale"]
     notes = {r["scale_note"] for r in payload["records"] if r.get("measure") == "test_perplexity"}
     assert notes and all("L2 0.0001" in note for note in notes)

@@ -582,6 +582,8 @@ class LMScale:
     embed_epochs: int = 1
     description: str = ""
     l2: float = 0.0  #: L2 penalty of every run (LMRunConfig.l2); the arXiv paper's PTB setting is 5e-5
+    #: learned trees only: NodeStatistics decay per rebuild (ours 0.5; 1 = never, the released code)
+    decay: float = 0.5
 
 
 def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -595,7 +597,7 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
             out[key] = tuple(float(v) for v in str(value).split(",")) if isinstance(value, str) else tuple(value)
         elif key in ("dataset", "description"):
             out[key] = str(value)
-        elif key == "l2":
+        elif key in ("l2", "decay"):
             out[key] = float(value)
         elif key == "learn_epochs":
             number = float(value)
@@ -677,10 +679,11 @@ def run_table(
         runs["clustering"] = train_lm(corpus, replace(base, output="clustering", lr=tree_lr), tree=tree,
                                       device=device, checkpoint_dir=run_dir, log=log)
     if "learned" in outputs:
-        runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr), tree=random_trees[0],
-                                   device=device, checkpoint_dir=run_dir, log=log)
+        runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, decay=sc.decay),
+                                   tree=random_trees[0], device=device, checkpoint_dir=run_dir, log=log)
     for label, learn_epochs in schedules or ():
-        runs[label] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, learn_epochs=learn_epochs),
+        runs[label] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, learn_epochs=learn_epochs,
+                                               decay=sc.decay),
                                tree=random_trees[0], device=device, checkpoint_dir=run_dir, log=log)
     return {"corpus": corpus, "runs": runs, "selection": selection}
 
@@ -703,7 +706,9 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
               "scale_note": f"{sc.dataset}: {int(corpus.train.numel()):,} training tokens, vocabulary "
                             f"{corpus.vocab_size:,}, {sc.arity}-ary depth-3 trees, {sc.epochs} epochs "
                             f"(learned tree: {sc.learn_epochs} learning the tree), batch {sc.batch_size}"
-                            + (f", L2 {sc.l2:g}" if sc.l2 else ", no L2") + "; " + sc.description}
+                            + (f", L2 {sc.l2:g}" if sc.l2 else ", no L2")
+                            + (f", learned-tree statistics decay {sc.decay:g}" if sc.decay != 0.5 else "")
+                            + "; " + sc.description}
     for kind, run in table["runs"].items():
         learn = run.config.get("learn_epochs")
         model = _MODEL_NAMES.get(kind, f"Learned Tree (learn {learn:g} + fine-tune "
