@@ -146,6 +146,44 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path) -> None:
     assert not list((tmp_path / "b").glob("*.pt"))
 
 
+@pytest.mark.parametrize("output", ["random", "learned"])
+def test_run_interrupted_within_an_epoch_resumes_at_the_next_step(tmp_path, monkeypatch, output) -> None:
+    """Within-epoch checkpoints (a Gutenberg epoch outlasts a GPU call): stop right after a save in
+    the middle of epoch 2, resume, and get the uninterrupted run's result."""
+    corpus = _toy_corpus()
+    tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
+    cfg = lm.LMRunConfig(output=output, context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=3,
+                         learn_epochs=2, reassign_per_epoch=4)
+    straight = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "a")
+
+    class Stop(Exception):
+        pass
+
+    save = lm._atomic_save
+    steps_per_epoch = -(-len(corpus.windows("train", 2)[1]) // 64)
+
+    def save_then_stop(obj, path):
+        save(obj, path)
+        if obj["step_in_epoch"] == steps_per_epoch // 2 and len(obj["result"]["epochs"]) == 1:
+            raise Stop  # the process dies right after writing a within-epoch checkpoint
+
+    monkeypatch.setattr(lm, "_atomic_save", save_then_stop)
+    with pytest.raises(Stop):
+        lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "b", checkpoint_seconds=1e-9)
+    monkeypatch.setattr(lm, "_atomic_save", save)
+    messages = []
+    resumed = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "b", log=messages.append,
+                          checkpoint_seconds=1e-9)
+    assert any(f"resuming in epoch 2 at step {steps_per_epoch // 2}" in m for m in messages)
+    assert [e["epoch"] for e in resumed.epochs] == [1, 2, 3]
+    for got, want in zip(resumed.epochs, straight.epochs):
+        assert got["train_nll"] == pytest.approx(want["train_nll"], rel=1e-5)
+        assert got["test_perplexity"] == pytest.approx(want["test_perplexity"], rel=1e-4)
+    assert len(resumed.reassignments) == len(straight.reassignments)
+    with pytest.raises(ValueError, match="checkpoint_seconds"):
+        lm.train_lm(corpus, cfg, tree=tree, checkpoint_seconds=0)
+
+
 def test_train_lm_rejects_bad_setups() -> None:
     corpus = _toy_corpus()
     with pytest.raises(ValueError, match="output"):

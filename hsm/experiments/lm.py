@@ -329,7 +329,7 @@ def _make_output(cfg: LMRunConfig, vocab_size: int, tree: Tree | None,
         # add-one smoothing keeps every word reachable by the sampler (hsm.sampling.class_frequencies)
         freq = torch.as_tensor(np.asarray(counts, dtype=np.float64) + 1.0)
         return SampledSoftmax(cfg.dim, vocab_size, freq, method=cfg.output,
-                              num_negatives=cfg.num_negatives, seed=cfg.seed)
+                              num_negatives=cfg.num_negatives, seed=cfg.seed, sparse=True)
     if tree is None:
         raise ValueError(f"output {cfg.output!r} needs a tree")
     return HierarchicalSoftmax(cfg.dim, tree, sparse=True)
@@ -377,6 +377,7 @@ def train_lm(
     checkpoint_dir: Path | None = None,
     warmup: int = 20,
     log: Callable[[str], None] | None = None,
+    checkpoint_seconds: float | None = None,
 ) -> LMRunResult:
     """Train the log-bilinear LM with Adagrad and the output layer ``cfg.output``.
 
@@ -384,8 +385,12 @@ def train_lm(
     tree re-assigns ``cfg.reassign_per_epoch`` times per epoch for ``cfg.learn_epochs`` epochs
     (:class:`hsm.TreeLearner`, Algorithm 3, eq. 12), then stays fixed. Valid and test
     perplexity are recorded after every epoch (the papers' Figs. 2 and 3 show test perplexity
-    per epoch). With ``checkpoint_dir`` the run resumes from its last finished epoch and, once
-    done, returns its stored result without training again.
+    per epoch). With ``checkpoint_dir`` the run resumes from its last checkpoint and, once done,
+    returns its stored result without training again. A checkpoint is written after every epoch
+    and, within an epoch, every ``checkpoint_seconds`` of training (default: the environment
+    variable ``HSM_CHECKPOINT_SECONDS``, else 300), so that a Gutenberg epoch (318k steps) can be
+    trained across runs that are each cut off after a few minutes (the GPU tool's 10-minute
+    calls): a resumed run redraws the same example order and continues at the next step.
     """
     if cfg.output not in OUTPUT_KINDS + SAMPLED_KINDS:
         raise ValueError(f"output must be one of {OUTPUT_KINDS + SAMPLED_KINDS}, got {cfg.output!r}")
@@ -401,6 +406,10 @@ def train_lm(
         raise ValueError(f"wrt must be 'logp' (eq. 12) or 'p' (eq. 10), got {cfg.wrt!r}")
     device = torch.device(device)
     log = log or (lambda message: None)
+    if checkpoint_seconds is None:
+        checkpoint_seconds = float(os.environ.get("HSM_CHECKPOINT_SECONDS", "300"))
+    if not checkpoint_seconds > 0:
+        raise ValueError(f"checkpoint_seconds must be > 0, got {checkpoint_seconds}")
     done_path = ckpt_path = None
     if checkpoint_dir is not None:
         checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -434,6 +443,7 @@ def train_lm(
     result = LMRunResult(config=asdict(cfg))
     step_times: list[float] = []
     start_epoch = 0
+    resume_step, resume_total, resume_order_state = 0, 0.0, None
     generator = torch.Generator().manual_seed(cfg.seed)
     if ckpt_path is not None and ckpt_path.exists():
         state = torch.load(ckpt_path, weights_only=False)
@@ -450,19 +460,54 @@ def train_lm(
         result = LMRunResult(**state["result"])
         step_times = state["step_times"]
         start_epoch = len(result.epochs)
-        log(f"{cfg.output}: resuming after epoch {start_epoch}")
+        # (checkpoints written before within-epoch saving existed kept the tracked records in the result)
+        tracked = list(state["tracked"]) if "tracked" in state else (list(result.reassignments) if tracking else [])
+        if state.get("step_in_epoch"):  # a checkpoint taken within an epoch
+            resume_step, resume_total = state["step_in_epoch"], state["epoch_loss_total"]
+            resume_order_state = state["order_generator"]
+            log(f"{cfg.output}: resuming in epoch {start_epoch + 1} at step {resume_step}")
+        else:
+            log(f"{cfg.output}: resuming after epoch {start_epoch}")
     # the learner's history restarts on resume: keep what the checkpoint recorded
-    earlier_reassignments = list(result.reassignments)
+    earlier_reassignments = list(result.reassignments) if not tracking else []
     t_start = time.perf_counter() - result.seconds
+
+    def reassignment_history() -> list[dict[str, Any]]:
+        if tracking:
+            return list(tracked)
+        if learner is None:
+            return []
+        return earlier_reassignments + [
+            {"step": h.step, "epoch": h.step / steps_per_epoch, "moved_labels": h.moved_labels,
+             "seconds": h.seconds, "objective_by_depth": {str(k): v for k, v in h.objective_by_depth.items()}}
+            for h in learner.history
+        ]
+
+    def save_checkpoint(step_in_epoch: int = 0, epoch_loss_total: float = 0.0, order_state=None) -> None:
+        _atomic_save({
+            "model": model.state_dict(), "output": output.state_dict(), "optimizer": optimizer.state_dict(),
+            "tree": output.tree.to_dict() if isinstance(output, HierarchicalSoftmax) else None,
+            "statistics": learner.statistics.state_dict() if learner is not None else None,
+            "learner_steps": learner.steps if learner is not None else 0,
+            "frozen": learner.frozen if learner is not None else False,
+            "generator": generator.get_state(), "result": asdict(result), "step_times": step_times,
+            "tracked": tracked, "step_in_epoch": step_in_epoch, "epoch_loss_total": epoch_loss_total,
+            "order_generator": order_state,
+        }, ckpt_path)
 
     for epoch in range(start_epoch, cfg.epochs):
         if learner is not None and not tracking and epoch >= cfg.learn_epochs and not learner.frozen:
             learner.freeze()
         model.train()
         output.train()
+        first_step, total = 0, 0.0
+        if resume_order_state is not None:  # redraw the interrupted epoch's order, go on after its last step
+            generator.set_state(resume_order_state)
+            first_step, total, resume_order_state = resume_step, resume_total, None
+        order_state = generator.get_state()
         order = torch.randperm(n_train, generator=generator).to(device)
-        total = 0.0
-        for step in range(steps_per_epoch):
+        last_save = time.perf_counter()
+        for step in range(first_step, steps_per_epoch):
             index = order[step * cfg.batch_size:(step + 1) * cfg.batch_size]
             x, y = x_train[index], y_train[index]
             _sync(device)
@@ -490,6 +535,12 @@ def train_lm(
                 raise FloatingPointError(f"{cfg.output}: loss {value} at epoch {epoch} step {step} (lr {cfg.lr} "
                                          "too large?)")
             total += value
+            if (ckpt_path is not None and step + 1 < steps_per_epoch
+                    and time.perf_counter() - last_save >= checkpoint_seconds):
+                result.reassignments = reassignment_history()
+                result.seconds = time.perf_counter() - t_start
+                save_checkpoint(step + 1, total, order_state)
+                last_save = time.perf_counter()
         record: dict[str, float] = {"epoch": epoch + 1, "train_nll": total / steps_per_epoch}
         last = epoch == cfg.epochs - 1
         if cfg.eval_per_epoch or last:
@@ -499,24 +550,11 @@ def train_lm(
             if last:
                 result.test_ms_per_batch = test_ms
         result.epochs.append(record)
-        if tracking:
-            result.reassignments = earlier_reassignments + tracked
-        elif learner is not None:
-            result.reassignments = earlier_reassignments + [
-                {"step": h.step, "epoch": h.step / steps_per_epoch, "moved_labels": h.moved_labels,
-                 "seconds": h.seconds, "objective_by_depth": {str(k): v for k, v in h.objective_by_depth.items()}}
-                for h in learner.history
-            ]
+        if tracking or learner is not None:
+            result.reassignments = reassignment_history()
         result.seconds = time.perf_counter() - t_start
         if ckpt_path is not None and not last:
-            _atomic_save({
-                "model": model.state_dict(), "output": output.state_dict(), "optimizer": optimizer.state_dict(),
-                "tree": output.tree.to_dict() if isinstance(output, HierarchicalSoftmax) else None,
-                "statistics": learner.statistics.state_dict() if learner is not None else None,
-                "learner_steps": learner.steps if learner is not None else 0,
-                "frozen": learner.frozen if learner is not None else False,
-                "generator": generator.get_state(), "result": asdict(result), "step_times": step_times,
-            }, ckpt_path)
+            save_checkpoint()
         # logged after the checkpoint: an interrupted run resumes after the last epoch it printed
         log(f"{cfg.output} lr={cfg.lr} epoch {epoch + 1}: " + ", ".join(
             f"{k}={v:.4g}" for k, v in record.items() if k != "epoch"))
