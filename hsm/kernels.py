@@ -145,6 +145,22 @@ def _logits_of_group(h, weight, example, order, first, last, n, arity, logits): 
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _add_offsets_and_max(row, bias, penalty, n, arity):  # pragma: no cover - compiled
+    """Add node ``n``'s bias and slot penalty (each may be a [0, M] array: none) to ``row``
+    (its M logits) and return the largest, the shift of a stable softmax."""
+    if bias.shape[0] > 0:
+        for m in range(arity):
+            row[m] += bias[n, m]
+    if penalty.shape[0] > 0:
+        for m in range(arity):
+            row[m] += penalty[n, m]
+    top = row[0]
+    for m in range(1, arity):
+        top = max(top, row[m])
+    return top
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob, output,
                  g_lo, g_hi):  # pragma: no cover - compiled
     """Eq. 5 for every pair, grouped by node.
@@ -156,8 +172,6 @@ def path_forward(h, weight, bias, penalty, example, node, child, order, starts, 
     ``log p(child | node, h)`` to ``output[example]`` (``output`` [B], zeroed by the caller).
     Only the groups ``g_lo <= g < g_hi`` (a thread's share, see :func:`run_path_forward`).
     """
-    has_bias = bias.shape[0] > 0
-    has_penalty = penalty.shape[0] > 0
     keep = node_prob.shape[0] > 0
     largest = 0
     for g in range(g_lo, g_hi):
@@ -170,15 +184,7 @@ def path_forward(h, weight, bias, penalty, example, node, child, order, starts, 
         for q in range(first, last):
             p = order[q]
             row = logits[q - first]
-            if has_bias:
-                for m in range(arity):
-                    row[m] += bias[n, m]
-            if has_penalty:
-                for m in range(arity):
-                    row[m] += penalty[n, m]
-            top = row[0]
-            for m in range(1, arity):
-                top = max(top, row[m])
+            top = _add_offsets_and_max(row, bias, penalty, n, arity)
             total = np.float32(0.0)
             if keep:  # the softmax itself is kept: the backward and the statistics need no exp again
                 for m in range(arity):
@@ -307,15 +313,7 @@ def _node_log_softmax(h, b, weight, bias, penalty, n, arity, out):  # pragma: no
         for k in range(dim):
             acc += weight[n, base + k] * h[b, k]
         out[m] = acc
-    if bias.shape[0] > 0:
-        for m in range(arity):
-            out[m] += bias[n, m]
-    if penalty.shape[0] > 0:
-        for m in range(arity):
-            out[m] += penalty[n, m]
-    top = out[0]
-    for m in range(1, arity):
-        top = max(top, out[m])
+    top = _add_offsets_and_max(out, bias, penalty, n, arity)
     total = np.float32(0.0)
     for m in range(arity):
         total += np.exp(out[m] - top)

@@ -446,12 +446,9 @@ class HierarchicalSoftmax(nn.Module):
         # many small kernels); every real label's path has the full length L in fixed-depth trees
         self._host_paths = (tree.path_nodes, tree.path_children, tree.path_mask)
         self._full_paths = bool(tree.path_mask[: tree.num_labels].all())
-        # the compiled kernels' view of the tree: -inf on empty slots (none: a [0, M] array), and
-        # child tables with -1 wherever a slot holds no usable node / real label (dummy leaves of
-        # well-formed trees, ids >= K, are never predicted)
+        # the compiled kernels' child tables: -1 wherever a slot holds no usable node / real label
+        # (dummy leaves of well-formed trees, ids >= K, are never predicted)
         usable = tree.slot_mask
-        self._kernel_penalty = (np.where(usable, 0.0, -np.inf).astype(np.float32) if not usable.all()
-                                else np.empty((0, tree.arity), dtype=np.float32))
         self._kernel_child_node = np.ascontiguousarray(np.where(usable, tree.child_node, -1), dtype=np.int64)
         real = usable & (tree.child_label >= 0) & (tree.child_label < tree.num_labels)
         self._kernel_child_label = np.ascontiguousarray(np.where(real, tree.child_label, -1), dtype=np.int64)
@@ -482,19 +479,25 @@ class HierarchicalSoftmax(nn.Module):
             local.buffers = []
         return local.buffers
 
-    def _plan(self, target: Tensor) -> _PathPlan:
-        """The (example, node, child) pairs of the targets' paths, grouped by node."""
+    def _path_pairs(self, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(example, depth, node, child) of every kept step of the labels' paths, in (example,
+        depth) order, as contiguous int64 arrays."""
         nodes, children, mask = self._host_paths
-        labels = target.detach().cpu().numpy()
-        batch = labels.shape[0]
         if self._full_paths:
             length = nodes.shape[1]
-            example = np.repeat(np.arange(batch), length)
+            example = np.repeat(np.arange(labels.shape[0], dtype=np.int64), length)
+            depth = np.tile(np.arange(length, dtype=np.int64), labels.shape[0])
             node, child = nodes[labels].reshape(-1), children[labels].reshape(-1)
         else:
             keep = mask[labels]
-            example = np.nonzero(keep)[0]
+            example, depth = np.nonzero(keep)
             node, child = nodes[labels][keep], children[labels][keep]
+        as_int = lambda a: np.ascontiguousarray(a, dtype=np.int64)  # noqa: E731
+        return as_int(example), as_int(depth), as_int(node), as_int(child)
+
+    def _plan(self, target: Tensor) -> _PathPlan:
+        """The (example, node, child) pairs of the targets' paths, grouped by node."""
+        example, _, node, child = self._path_pairs(target.detach().cpu().numpy())
         device = self.weight.device
         return _PathPlan(torch.from_numpy(example).to(device), torch.from_numpy(np.ascontiguousarray(node)).to(device),
                          torch.from_numpy(np.ascontiguousarray(child)).to(device),
@@ -509,54 +512,42 @@ class HierarchicalSoftmax(nn.Module):
                 and self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
                 and (self.bias is None or self.bias.dtype == torch.float32))
 
-    def _kernel_plan(self, target: Tensor) -> _KernelPlan:
-        nodes, children, mask = self._host_paths
-        labels = target.detach().cpu().numpy()
-        if self._full_paths:
-            length = nodes.shape[1]
-            example = np.repeat(np.arange(labels.shape[0], dtype=np.int64), length)
-            depth = np.tile(np.arange(length, dtype=np.int64), labels.shape[0])
-            node, child = nodes[labels].reshape(-1), children[labels].reshape(-1)
-        else:
-            keep = mask[labels]
-            example, depth = (np.ascontiguousarray(a, dtype=np.int64) for a in np.nonzero(keep))
-            node, child = nodes[labels][keep], children[labels][keep]
-        node = np.ascontiguousarray(node, dtype=np.int64)
+    def _kernel_plan(self, labels: np.ndarray) -> _KernelPlan:
+        example, depth, node, child = self._path_pairs(labels)
         order, starts = kernels.group_pairs(node)
-        return _KernelPlan(example, node, np.ascontiguousarray(child, dtype=np.int64), depth, order, starts,
-                           self._full_paths)
+        return _KernelPlan(example, node, child, depth, order, starts, self._full_paths)
+
+    def _kernel_operand(self, tensor: Tensor | None) -> np.ndarray:
+        """Bias or slot penalty for the kernels: its numpy view, or a [0, M] array for none."""
+        return _np(tensor) if tensor is not None else np.empty((0, self.arity), dtype=np.float32)
 
     def _forward_kernels(self, input: Tensor, target: Tensor) -> HSMOutput:
-        batch = input.shape[0]
-        plan = self._kernel_plan(target)
+        labels = target.detach().cpu().numpy()
+        plan = self._kernel_plan(labels)
+        penalty = self._kernel_operand(self.slot_penalty)
         collect = self.statistics is not None and self.training
         if not (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)) and not collect:
-            bias = _np(self.bias) if self.bias is not None else np.empty((0, self.arity), dtype=np.float32)
-            output = kernels.run_path_forward(_np(input), _np(self.weight), bias, self._kernel_penalty, plan.example,
-                                              plan.node, plan.child, plan.order, plan.starts, self.arity,
-                                              np.empty((0, self.arity), dtype=np.float32))
+            output = kernels.run_path_forward(_np(input), _np(self.weight), self._kernel_operand(self.bias), penalty,
+                                              plan.example, plan.node, plan.child, plan.order, plan.starts,
+                                              self.arity, np.empty((0, self.arity), dtype=np.float32))
             output_t = torch.from_numpy(output)
             return HSMOutput(output_t, -output_t.mean())
-        output, pair_probs = _TreePathLogProbKernel.apply(input, self.weight, self.bias, self._kernel_penalty,
+        output, pair_probs = _TreePathLogProbKernel.apply(input, self.weight, self.bias, penalty,
                                                           plan, self.sparse, self.arity)
-        if collect and not self.statistics.accumulate_pairs(target.detach().cpu().numpy(), plan.example, plan.depth,
-                                                              pair_probs.numpy()):
-            self._collect_statistics(target, pair_probs, plan.full, log=False)
+        if collect and not self.statistics.accumulate_pairs(labels, plan.example, plan.depth, pair_probs.numpy()):
+            self._collect_statistics(target, pair_probs, plan.full)
         return HSMOutput(output, -output.mean())
 
-    def _collect_statistics(self, target: Tensor, pair_log_probs: Tensor, full: bool, log: bool = True) -> None:
-        """Algorithm 1's statistics (hsm.statistics) from the batch's node distributions (given
-        as log-probabilities, or as probabilities when ``log`` is False)."""
-        if not log:
-            pair_log_probs = pair_log_probs.log()
+    def _collect_statistics(self, target: Tensor, pair_probs: Tensor, full: bool) -> None:
+        """Algorithm 1's statistics (hsm.statistics) from the batch's node distributions [P, M]."""
         batch = target.shape[0]
         length = self.path_nodes.shape[1]
         mask = self.path_mask[target]
         if full:
-            probs = pair_log_probs.detach().exp().view(batch, length, self.arity)
+            probs = pair_probs.view(batch, length, self.arity)
         else:
-            probs = pair_log_probs.new_zeros(batch * length, self.arity)
-            probs[mask.view(-1)] = pair_log_probs.detach().exp()
+            probs = pair_probs.new_zeros(batch * length, self.arity)
+            probs[mask.view(-1)] = pair_probs
             probs = probs.view(batch, length, self.arity)
         self.statistics.accumulate(target, probs, mask)
 
@@ -589,7 +580,7 @@ class HierarchicalSoftmax(nn.Module):
         output, pair_log_probs = _TreePathLogProb.apply(input, self.weight, self.bias, self.slot_penalty, plan,
                                                         batch, self.sparse, self.arity)
         if self.statistics is not None and self.training:
-            self._collect_statistics(target, pair_log_probs, plan.full)
+            self._collect_statistics(target, pair_log_probs.detach().exp(), plan.full)
         return HSMOutput(output, -output.mean())
 
     def forward_reference(self, input: Tensor, target: Tensor) -> HSMOutput:
@@ -658,8 +649,8 @@ class HierarchicalSoftmax(nn.Module):
     def _predict_top1(self, input: Tensor) -> tuple[Tensor, Tensor]:
         """(labels, nodes visited per row) of the exact top-1 search described in :meth:`predict`."""
         if self._kernels_apply(input):
-            bias = _np(self.bias) if self.bias is not None else np.empty((0, self.arity), dtype=np.float32)
-            labels, _, visited = kernels.run_top1_search(_np(input), _np(self.weight), bias, self._kernel_penalty,
+            labels, _, visited = kernels.run_top1_search(_np(input), _np(self.weight), self._kernel_operand(self.bias),
+                                                         self._kernel_operand(self.slot_penalty),
                                                          self._kernel_child_node, self._kernel_child_label,
                                                          self.path_nodes.shape[1])
             return torch.from_numpy(labels), torch.from_numpy(visited)

@@ -682,7 +682,7 @@ def run_table(
     if torch.device(device).type == "cpu":
         # one intra-op thread: on a shared 2-core machine, torch's default (one thread per core)
         # spin-waits for the busy core and runs about 10x slower; HSM_THREADS overrides
-        torch.set_num_threads(int(os.environ.get("HSM_THREADS", "1")))
+        hsm_config.configure_threads(default=1)
     corpus = load_lm_corpus(sc.dataset, max_books=sc.max_books, vocab_size=sc.vocab_size,
                             train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens)
     V = corpus.vocab_size
@@ -1003,7 +1003,7 @@ def run_ablation(sc: LMScale, variants: Sequence[str], device: str = "cpu",
         raise ValueError(f"unknown or no ablation variants {unknown}; known: {list(ABLATION_VARIANTS)}")
     log = log or (lambda message: print(message, flush=True))
     if torch.device(device).type == "cpu":
-        torch.set_num_threads(int(os.environ.get("HSM_THREADS", "1")))
+        hsm_config.configure_threads(default=1)
     corpus = load_lm_corpus(sc.dataset, max_books=sc.max_books, vocab_size=sc.vocab_size,
                             train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens)
     V = corpus.vocab_size

@@ -30,11 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from hsm import config as hsm_config
 from hsm.experiments import experiment
+from hsm.experiments.lm import _slice, _sync, load_lm_corpus
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax, RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.results import make_record, provenance, write_results
@@ -65,11 +65,6 @@ SCALES: dict[str, dict[str, Any]] = {
     "full": dict(tables=("icml-gutenberg", "arxiv-gutenberg", "arxiv-ptb"), vocab_size=None,
                  train_tokens=2_000_000, eval_tokens=200_000, steps=200, warmup=20, test_batches=100),
 }
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def time_language_model(corpus, output: str, arity: int, context: int, reassign_per_epoch: int,
@@ -167,8 +162,6 @@ def time_language_model(corpus, output: str, arity: int, context: int, reassign_
 def run_lm_timing(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
     """Time every table of :data:`TIMING_SETTINGS` in the scale's list; options override the
     scale's settings (``steps``, ``warmup``, ``test_batches``, ``tables`` as a comma list)."""
-    from hsm.experiments.lm import _slice, load_lm_corpus
-
     if scale not in SCALES:
         raise ValueError(f"scale must be one of {sorted(SCALES)}, got {scale!r}")
     settings = dict(SCALES[scale])
