@@ -27,7 +27,7 @@ from .assign import (
     assign_node,
     assign_node_well_formed,
 )
-from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, RowSparseAdagrad, TopK
+from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, RowSparseAdagrad, RowSparseSGD, TopK
 from .objective import balance, max_objective, node_objective, node_objective_grad, purity
 from .statistics import NodeStatistics
 from .training import TreeLearner, evaluate, train_epoch
@@ -43,6 +43,7 @@ __all__ = [
     "HierarchicalSoftmax",
     "NodeStatistics",
     "RowSparseAdagrad",
+    "RowSparseSGD",
     "TopK",
     "Tree",
     "TreeLearner",

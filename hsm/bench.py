@@ -6,9 +6,10 @@ softmax's frequency-sorted cutoffs are meaningful):
 
 * ``train``: forward + backward (``loss.backward()``), gradients zeroed with ``set_to_none``;
 * ``train_sgd`` / ``train_adagrad``: the same plus the optimiser step (sparse gradients for the
-  tree's node parameters, dense for the baselines); Adagrad is :class:`hsm.layers.RowSparseAdagrad`
-  (``torch.optim.Adagrad``'s update, one fused pass over the touched rows of a sparse gradient);
-  for the tree, ``train_adagrad_torch`` also times ``torch.optim.Adagrad`` itself;
+  tree's node parameters, dense for the baselines): :class:`hsm.layers.RowSparseSGD` and
+  :class:`hsm.layers.RowSparseAdagrad` (``torch.optim.SGD``'s and ``torch.optim.Adagrad``'s
+  updates, one pass over the touched rows of a sparse gradient); for the tree,
+  ``train_sgd_torch`` and ``train_adagrad_torch`` also time ``torch.optim.SGD`` / ``Adagrad`` themselves;
 * ``logprob``: ``log p(target | h)`` without gradient (``layer(h, y).output`` under ``no_grad``);
 * ``predict``: the exact arg max (``layer.predict``; branch and bound for the tree).
 
@@ -200,6 +201,7 @@ def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | 
         out["train"] = {"bytes": 3 * weight + 4 * logits, "flops": 3 * fwd_flops}
         out["train_sgd"] = {"bytes": 6 * weight + 4 * logits, "flops": 3 * fwd_flops}
         out["train_adagrad"] = {"bytes": 8 * weight + 4 * logits, "flops": 3 * fwd_flops}
+    out["train_sgd_torch"] = out["train_sgd"]
     out["train_adagrad_torch"] = out["train_adagrad"]
     return out
 
@@ -295,11 +297,11 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
     if "train" in metrics:
         ms["train"] = _median_ms(train, repeats, budget, device)
         cpu_ms["train"] = _CPU_MS[0]
-    from .layers import RowSparseAdagrad
+    from .layers import RowSparseAdagrad, RowSparseSGD
 
-    optimizers = [("train_sgd", torch.optim.SGD), ("train_adagrad", RowSparseAdagrad)]
-    if tree is not None and "train_adagrad" in metrics:
-        optimizers.append(("train_adagrad_torch", torch.optim.Adagrad))  # torch's own sparse path, for reference
+    optimizers = [("train_sgd", RowSparseSGD), ("train_adagrad", RowSparseAdagrad)]
+    if tree is not None:  # torch's own sparse paths, for reference
+        optimizers += [("train_sgd_torch", torch.optim.SGD), ("train_adagrad_torch", torch.optim.Adagrad)]
     for name, optimizer_class in optimizers:
         if name.replace("_torch", "") not in metrics or naive:
             continue
@@ -400,7 +402,7 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
     for row in rows:
         flat = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "flat"), None)
         adaptive = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "adaptive"), None)
-        # train_adagrad_torch (tree only) is compared with the baselines' Adagrad step
+        # train_sgd_torch / train_adagrad_torch (tree only) are compared with the baselines' steps
         base = lambda m: m.replace("_torch", "")  # noqa: E731
         row["speedup_vs_flat"] = {m: flat["ms"][base(m)] / v for m, v in row["ms"].items()
                                   if flat is not None and base(m) in flat["ms"] and v > 0}

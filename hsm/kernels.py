@@ -37,13 +37,12 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import numba
 import numpy as np
 import torch
 
-__all__ = ["group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "accumulate_statistics",
+__all__ = ["path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "accumulate_statistics",
            "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows"]
 
 #: multiply-adds below which a batch runs on one thread (a hand-off to the pool costs ~20 us)
@@ -55,6 +54,34 @@ MIN_WORK_PER_THREAD = 250_000
 _FASTMATH = {"reassoc", "contract", "arcp"}
 # error_model="numpy" (division by zero gives inf, not a Python ZeroDivisionError): numba's check
 # before every division otherwise keeps LLVM from vectorising the loop (7x on the Adagrad update)
+
+
+@numba.njit(cache=True)
+def path_pairs(labels, path_nodes, path_children, path_mask, full):  # pragma: no cover - compiled
+    """(example, depth, node, child) of every step of the labels' paths that exists (``path_mask``;
+    every step when ``full``), in (example, depth) order: the pairs eq. 5 sums over."""
+    length = path_nodes.shape[1]
+    count = labels.shape[0] * length
+    if not full:
+        count = 0
+        for b in range(labels.shape[0]):
+            for d in range(length):
+                count += path_mask[labels[b], d]
+    example = np.empty(count, dtype=np.int64)
+    depth = np.empty(count, dtype=np.int64)
+    node = np.empty(count, dtype=np.int64)
+    child = np.empty(count, dtype=np.int64)
+    q = 0
+    for b in range(labels.shape[0]):
+        y = labels[b]
+        for d in range(length):
+            if full or path_mask[y, d]:
+                example[q] = b
+                depth[q] = d
+                node[q] = path_nodes[y, d]
+                child[q] = path_children[y, d]
+                q += 1
+    return example, depth, node, child
 
 
 @numba.njit(cache=True)
@@ -435,18 +462,80 @@ def accumulate_statistics(sum_probas, path_counts, label_counts, target, example
 
 
 # ------------------------------------------------------------------ thread shares
-_POOL: ThreadPoolExecutor | None = None
-_POOL_PID = -1  # a forked child (DataLoader workers) inherits the pool object but not its threads
-_POOL_LOCK = threading.Lock()
+class _Worker:
+    """A pool thread with the lightest hand-off Python has: two bare locks (a futex each way).
+    ``concurrent.futures`` adds a queue, a Future and a Condition per task, about 0.1 ms per batch
+    on this machine, a quarter of a log-probability pass."""
+
+    def __init__(self) -> None:
+        self.start, self.done = threading.Lock(), threading.Lock()
+        self.start.acquire()
+        self.done.acquire()
+        self.job: tuple[Callable[[int, int, int], None], int, int, int] | None = None
+        self.error: BaseException | None = None
+        threading.Thread(target=self._loop, name="hsm-kernel", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            self.start.acquire()
+            task, index, lo, hi = self.job  # type: ignore[misc]
+            try:
+                task(index, lo, hi)
+            except BaseException as error:  # noqa: BLE001 - handed to the caller, raised there
+                self.error = error
+            self.job = None
+            self.done.release()
+
+    def submit(self, task: Callable[[int, int, int], None], index: int, lo: int, hi: int) -> None:
+        self.job = (task, index, lo, hi)
+        self.start.release()
+
+    def wait(self) -> None:
+        self.done.acquire()
+        error, self.error = self.error, None
+        if error is not None:
+            raise error
 
 
-def _pool(workers: int) -> ThreadPoolExecutor:
-    global _POOL, _POOL_PID
-    with _POOL_LOCK:
-        if _POOL is None or _POOL._max_workers < workers or _POOL_PID != os.getpid():
-            _POOL = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hsm-kernel")
-            _POOL_PID = os.getpid()
-        return _POOL
+_WORKERS: list[_Worker] = []
+_WORKERS_BUSY = threading.Lock()  # one batch at a time on the pool; a concurrent caller runs inline
+
+
+def _forget_workers() -> None:
+    """In a forked child (DataLoader workers): the parent's threads do not exist there, and the
+    busy lock may have been held by one of them at the fork."""
+    global _WORKERS, _WORKERS_BUSY
+    _WORKERS, _WORKERS_BUSY = [], threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_workers)
+
+
+def _workers(count: int) -> list[_Worker]:
+    while len(_WORKERS) < count:
+        _WORKERS.append(_Worker())
+    return _WORKERS[:count]
+
+
+@numba.njit(cache=True)
+def _share_bounds(cumulative, parts):  # pragma: no cover - compiled
+    """Boundaries of ``parts`` contiguous ranges of items of about equal load (``cumulative`` as
+    in :func:`_shares`); empty ranges are dropped."""
+    items = cumulative.shape[0] - 1
+    total = cumulative[items] - cumulative[0]
+    bounds = np.empty(parts + 1, dtype=np.int64)
+    bounds[0] = 0
+    count = 1
+    i = 0
+    for part in range(1, parts):
+        goal = cumulative[0] + total * part / parts
+        while i < items and cumulative[i] < goal:
+            i += 1
+        if i > bounds[count - 1] and i < items:
+            bounds[count] = i
+            count += 1
+    bounds[count] = items
+    return bounds[: count + 1].copy()
 
 
 def _shares(cumulative: np.ndarray, work: float) -> list[tuple[int, int]]:
@@ -456,21 +545,34 @@ def _shares(cumulative: np.ndarray, work: float) -> list[tuple[int, int]]:
     parts = int(min(torch.get_num_threads(), items, max(1, work // MIN_WORK_PER_THREAD)))
     if parts <= 1:
         return [(0, items)]
-    total = cumulative[-1] - cumulative[0]
-    cuts = np.searchsorted(cumulative, cumulative[0] + total * np.arange(1, parts) / parts)
-    bounds = np.unique(np.concatenate([[0], np.clip(cuts, 0, items), [items]]))
-    return [(int(lo), int(hi)) for lo, hi in zip(bounds[:-1], bounds[1:]) if hi > lo]
+    bounds = _share_bounds(np.ascontiguousarray(cumulative, dtype=np.float64), parts).tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
 
 
 def _run(task: Callable[[int, int, int], None], shares: list[tuple[int, int]]) -> None:
-    """``task(share_index, lo, hi)`` for every share: the first on this thread, the rest on the pool."""
-    if len(shares) == 1:
-        task(0, *shares[0])
+    """``task(share_index, lo, hi)`` for every share: the first on this thread, the rest on the
+    pool (or all here, one after the other, while another thread is using the pool)."""
+    if len(shares) == 1 or not _WORKERS_BUSY.acquire(blocking=False):
+        for i, (lo, hi) in enumerate(shares):
+            task(i, lo, hi)
         return
-    futures = [_pool(len(shares) - 1).submit(task, i, lo, hi) for i, (lo, hi) in enumerate(shares[1:], 1)]
-    task(0, *shares[0])
-    for future in futures:
-        future.result()
+    try:
+        workers = _workers(len(shares) - 1)
+        for worker, (i, (lo, hi)) in zip(workers, enumerate(shares[1:], 1)):
+            worker.submit(task, i, lo, hi)
+        try:
+            task(0, *shares[0])
+        finally:
+            errors = []
+            for worker in workers:  # every worker, even after an error: each must be idle again
+                try:
+                    worker.wait()
+                except BaseException as error:  # noqa: BLE001
+                    errors.append(error)
+            if errors:
+                raise errors[0]
+    finally:
+        _WORKERS_BUSY.release()
 
 
 #: a node's cost in the thread split, in pairs: reading its [M, d] block from memory costs about

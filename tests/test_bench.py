@@ -21,11 +21,11 @@ def test_quick_benchmark_writes_a_complete_table(tmp_path, capsys):
     for record in timed:
         assert record["vocab"] == 300 and record["value"] > 0 and record["floor_ms"] > 0
         assert math.isclose(record["floor_fraction"], record["floor_ms"] / record["value"], rel_tol=1e-9)
-        assert record["metric"] in bench.METRICS + ("train_adagrad_torch",)
+        assert record["metric"] in bench.METRICS + ("train_sgd_torch", "train_adagrad_torch")
     flat = {r["metric"]: r for r in timed if r["method"] == "flat"}
     assert all(r["speedup_vs_flat"] == pytest.approx(1.0) for r in flat.values())
     trees = [r for r in timed if r["method"].startswith("tree")]
-    assert {r["metric"] for r in trees} == set(bench.METRICS) | {"train_adagrad_torch"}
+    assert {r["metric"] for r in trees} == set(bench.METRICS) | {"train_sgd_torch", "train_adagrad_torch"}
     assert all(r["arity"] ** r["depth"] >= 300 and r["unique_nodes"] >= 1 for r in trees)
     assert any(r["kind"] == "bandwidth_gbs" and r["value"] > 0 for r in data["records"])
 

@@ -172,6 +172,52 @@ def test_shares_cover_every_item_once():
     assert kernels._shares(cumulative, work=1.0) == [(0, len(cumulative) - 1)]  # too little work to split
 
 
+@settings(max_examples=50, deadline=None)
+@given(loads=st.lists(st.integers(0, 50), min_size=1, max_size=40), parts=st.integers(2, 6))
+def test_share_bounds_partition_the_items(loads, parts):
+    """Contiguous, non-empty, in order, covering every item once, at most ``parts`` of them."""
+    cumulative = np.concatenate([[0.0], np.cumsum(loads)])
+    bounds = kernels._share_bounds(cumulative, parts)
+    assert bounds[0] == 0 and bounds[-1] == len(loads)
+    assert np.all(np.diff(bounds) > 0) and len(bounds) - 1 <= parts
+
+
+def test_thread_shares_raise_a_workers_error_and_recover():
+    """An exception in a pool thread reaches the caller, and the pool still works afterwards."""
+    torch_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        done = []
+
+        def failing(i, lo, hi):
+            if i == 2:
+                raise RuntimeError("share 2 failed")
+            done.append(i)
+
+        with pytest.raises(RuntimeError, match="share 2 failed"):
+            kernels._run(failing, [(0, 1), (1, 2), (2, 3)])
+        assert sorted(done) == [0, 1]
+        done.clear()
+        kernels._run(lambda i, lo, hi: done.append((lo, hi)), [(0, 1), (1, 2), (2, 3)])
+        assert sorted(done) == [(0, 1), (1, 2), (2, 3)]
+    finally:
+        torch.set_num_threads(torch_threads)
+
+
+def test_path_pairs_lists_the_existing_steps_in_example_depth_order():
+    """The compiled pair builder against a plain numpy reading of the path tables (a tree whose
+    paths differ in length, so the mask matters)."""
+    tree = Tree.huffman(np.arange(1, 40, dtype=float), arity=3)
+    labels = np.array([0, 5, 39 - 1, 5, 17], dtype=np.int64)
+    example, depth, node, child = kernels.path_pairs(labels, tree.path_nodes, tree.path_children, tree.path_mask,
+                                                     False)
+    want_example, want_depth = np.nonzero(tree.path_mask[labels])
+    np.testing.assert_array_equal(example, want_example)
+    np.testing.assert_array_equal(depth, want_depth)
+    np.testing.assert_array_equal(node, tree.path_nodes[labels][tree.path_mask[labels]])
+    np.testing.assert_array_equal(child, tree.path_children[labels][tree.path_mask[labels]])
+
+
 @settings(max_examples=25, deadline=None)
 @given(k=st.integers(2, 200), m=st.integers(2, 9), batch=st.integers(1, 70), seed=st.integers(0, 10_000))
 def test_kernel_log_probabilities_property(k, m, batch, seed):

@@ -314,6 +314,41 @@ def test_row_sparse_adagrad_sums_duplicate_rows_and_checks_settings():
         RowSparseAdagrad(params, lr=-1)
 
 
+def test_row_sparse_sgd_matches_torch_sgd():
+    """Sparse steps (rows listed twice: both added), a dense step, and the settings check."""
+    from hsm.layers import RowSparseSGD
+
+    params = [torch.nn.Parameter(torch.arange(15.0).view(5, 3)) for _ in range(2)]
+    opts = [RowSparseSGD([params[0]], lr=0.5), torch.optim.SGD([params[1]], lr=0.5)]
+    sparse = torch.sparse_coo_tensor(torch.tensor([[1, 3, 1]]), torch.randn(3, 3), (5, 3))  # row 1 twice
+    for grad in (sparse, torch.randn(5, 3)):
+        for param, opt in zip(params, opts):
+            param.grad = grad.clone()
+            opt.step()
+        torch.testing.assert_close(params[0], params[1])
+    with pytest.raises(ValueError, match="invalid SGD"):
+        RowSparseSGD(params, lr=0)
+
+
+def test_row_sparse_sgd_trains_the_layer_like_torch_sgd():
+    """Through the layer's sparse gradients (kernels and PyTorch paths alike)."""
+    from hsm.layers import RowSparseSGD
+
+    tree = Tree.random(60, 4, 3, seed=1)
+    layers = [HierarchicalSoftmax(8, tree, sparse=True) for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    opts = [RowSparseSGD(layers[0].parameters(), lr=0.3), torch.optim.SGD(layers[1].parameters(), lr=0.3)]
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(4):
+        h, y = torch.randn(16, 8, generator=gen), torch.randint(0, 60, (16,), generator=gen)
+        for layer, opt in zip(layers, opts):
+            opt.zero_grad()
+            layer(h, y).loss.backward()
+            opt.step()
+    torch.testing.assert_close(layers[0].weight, layers[1].weight)
+    torch.testing.assert_close(layers[0].bias, layers[1].bias)
+
+
 @pytest.mark.parametrize("tree", _trees()[:4], ids=repr)
 def test_inference_path_reuses_buffers_correctly(tree):
     """Under no_grad the forward takes the inference path (shared gather buffers): batches of

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm import FlatSoftmax, HierarchicalSoftmax, Tree, TreeLearner
+from hsm import FlatSoftmax, HierarchicalSoftmax, RowSparseSGD, Tree, TreeLearner
 from hsm.config import seed_everything
 from hsm.experiments import experiment
 from hsm.results import make_record, provenance, write_results
@@ -291,7 +291,7 @@ def train_bow(
                               reset_moved_nodes=reset_moved_nodes,
                               prior_mode="current_child" if tree_prior == "sticky" else "uniform")
     params = list(model.parameters()) + list(layer.parameters())
-    optimizer = torch.optim.SGD(params, lr=lr)
+    optimizer = RowSparseSGD(params, lr=lr)  # torch.optim.SGD's update, without its sort of sparse rows
     step = 0
     loss_sum, loss_count = 0.0, 0
     start = time.perf_counter()

@@ -61,7 +61,7 @@ import torch
 from hsm import config as hsm_config
 from hsm.data.lm import UNK, LMCorpus
 from hsm.experiments import experiment
-from hsm.layers import FlatSoftmax, HierarchicalSoftmax
+from hsm.layers import FlatSoftmax, HierarchicalSoftmax, RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.sampling import SampledSoftmax
 from hsm.results import make_record, provenance, write_results
@@ -424,7 +424,7 @@ def train_lm(
     model = LogBilinearLM(corpus.vocab_size, cfg.dim, cfg.context, sparse=True).to(device)
     output = _make_output(cfg, corpus.vocab_size, tree, corpus.counts).to(device)
     parameters = list(model.parameters()) + list(output.parameters())
-    optimizer = torch.optim.Adagrad(parameters, lr=cfg.lr)
+    optimizer = RowSparseAdagrad(parameters, lr=cfg.lr)  # torch.optim.Adagrad's update, one pass over touched rows
     x_train, y_train = (t.to(device) for t in corpus.windows("train", cfg.context))
     x_valid, y_valid = (t.contiguous().to(device) for t in corpus.windows("valid", cfg.context))
     x_test, y_test = (t.contiguous().to(device) for t in corpus.windows("test", cfg.context))
@@ -582,7 +582,7 @@ def learn_embeddings(corpus: LMCorpus, cfg: LMRunConfig, dim: int = 50, epochs: 
     model = LogBilinearLM(corpus.vocab_size, dim, cfg.context, sparse=True).to(device)
     output = HierarchicalSoftmax(dim, Tree.random(corpus.vocab_size, cfg.arity, cfg.depth, seed=cfg.tree_seed + 1000),
                                  sparse=True).to(device)
-    optimizer = torch.optim.Adagrad(list(model.parameters()) + list(output.parameters()), lr=cfg.lr)
+    optimizer = RowSparseAdagrad(list(model.parameters()) + list(output.parameters()), lr=cfg.lr)
     x_train, y_train = (t.to(device) for t in corpus.windows("train", cfg.context))
     generator = torch.Generator().manual_seed(cfg.seed + 1000)
     steps = math.ceil(len(y_train) / cfg.batch_size)
