@@ -21,13 +21,16 @@ examples (the root: all B) has its ``[M, d]`` block read once and its gradient w
 Every kernel is checked against the plain PyTorch reference in ``tests/test_kernels.py`` and
 ``tests/test_layers.py`` (values, gradients, the arg max of ``log_prob``).
 
-Threads: the kernels release the GIL (``nogil``) and work on a share of the groups (examples,
-rows); the ``run_*`` functions split a batch into ``torch.get_num_threads()`` shares balanced by
-work and run them on a small pool of Python threads. Not numba's ``parallel=True``: its OpenMP
-workers keep spinning after a parallel region and slow torch's own kernels that follow by tens
-of milliseconds on a machine with few cores (measured in session 1: a 0.8 ms step became 60 ms);
-pool threads sleep when idle. Shares write disjoint rows, except per-example sums (``output``,
-the input gradient), which each share accumulates in its own buffer.
+Threads: the kernels release the GIL (``nogil``) and the ``run_*`` functions run them on
+``torch.get_num_threads()`` threads at once (this one and a small pool of Python threads woken
+by a lock each, :class:`_Worker`). The forward, backward and search kernels take their groups
+(rows) one at a time from a shared atomic cursor (:func:`_claim`), so a thread that starts late
+or draws cheap groups takes more, and write per-pair results that are summed per example in a
+fixed order afterwards (:func:`sum_by_example`): the results are the same bit for bit whatever
+the thread count (tests/test_kernels.py). Not numba's ``parallel=True``: its OpenMP workers keep
+spinning after a parallel region and slow torch's own kernels that follow by tens of milliseconds
+on a machine with few cores (measured in session 1: a 0.8 ms step became 60 ms); pool threads
+sleep when idle.
 
 Only ``float32`` contiguous CPU tensors take these paths (what training uses); other dtypes and
 devices use the PyTorch implementation in :mod:`hsm.layers`.
@@ -41,6 +44,9 @@ from collections.abc import Callable
 import numba
 import numpy as np
 import torch
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 __all__ = ["path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "accumulate_statistics",
            "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows"]
@@ -54,6 +60,40 @@ MIN_WORK_PER_THREAD = 250_000
 _FASTMATH = {"reassoc", "contract", "arcp"}
 # error_model="numpy" (division by zero gives inf, not a Python ZeroDivisionError): numba's check
 # before every division otherwise keeps LLVM from vectorising the loop (7x on the Adagrad update)
+
+
+@intrinsic
+def _claim(typingctx, cursor):  # pragma: no cover - compiled
+    """``old = cursor[0]; cursor[0] += 1`` as one atomic step (LLVM ``atomicrmw add``): the next
+    unclaimed item for the thread that calls it, so threads share a batch's groups dynamically
+    (a thread that starts late, or draws cheap groups, simply takes more of them)."""
+
+    def codegen(context, builder, signature, args):
+        array_type = signature.args[0]
+        data = context.make_array(array_type)(context, builder, args[0])
+        address = cgutils.get_item_pointer(context, builder, array_type, data, [context.get_constant(types.intp, 0)],
+                                           wraparound=False)
+        return builder.atomic_rmw("add", address, context.get_constant(array_type.dtype, 1), "monotonic")
+
+    return cursor.dtype(cursor), codegen
+
+
+@numba.njit(cache=True, nogil=True)
+def sum_by_example(values, example, out):  # pragma: no cover - compiled
+    """``out[example[p]] += values[p]`` for p in order: per-pair results (a log-probability, an
+    input-gradient row) summed per example in a fixed order, whichever thread computed them, so
+    results do not depend on how the work was shared."""
+    for p in range(values.shape[0]):
+        out[example[p]] += values[p]
+
+
+@numba.njit(cache=True, nogil=True)
+def sum_rows_by_example(values, example, out):  # pragma: no cover - compiled
+    """:func:`sum_by_example` for rows: ``out[example[p], :] += values[p, :]``, p in order."""
+    for p in range(values.shape[0]):
+        b = example[p]
+        for k in range(values.shape[1]):
+            out[b, k] += values[p, k]
 
 
 @numba.njit(cache=True)
@@ -100,14 +140,34 @@ def group_pairs(node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: n
     return order, starts[: groups + 1].copy()
 
 
+#: pairs from which a node's products go through BLAS (``np.dot``: OpenBLAS, via scipy) on a
+#: gathered copy of the examples' rows, rather than the register-blocked loops: a node shared by
+#: many examples (the root: all of them) is a small matrix product, which BLAS does 3x faster
+#: (root of a batch of 128 at M = 63, d = 200: 40 us against 110 us on one core of this machine)
+BLAS_MIN_PAIRS = 16
+
+
+@numba.njit(cache=True, nogil=True)
+def _gather_rows(h, example, order, first, last, rows):  # pragma: no cover - compiled
+    """``rows[q - first] = h[example[order[q]]]``: the node's examples, contiguous for BLAS."""
+    for q in range(first, last):
+        rows[q - first, :] = h[example[order[q]]]
+    return rows[: last - first]
+
+
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
-def _logits_of_group(h, weight, example, order, first, last, n, arity, logits):  # pragma: no cover - compiled
+def _logits_of_group(h, weight, example, order, first, last, n, arity, logits, rows):  # pragma: no cover - compiled
     """``logits[q - first, m] = W_n[m] . h[example[order[q]]]`` for the pairs of one node.
 
-    Register blocking: two examples against four rows of ``W_n`` at a time, eight independent
+    From :data:`BLAS_MIN_PAIRS` pairs on, one matrix product ``H_n W_n^T`` (``rows``: scratch
+    for ``H_n``, at least as many rows as pairs). Otherwise register blocking: two examples against four rows of ``W_n`` at a time, eight independent
     sums sharing each load of ``W`` and ``h``, so a node shared by many examples (the root) runs
     at the FMA units' rate rather than at the cache's (1.4x over one example at a time)."""
     dim = h.shape[1]
+    if last - first >= BLAS_MIN_PAIRS:
+        block = weight[n].reshape(arity, dim)
+        np.dot(_gather_rows(h, example, order, first, last, rows), block.T, logits[: last - first])
+        return
     q = first
     while q < last:
         pair = q + 1 < last
@@ -188,26 +248,32 @@ def _add_offsets_and_max(row, bias, penalty, n, arity):  # pragma: no cover - co
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
-def path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob, output,
-                 g_lo, g_hi):  # pragma: no cover - compiled
+def path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob, pair_log_prob,
+                 cursor):  # pragma: no cover - compiled
     """Eq. 5 for every pair, grouped by node.
 
     ``h`` [B, d], ``weight`` [N, M*d], ``bias`` [N, M] (or shape [0, M]: no bias), ``penalty``
     [N, M] with -inf on empty slots (or shape [0, M]: a full tree); pairs ``example, node, child``
     [P]; ``order, starts`` from :func:`group_pairs`. Writes ``node_prob`` [P, M] (the node
-    softmax of each pair; may have 0 rows when not needed: inference) and adds each pair's
-    ``log p(child | node, h)`` to ``output[example]`` (``output`` [B], zeroed by the caller).
-    Only the groups ``g_lo <= g < g_hi`` (a thread's share, see :func:`run_path_forward`).
+    softmax of each pair; may have 0 rows when not needed: inference) and ``pair_log_prob`` [P]
+    (``log p(child | node, h)``; their sum over an example's pairs is eq. 5, :func:`sum_by_example`).
+    Groups are claimed one at a time from ``cursor`` (int64 [1], zeroed by the caller), so any
+    number of threads may run this on the same batch (see :func:`run_path_forward`).
     """
     keep = node_prob.shape[0] > 0
+    groups = starts.shape[0] - 1
     largest = 0
-    for g in range(g_lo, g_hi):
+    for g in range(groups):
         largest = max(largest, starts[g + 1] - starts[g])
     logits = np.empty((largest, arity), dtype=h.dtype)
-    for g in range(g_lo, g_hi):
+    rows = np.empty((largest if largest >= BLAS_MIN_PAIRS else 0, h.shape[1]), dtype=h.dtype)
+    while True:
+        g = _claim(cursor)
+        if g >= groups:
+            break
         first, last = starts[g], starts[g + 1]
         n = node[order[first]]
-        _logits_of_group(h, weight, example, order, first, last, n, arity, logits)
+        _logits_of_group(h, weight, example, order, first, last, n, arity, logits, rows)
         for q in range(first, last):
             p = order[q]
             row = logits[q - first]
@@ -224,24 +290,36 @@ def path_forward(h, weight, bias, penalty, example, node, child, order, starts, 
             else:
                 for m in range(arity):
                     total += np.exp(row[m] - top)
-            output[example[p]] += row[child[p]] - top - np.log(total)
+            pair_log_prob[p] = row[child[p]] - top - np.log(total)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output,
-                  grad_h, grad_weight, grad_bias, need_h, need_weight, g_lo, g_hi):  # pragma: no cover - compiled
+                  grad_pair_h, grad_weight, grad_bias, need_h, need_weight, cursor):  # pragma: no cover - compiled
     """Gradients of ``sum_b grad_output[b] * log p(y_b | h_b)`` from the saved node softmax.
 
-    Per pair, ``d/d logit_m = g_b (onehot(child)_m - softmax_m)``. Writes ``grad_h`` [B, d]
-    (accumulated: zeroed by the caller), ``grad_weight`` [G, M*d] (one row per unique node, in
-    ``starts`` order, overwritten) and ``grad_bias`` [G, M] (overwritten). Both products are
-    blocked by four (four pairs per weight-gradient row, four weight rows per input gradient) so
-    each load and store serves four multiply-adds. Only the groups ``g_lo <= g < g_hi``."""
+    Per pair, ``d/d logit_m = g_b (onehot(child)_m - softmax_m)``. Writes ``grad_pair_h`` [P, d]
+    (each pair's part of its example's input gradient, summed by :func:`sum_by_example`),
+    ``grad_weight`` [G, M*d] (one row per unique node, in ``starts`` order) and ``grad_bias``
+    [G, M]. Both products are blocked by four (four pairs per weight-gradient row, four weight
+    rows per input gradient) so each load and store serves four multiply-adds. Groups are
+    claimed from ``cursor`` as in :func:`path_forward`."""
     dim = h.shape[1]
     arity = node_prob.shape[1]
     count = node_prob.shape[0]
-    pair_grad = np.empty((count, arity), dtype=h.dtype)  # rows of this share's pairs only
-    for g in range(g_lo, g_hi):
+    pair_grad = np.empty((count, arity), dtype=h.dtype)  # rows of this thread's pairs only
+    groups = starts.shape[0] - 1
+    largest = 0
+    for g in range(groups):
+        largest = max(largest, starts[g + 1] - starts[g])
+    scratch = largest if largest >= BLAS_MIN_PAIRS else 0  # for the BLAS path, as in path_forward
+    group_grad = np.empty((scratch, arity), dtype=h.dtype)
+    rows = np.empty((scratch, dim), dtype=h.dtype)
+    rows_grad = np.empty((scratch, dim), dtype=h.dtype)
+    while True:
+        g = _claim(cursor)
+        if g >= groups:
+            break
         first, last = starts[g], starts[g + 1]
         n = node[order[first]]
         for q in range(first, last):
@@ -255,6 +333,20 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
             for q in range(first, last):
                 acc += pair_grad[order[q], m]
             grad_bias[g, m] = acc
+        if last - first >= BLAS_MIN_PAIRS:
+            # the node's two products as matrix products: grad W_n = S_n^T H_n, grad H_n = S_n W_n
+            size = last - first
+            for q in range(first, last):
+                group_grad[q - first, :] = pair_grad[order[q]]
+            block = weight[n].reshape(arity, dim)
+            if need_weight:
+                np.dot(group_grad[:size].T, _gather_rows(h, example, order, first, last, rows),
+                       grad_weight[g].reshape(arity, dim))
+            if need_h:
+                np.dot(group_grad[:size], block, rows_grad[:size])
+                for q in range(first, last):
+                    grad_pair_h[order[q], :] = rows_grad[q - first]
+            continue
         if need_weight:
             # grad W_n[m] = sum over the node's pairs of s_pm h_b
             for m in range(arity):
@@ -286,6 +378,9 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
                     q += 1
         if need_h:
             # grad h_b += sum_m s_pm W_n[m], two pairs at a time sharing the loads of W_n
+            for q in range(first, last):
+                for k in range(dim):
+                    grad_pair_h[order[q], k] = 0.0
             q = first
             while q + 2 <= last:
                 p, o = order[q], order[q + 1]
@@ -300,16 +395,16 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
                         w1 = weight[n, b1 + k]
                         w2 = weight[n, b2 + k]
                         w3 = weight[n, b3 + k]
-                        grad_h[b, k] += s0 * w0 + s1 * w1 + s2 * w2 + s3 * w3
-                        grad_h[c, k] += t0 * w0 + t1 * w1 + t2 * w2 + t3 * w3
+                        grad_pair_h[p, k] += s0 * w0 + s1 * w1 + s2 * w2 + s3 * w3
+                        grad_pair_h[o, k] += t0 * w0 + t1 * w1 + t2 * w2 + t3 * w3
                     m += 4
                 while m < arity:
                     base = m * dim
                     s = pair_grad[p, m]
                     t = pair_grad[o, m]
                     for k in range(dim):
-                        grad_h[b, k] += s * weight[n, base + k]
-                        grad_h[c, k] += t * weight[n, base + k]
+                        grad_pair_h[p, k] += s * weight[n, base + k]
+                        grad_pair_h[o, k] += t * weight[n, base + k]
                     m += 1
                 q += 2
             if q < last:
@@ -320,14 +415,14 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
                     b0, b1, b2, b3 = m * dim, (m + 1) * dim, (m + 2) * dim, (m + 3) * dim
                     s0, s1, s2, s3 = pair_grad[p, m], pair_grad[p, m + 1], pair_grad[p, m + 2], pair_grad[p, m + 3]
                     for k in range(dim):
-                        grad_h[b, k] += (s0 * weight[n, b0 + k] + s1 * weight[n, b1 + k]
+                        grad_pair_h[p, k] += (s0 * weight[n, b0 + k] + s1 * weight[n, b1 + k]
                                          + s2 * weight[n, b2 + k] + s3 * weight[n, b3 + k])
                     m += 4
                 while m < arity:
                     base = m * dim
                     s = pair_grad[p, m]
                     for k in range(dim):
-                        grad_h[b, k] += s * weight[n, base + k]
+                        grad_pair_h[p, k] += s * weight[n, base + k]
                     m += 1
 
 
@@ -351,7 +446,7 @@ def _node_log_softmax(h, b, weight, bias, penalty, n, arity, out):  # pragma: no
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited,
-                b_lo, b_hi):  # pragma: no cover - compiled
+                cursor):  # pragma: no cover - compiled
     """Exact arg max of ``log p(y | h_b)`` for every row (ICML §11.1's branch and bound).
 
     A greedy descent (most likely child at each node) gives a label and so a lower bound; then a
@@ -360,7 +455,8 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
     label below it. ``child_node`` / ``child_label`` [N, M] (-1 where the slot holds no node /
     label; empty slots have -inf in ``penalty``). Writes ``labels``, ``values`` (the best
     log-probability) and ``visited`` (distinct node evaluations) per row. The greedy path's node
-    distributions are kept so the search does not evaluate them twice."""
+    distributions are kept so the search does not evaluate them twice. Rows are claimed from
+    ``cursor`` as groups are in :func:`path_forward` (a search's cost varies a lot by row)."""
     arity = child_node.shape[1]
     lp = np.empty(arity, dtype=h.dtype)
     greedy_nodes = np.empty(max_depth, dtype=np.int64)
@@ -368,7 +464,10 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
     stack_node = np.empty(max_depth * arity + 1, dtype=np.int64)
     stack_score = np.empty(max_depth * arity + 1, dtype=h.dtype)
     neg_inf = np.float32(-np.inf)
-    for b in range(b_lo, b_hi):
+    while True:
+        b = _claim(cursor)
+        if b >= h.shape[0]:
+            break
         # greedy descent
         n = 0
         score = np.float32(0.0)
@@ -549,9 +648,62 @@ def _shares(cumulative: np.ndarray, work: float) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+class _SingleThreadedBlas:
+    """While any kernel runs: the BLAS libraries loaded in this process (scipy's OpenBLAS is the
+    one numba's ``np.dot`` calls) use one thread, and get their own setting back afterwards.
+
+    Why: the kernels already run on every core, and OpenBLAS's own threads busy-wait for a while
+    after each call, taking the core the kernels' second thread needs (measured: a training step
+    at V = 250k went from 1.5-2.0 ms to 2.7-3.8 ms with scipy's OpenBLAS left at 2 threads).
+    Nested and concurrent uses are counted, so the setting is restored once, by the last one
+    out. Via threadpoolctl (scikit-learn's dependency); nothing happens where it is missing."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._libraries: list | None = None
+        self._saved: list[int] = []
+
+    def _find(self) -> list:
+        try:
+            import scipy.linalg.cython_blas  # noqa: F401 - loads the BLAS numba's np.dot calls
+            from threadpoolctl import ThreadpoolController
+
+            return [lib for lib in ThreadpoolController().lib_controllers if lib.user_api == "blas"]
+        except Exception:  # noqa: BLE001 - no threadpoolctl / scipy: leave BLAS as it is
+            return []
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._depth == 0:
+                if self._libraries is None:
+                    self._libraries = self._find()
+                self._saved = [lib.num_threads for lib in self._libraries]
+                for lib, threads in zip(self._libraries, self._saved):
+                    if threads != 1:
+                        lib.set_num_threads(1)
+            self._depth += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._lock:
+            self._depth -= 1
+            if self._depth == 0:
+                for lib, threads in zip(self._libraries or [], self._saved):
+                    if threads != 1:
+                        lib.set_num_threads(threads)
+
+
+_BLAS_ONE_THREAD = _SingleThreadedBlas()
+
+
 def _run(task: Callable[[int, int, int], None], shares: list[tuple[int, int]]) -> None:
     """``task(share_index, lo, hi)`` for every share: the first on this thread, the rest on the
     pool (or all here, one after the other, while another thread is using the pool)."""
+    with _BLAS_ONE_THREAD:
+        _run_shares(task, shares)
+
+
+def _run_shares(task: Callable[[int, int, int], None], shares: list[tuple[int, int]]) -> None:
     if len(shares) == 1 or not _WORKERS_BUSY.acquire(blocking=False):
         for i, (lo, hi) in enumerate(shares):
             task(i, lo, hi)
@@ -575,40 +727,43 @@ def _run(task: Callable[[int, int, int], None], shares: list[tuple[int, int]]) -
         _WORKERS_BUSY.release()
 
 
-#: a node's cost in the thread split, in pairs: reading its [M, d] block from memory costs about
-#: as much as ten examples' dot products against it once cached
-_NODE_COST_IN_PAIRS = 8
+def _run_claiming(task: Callable[[], None], threads: int) -> None:
+    """``task()`` on ``threads`` threads at once: kernels whose threads claim their work from a
+    shared cursor (:func:`_claim`)."""
+    _run(lambda i, lo, hi: task(), [(0, 0)] * threads)
 
 
-def _group_costs(starts: np.ndarray) -> np.ndarray:
-    """Cumulative cost of the groups (pairs plus a fixed cost per node), for :func:`_shares`."""
-    return starts + _NODE_COST_IN_PAIRS * np.arange(starts.shape[0])
+def _threads_for(work: float, items: int) -> int:
+    """Threads worth using: ``torch.get_num_threads()``, fewer for little work."""
+    return int(min(torch.get_num_threads(), items, max(1, work // MIN_WORK_PER_THREAD)))
 
 
 def run_path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob) -> np.ndarray:
-    """:func:`path_forward` on all groups, split over threads; returns ``output`` [B]."""
-    shares = _shares(_group_costs(starts), float(node.shape[0]) * arity * h.shape[1])
-    outputs = [np.zeros(h.shape[0], dtype=h.dtype) for _ in shares]
+    """:func:`path_forward` on all groups, shared by the threads; returns ``output`` [B]."""
+    threads = _threads_for(float(node.shape[0]) * arity * h.shape[1], starts.shape[0] - 1)
+    cursor = np.zeros(1, dtype=np.int64)
+    pair_log_prob = np.empty(node.shape[0], dtype=h.dtype)
 
-    def task(i: int, lo: int, hi: int) -> None:
-        path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob, outputs[i], lo, hi)
-
-    _run(task, shares)
-    return outputs[0] if len(outputs) == 1 else np.sum(outputs, axis=0)
+    _run_claiming(lambda: path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob, pair_log_prob,
+                     cursor), threads)
+    output = np.zeros(h.shape[0], dtype=h.dtype)
+    sum_by_example(pair_log_prob, example, output)
+    return output
 
 
 def run_path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output,
                       grad_weight, grad_bias, need_h, need_weight) -> np.ndarray:
-    """:func:`path_backward` on all groups, split over threads; returns ``grad_h`` [B, d]."""
-    shares = _shares(_group_costs(starts), 2.0 * node.shape[0] * node_prob.shape[1] * h.shape[1])
-    grads = [np.zeros(h.shape, dtype=h.dtype) for _ in shares]
+    """:func:`path_backward` on all groups, shared by the threads; returns ``grad_h`` [B, d]."""
+    threads = _threads_for(2.0 * node.shape[0] * node_prob.shape[1] * h.shape[1], starts.shape[0] - 1)
+    cursor = np.zeros(1, dtype=np.int64)
+    grad_pair_h = np.empty((node.shape[0] if need_h else 0, h.shape[1]), dtype=h.dtype)
 
-    def task(i: int, lo: int, hi: int) -> None:
-        path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output, grads[i],
-                      grad_weight, grad_bias, need_h, need_weight, lo, hi)
-
-    _run(task, shares)
-    return grads[0] if len(grads) == 1 else np.sum(grads, axis=0)
+    _run_claiming(lambda: path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output, grad_pair_h,
+                      grad_weight, grad_bias, need_h, need_weight, cursor), threads)
+    grad_h = np.zeros(h.shape, dtype=h.dtype)
+    if need_h:
+        sum_rows_by_example(grad_pair_h, example, grad_h)
+    return grad_h
 
 
 def run_top1_search(h, weight, bias, penalty, child_node, child_label, max_depth):
@@ -617,13 +772,10 @@ def run_top1_search(h, weight, bias, penalty, child_node, child_label, max_depth
     labels = np.empty(batch, dtype=np.int64)
     values = np.empty(batch, dtype=h.dtype)
     visited = np.empty(batch, dtype=np.int64)
-    per_row = float(max_depth) * child_node.shape[1] * h.shape[1]
-    shares = _shares(np.arange(batch + 1), per_row * batch)
+    threads = _threads_for(float(max_depth) * child_node.shape[1] * h.shape[1] * batch, batch)
+    cursor = np.zeros(1, dtype=np.int64)
 
-    def task(i: int, lo: int, hi: int) -> None:
-        top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited, lo, hi)
-
-    _run(task, shares)
+    _run_claiming(lambda: top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited, cursor), threads)
     return labels, values, visited
 
 

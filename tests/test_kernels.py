@@ -182,6 +182,28 @@ def test_share_bounds_partition_the_items(loads, parts):
     assert np.all(np.diff(bounds) > 0) and len(bounds) - 1 <= parts
 
 
+@pytest.mark.parametrize("tree", _trees()[2:4], ids=repr)
+def test_results_do_not_depend_on_the_thread_count(tree, monkeypatch):
+    """Threads claim groups dynamically, but per-pair results are summed per example in a fixed
+    order: outputs and every gradient are bit-identical with 1, 2 and 3 threads."""
+    monkeypatch.setattr(kernels, "MIN_WORK_PER_THREAD", 1)
+    before = torch.get_num_threads()
+    results = []
+    try:
+        for count in (1, 2, 3):
+            torch.set_num_threads(count)
+            layer = _layer(tree, d=9)
+            h = torch.randn(40, 9, generator=torch.Generator().manual_seed(1), requires_grad=True)
+            out = layer(h, _targets(tree, 40, seed=2)).output
+            out.pow(2).sum().backward()
+            results.append([out.detach(), h.grad, layer.weight.grad.to_dense(), layer.bias.grad.to_dense()])
+    finally:
+        torch.set_num_threads(before)
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert torch.equal(a, b)
+
+
 def test_thread_shares_raise_a_workers_error_and_recover():
     """An exception in a pool thread reaches the caller, and the pool still works afterwards."""
     torch_threads = torch.get_num_threads()
