@@ -204,6 +204,30 @@ def test_results_do_not_depend_on_the_thread_count(tree, monkeypatch):
             assert torch.equal(a, b)
 
 
+def test_blas_runs_single_threaded_inside_kernels_and_is_restored():
+    """scipy's OpenBLAS (numba's np.dot) is held at one thread while kernels run, nested uses
+    included, and gets its own setting back afterwards."""
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    import scipy.linalg.cython_blas  # noqa: F401 - load the library
+
+    def blas_threads():
+        return [info["num_threads"] for info in threadpoolctl.threadpool_info() if info["user_api"] == "blas"]
+
+    with threadpoolctl.threadpool_limits(2, user_api="blas"):
+        before = blas_threads()
+        assert before and max(before) == 2
+        seen = []
+
+        def task(i, lo, hi):
+            with kernels._BLAS_ONE_THREAD:  # nested
+                seen.append(blas_threads())
+            seen.append(blas_threads())
+
+        kernels._run(task, [(0, 1)])
+        assert seen == [[1] * len(before)] * 2
+        assert blas_threads() == before
+
+
 def test_thread_shares_raise_a_workers_error_and_recover():
     """An exception in a pool thread reaches the caller, and the pool still works afterwards."""
     torch_threads = torch.get_num_threads()
