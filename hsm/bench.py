@@ -371,34 +371,58 @@ def _run_isolated(config: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- the table
+def _median_of_trials(trials: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from the same measurement repeated in several processes: per metric the median of
+    the processes' medians (the spread between processes, kept in ``ms_trials``, is this
+    machine's: memory placement differs from one process to the next)."""
+    row = dict(trials[0])
+    for key in ("ms", "cpu_ms"):
+        row[key] = {m: statistics.median(t[key][m] for t in trials) for m in trials[0][key]}
+    row["ms_trials"] = {m: [t["ms"][m] for t in trials] for m in trials[0]["ms"]}
+    row["peak_mb"] = max(t["peak_mb"] for t in trials)
+    return row
+
+
 def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch: int, repeats: int,
                   budget_s: float, device: str = "cpu", isolate: bool = True, predict_scale: float = 10.0,
-                  thp: bool = True,
+                  thp: bool = True, trials: int = 1,
                   metrics: Sequence[str] = METRICS, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """All (V, method) rows plus the machine limits, floors and ratios against ``flat``."""
+    """All (V, method) rows plus the machine limits, floors and ratios against ``flat``.
+
+    ``trials`` > 1 repeats every measurement in that many processes, round after round (so a
+    slow spell of the machine hits every method alike), and keeps the median."""
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
     limits = machine_limits(device)
     if device == "cpu" and isolate:
         limits.update(page_fault_probe())
+    configs = [{"method": method, "vocab": int(vocab), "dim": dim, "batch": batch, "repeats": repeats,
+                "budget_s": budget_s, "device": device, "threads": torch.get_num_threads(),
+                "predict_scale": predict_scale, "metrics": list(metrics), "thp": thp}
+               for vocab in vocabs for method in methods]
+    measured: list[list[dict[str, Any]]] = [[] for _ in configs]
+    for trial in range(trials):
+        for config, runs in zip(configs, measured):
+            runs.append(_run_isolated(config) if isolate else run_one(config))
+            if progress is not None and trials > 1:
+                progress(f"trial {trial + 1}/{trials}: " + _row_line(runs[-1]))
     rows = []
-    for vocab in vocabs:
-        for method in methods:
-            config = {"method": method, "vocab": int(vocab), "dim": dim, "batch": batch, "repeats": repeats,
-                      "budget_s": budget_s, "device": device, "threads": torch.get_num_threads(),
-                      "predict_scale": predict_scale, "metrics": list(metrics), "thp": thp}
-            row = _run_isolated(config) if isolate else run_one(config)
-            costs = cost_model(method, vocab, dim, batch, row.get("arity"), row.get("unique_nodes", 0.0),
-                               row.get("pairs", 0.0), row.get("parameters", 0))
-            row["floor_ms"], row["floor_fraction"], row["bytes"], row["flops"] = {}, {}, {}, {}
-            for metric, value in row["ms"].items():
-                cost = costs[metric]
-                floor = 1e3 * max(cost["bytes"] / (limits["bandwidth_gbs"] * 1e9),
-                                  cost["flops"] / (limits["matmul_gflops"] * 1e9))
-                row["floor_ms"][metric] = floor
-                row["floor_fraction"][metric] = floor / value if value > 0 else float("nan")
-                row["bytes"][metric], row["flops"][metric] = cost["bytes"], cost["flops"]
-            rows.append(row)
-            if progress is not None:
-                progress(_row_line(row))
+    for config, runs in zip(configs, measured):
+        method, vocab = config["method"], config["vocab"]
+        row = _median_of_trials(runs) if len(runs) > 1 else runs[0]
+        costs = cost_model(method, vocab, dim, batch, row.get("arity"), row.get("unique_nodes", 0.0),
+                           row.get("pairs", 0.0), row.get("parameters", 0))
+        row["floor_ms"], row["floor_fraction"], row["bytes"], row["flops"] = {}, {}, {}, {}
+        for metric, value in row["ms"].items():
+            cost = costs[metric]
+            floor = 1e3 * max(cost["bytes"] / (limits["bandwidth_gbs"] * 1e9),
+                              cost["flops"] / (limits["matmul_gflops"] * 1e9))
+            row["floor_ms"][metric] = floor
+            row["floor_fraction"][metric] = floor / value if value > 0 else float("nan")
+            row["bytes"][metric], row["flops"][metric] = cost["bytes"], cost["flops"]
+        rows.append(row)
+        if progress is not None:
+            progress(_row_line(row))
     for row in rows:
         flat = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "flat"), None)
         adaptive = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "adaptive"), None)
@@ -455,8 +479,11 @@ def to_records(result: dict[str, Any]) -> list[dict[str, Any]]:
     records = []
     for row in result["rows"]:
         common = {k: v for k, v in row.items() if k not in ("ms", "cpu_ms", "floor_ms", "floor_fraction", "bytes",
-                                                          "flops", "speedup_vs_flat", "speedup_vs_adaptive")}
+                                                          "flops", "speedup_vs_flat", "speedup_vs_adaptive",
+                                                          "ms_trials")}
         for metric, value in row["ms"].items():
+            if "ms_trials" in row:
+                common["ms_trials"] = row["ms_trials"][metric]  # each process's median, when --trials > 1
             records.append(make_record(None, value, kind="ms_per_batch", metric=metric, **common,
                                        cpu_ms=row.get("cpu_ms", {}).get(metric),
                                        floor_ms=row["floor_ms"][metric], floor_fraction=row["floor_fraction"][metric],
@@ -624,6 +651,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--dim", type=int, default=200)
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20, help="timed runs per measurement (median)")
+    parser.add_argument("--trials", type=int, default=1,
+                        help="repeat every measurement in this many fresh processes, round after round; "
+                             "report the median (process-to-process spread is large on a shared machine)")
     parser.add_argument("--budget", type=float, default=20.0, help="seconds per measurement before stopping early")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--device", default="cpu")
@@ -685,7 +715,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     result = run_benchmark(args.vocab, args.methods, args.dim, args.batch, args.repeats, args.budget,
                            device=args.device, isolate=not args.no_isolate, predict_scale=args.predict_scale,
-                           thp=not args.no_thp,
+                           thp=not args.no_thp, trials=args.trials,
                            metrics=args.metrics, progress=lambda line: print(line, flush=True))
     print(format_table(result))
     if args.json:

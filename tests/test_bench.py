@@ -79,3 +79,30 @@ def test_algorithm1_overhead_and_profile_report_their_parts(tmp_path):
     assert rows[-1]["op"] == "total" and len(rows) <= 6
     assert sum(r["share"] for r in rows[:-1]) <= 1.0 + 1e-9
     assert {"hsm.forward", "hsm.backward", "hsm.optimizer"} <= set(rows[-1]["phases_ms"])
+
+
+def test_trials_take_the_median_of_the_processes_medians(monkeypatch):
+    """--trials N: every measurement N times, round after round; the row holds the median and
+    each trial's value."""
+    values = iter([3.0, 1.0, 10.0, 30.0, 2.0, 20.0])  # trial 1: flat, tree; trial 2; trial 3
+    calls = []
+
+    def fake_run_one(config):
+        calls.append(config["method"])
+        ms = next(values)
+        row = {"vocab": config["vocab"], "method": config["method"], "ms": {"train": ms}, "cpu_ms": {"train": ms},
+               "peak_mb": ms, "parameters": 10}
+        if config["method"] != "flat":
+            row.update(arity=4, depth=2, unique_nodes=3.0, pairs=16.0)
+        return row
+
+    monkeypatch.setattr(bench, "run_one", fake_run_one)
+    result = bench.run_benchmark([16], ["flat", "tree-d2"], dim=4, batch=8, repeats=1, budget_s=0.1,
+                                 isolate=False, trials=3, metrics=["train"])
+    assert calls == ["flat", "tree-d2"] * 3  # round after round
+    flat, tree = result["rows"]
+    assert flat["ms"]["train"] == 3.0 and flat["ms_trials"]["train"] == [3.0, 10.0, 2.0]
+    assert tree["ms"]["train"] == 20.0 and tree["peak_mb"] == 30.0
+    assert tree["speedup_vs_flat"]["train"] == pytest.approx(3.0 / 20.0)
+    with pytest.raises(ValueError, match="trials"):
+        bench.run_benchmark([16], ["flat"], dim=4, batch=8, repeats=1, budget_s=0.1, isolate=False, trials=0)
