@@ -257,6 +257,7 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
     device = torch.device(config.get("device", "cpu"))
     rss_start = _rss_mb()
+    steal_start, wall_start = _stolen_seconds(), time.perf_counter()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     layer, tree = _build(method, num_labels, dim, device, config.get("seed", 0))
@@ -340,7 +341,22 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
     else:
         row["peak_mb"] = max(_peak_rss_mb() - rss_start, 0.0)
     row["parameter_mb"] = params * 4 / 2**20
+    stolen = _stolen_seconds()
+    if stolen is not None and steal_start is not None:
+        row["steal_fraction"] = (stolen - steal_start) / ((time.perf_counter() - wall_start) * (os.cpu_count() or 1))
     return row
+
+
+def _stolen_seconds() -> float | None:
+    """CPU time the hypervisor gave to other guests since boot, all CPUs (``steal`` in
+    ``/proc/stat``; None where there is no such file). On a shared virtual machine this is the
+    part of a slow measurement that no code change can win back."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = handle.readline().split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _rss_mb() -> float:
@@ -380,6 +396,9 @@ def _median_of_trials(trials: list[dict[str, Any]]) -> dict[str, Any]:
         row[key] = {m: statistics.median(t[key][m] for t in trials) for m in trials[0][key]}
     row["ms_trials"] = {m: [t["ms"][m] for t in trials] for m in trials[0]["ms"]}
     row["peak_mb"] = max(t["peak_mb"] for t in trials)
+    if all("steal_fraction" in t for t in trials):
+        row["steal_trials"] = [t["steal_fraction"] for t in trials]
+        row["steal_fraction"] = statistics.median(row["steal_trials"])
     return row
 
 
@@ -441,6 +460,8 @@ def _row_line(row: dict[str, Any]) -> str:
         value = row["ms"].get(metric)
         cells.append(f"{value:10.3f}" if value is not None else f"{'-':>10}")
     cells.append(f"{row['peak_mb']:8.0f}")
+    if row.get("steal_fraction") is not None:
+        cells.append(f"(steal {row['steal_fraction']:.0%})")
     return " ".join(cells)
 
 

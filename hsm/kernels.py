@@ -48,7 +48,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "accumulate_statistics",
+__all__ = ["batch_plan", "path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "accumulate_statistics",
            "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows"]
 
 #: multiply-adds below which a batch runs on one thread (a hand-off to the pool costs ~20 us)
@@ -122,6 +122,21 @@ def path_pairs(labels, path_nodes, path_children, path_mask, full):  # pragma: n
                 child[q] = path_children[y, d]
                 q += 1
     return example, depth, node, child
+
+
+@numba.njit(cache=True)
+def batch_plan(labels, num_labels, path_nodes, path_children, path_mask, full):  # pragma: no cover - compiled
+    """Everything the forward kernel needs to know about a batch's targets, in one call:
+    ``(valid, example, depth, node, child, order, starts)`` from :func:`path_pairs` and
+    :func:`group_pairs`. ``valid`` is False (and the arrays empty) when a label is outside
+    ``0..num_labels-1``: the caller then names the bad label."""
+    for b in range(labels.shape[0]):
+        if labels[b] < 0 or labels[b] >= num_labels:
+            none = np.empty(0, dtype=np.int64)
+            return False, none, none, none, none, none, np.zeros(1, dtype=np.int64)
+    example, depth, node, child = path_pairs(labels, path_nodes, path_children, path_mask, full)
+    order, starts = group_pairs(node)
+    return True, example, depth, node, child, order, starts
 
 
 @numba.njit(cache=True)

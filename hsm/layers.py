@@ -51,11 +51,15 @@ def _check_input(input: Tensor, in_features: int) -> None:
         raise ValueError(f"input must have shape [B, {in_features}], got {list(input.shape)}")
 
 
-def _check_target(target: Tensor, batch: int, num_labels: int) -> None:
+def _check_target_shape(target: Tensor, batch: int) -> None:
     if not isinstance(target, Tensor) or target.dtype not in (torch.int64, torch.int32):
         raise TypeError("target must be an integer tensor of label ids")
     if target.shape != (batch,):
         raise ValueError(f"target must have shape [{batch}] to match input, got {list(target.shape)}")
+
+
+def _check_target(target: Tensor, batch: int, num_labels: int) -> None:
+    _check_target_shape(target, batch)
     if batch and (int(target.min()) < 0 or int(target.max()) >= num_labels):
         bad = target[(target < 0) | (target >= num_labels)][0].item()
         raise ValueError(f"unknown label {bad}: labels are 0..{num_labels - 1}")
@@ -287,6 +291,11 @@ def _np(tensor: Tensor) -> np.ndarray:
     return tensor.detach().contiguous().numpy()
 
 
+def _mean_loss(output: np.ndarray) -> Tensor:
+    """``-output.mean()`` as a 0-d tensor (NaN for an empty batch, as torch's mean gives)."""
+    return torch.from_numpy(np.array(-output.mean() if output.size else np.nan, dtype=output.dtype))
+
+
 class _KernelPlan(NamedTuple):
     """The batch's (example, node, child) pairs and their grouping by node, for the numba kernels."""
 
@@ -317,11 +326,15 @@ class _TreePathLogProbKernel(torch.autograd.Function):
         probs = torch.from_numpy(node_prob)
         ctx.save_for_backward(input, weight, probs)
         ctx.mark_non_differentiable(probs)
-        return torch.from_numpy(output), probs
+        # the loss (mean negative log-likelihood) is a third output of this function rather than
+        # two more autograd nodes: per batch, their bookkeeping cost a tenth of the whole step
+        return torch.from_numpy(output), probs, _mean_loss(output)
 
     @staticmethod
-    def backward(ctx, grad_output: Tensor, _grad_probs: Tensor | None):  # type: ignore[override]
+    def backward(ctx, grad_output: Tensor, _grad_probs: Tensor | None, grad_loss: Tensor):  # type: ignore[override]
         input, weight, probs = ctx.saved_tensors
+        # d loss / d output_b = -1 / B
+        grad_output = grad_output - grad_loss / grad_output.shape[0]
         plan: _KernelPlan = ctx.plan
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         arity = probs.shape[1]
@@ -503,10 +516,12 @@ class HierarchicalSoftmax(nn.Module):
                 and self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
                 and (self.bias is None or self.bias.dtype == torch.float32))
 
-    def _kernel_plan(self, labels: np.ndarray) -> _KernelPlan:
-        example, depth, node, child = self._path_pairs(labels)
-        order, starts = kernels.group_pairs(node)
-        return _KernelPlan(example, node, child, depth, order, starts, self._full_paths)
+    def _kernel_plan(self, labels: np.ndarray) -> _KernelPlan | None:
+        """The batch's pairs grouped by node, or None when a label is not one of the tree's."""
+        nodes, children, mask = self._host_paths
+        valid, example, depth, node, child, order, starts = kernels.batch_plan(
+            np.ascontiguousarray(labels, dtype=np.int64), self.num_labels, nodes, children, mask, self._full_paths)
+        return _KernelPlan(example, node, child, depth, order, starts, self._full_paths) if valid else None
 
     def _kernel_operand(self, tensor: Tensor | None) -> np.ndarray:
         """Bias or slot penalty for the kernels: its numpy view, or a [0, M] array for none."""
@@ -514,7 +529,9 @@ class HierarchicalSoftmax(nn.Module):
 
     def _forward_kernels(self, input: Tensor, target: Tensor) -> HSMOutput:
         labels = target.detach().cpu().numpy()
-        plan = self._kernel_plan(labels)
+        plan = self._kernel_plan(labels)  # also checks the labels' range (one compiled pass)
+        if plan is None:
+            _check_target(target, input.shape[0], self.num_labels)  # names the bad label
         penalty = self._kernel_operand(self.slot_penalty)
         collect = self.statistics is not None and self.training
         if not (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)) and not collect:
@@ -522,12 +539,12 @@ class HierarchicalSoftmax(nn.Module):
                                               plan.example, plan.node, plan.child, plan.order, plan.starts,
                                               self.arity, np.empty((0, self.arity), dtype=np.float32))
             # the mean in numpy: two torch calls would cost a tenth of this whole pass
-            return HSMOutput(torch.from_numpy(output), torch.from_numpy(np.array(-output.mean(), dtype=output.dtype)))
-        output, pair_probs = _TreePathLogProbKernel.apply(input, self.weight, self.bias, penalty,
-                                                          plan, self.sparse, self.arity)
+            return HSMOutput(torch.from_numpy(output), _mean_loss(output))
+        output, pair_probs, loss = _TreePathLogProbKernel.apply(input, self.weight, self.bias, penalty,
+                                                                plan, self.sparse, self.arity)
         if collect and not self.statistics.accumulate_pairs(labels, plan.example, plan.depth, pair_probs.numpy()):
             self._collect_statistics(target, pair_probs, plan.full)
-        return HSMOutput(output, -output.mean())
+        return HSMOutput(output, loss)
 
     def _collect_statistics(self, target: Tensor, pair_probs: Tensor, full: bool) -> None:
         """Algorithm 1's statistics (hsm.statistics) from the batch's node distributions [P, M]."""
@@ -550,9 +567,10 @@ class HierarchicalSoftmax(nn.Module):
         CPU tensors; :class:`_TreePathLogProb` otherwise); the result equals
         :meth:`forward_reference` (tests check values and gradients)."""
         _check_input(input, self.in_features)
-        _check_target(target, input.shape[0], self.num_labels)
         if self._kernels_apply(input):
+            _check_target_shape(target, input.shape[0])  # the kernels' plan checks the label range
             return self._forward_kernels(input, target)
+        _check_target(target, input.shape[0], self.num_labels)
         batch = input.shape[0]
         plan = self._plan(target)
         if not (torch.is_grad_enabled() and (input.requires_grad or self.weight.requires_grad)) and (
