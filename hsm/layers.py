@@ -854,7 +854,27 @@ def _strictly_increasing(indices: Tensor) -> bool:
     return bool((indices[1:] > indices[:-1]).all()) or torch.unique(indices).numel() == indices.numel()
 
 
-class RowSparseAdagrad(torch.optim.Optimizer):
+class _RowSparseOptimizer(torch.optim.Optimizer):
+    """The loop both row-sparse optimisers share: every parameter with a gradient gets
+    :meth:`_update` (``torch.optim``'s ``step`` protocol, closure included)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    self._update(param, param.grad, group)
+        return loss
+
+    def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:
+        raise NotImplementedError
+
+
+class RowSparseAdagrad(_RowSparseOptimizer):
     """``torch.optim.Adagrad`` (the papers' optimiser) with a fast path for row-sparse gradients.
 
     Same update and defaults as ``torch.optim.Adagrad`` (weight decay excepted): per element,
@@ -880,27 +900,16 @@ class RowSparseAdagrad(torch.optim.Optimizer):
                 self.state[param]["sum"] = torch.full_like(param, initial_accumulator_value,
                                                            memory_format=torch.preserve_format)
 
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for param in group["params"]:
-                grad = param.grad
-                if grad is None:
-                    continue
-                state = self.state[param]
-                state["step"] += 1
-                clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
-                total = state["sum"]
-                if grad.is_sparse:
-                    self._sparse_step(param, total, grad, clr, group["eps"])
-                else:
-                    total.addcmul_(grad, grad, value=1)
-                    param.addcdiv_(grad, total.sqrt().add_(group["eps"]), value=-clr)
-        return loss
+    def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:
+        state = self.state[param]
+        state["step"] += 1
+        clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
+        total = state["sum"]
+        if grad.is_sparse:
+            self._sparse_step(param, total, grad, clr, group["eps"])
+        else:
+            total.addcmul_(grad, grad, value=1)
+            param.addcdiv_(grad, total.sqrt().add_(group["eps"]), value=-clr)
 
     @staticmethod
     def _sparse_step(param: Tensor, total: Tensor, grad: Tensor, clr: float, eps: float) -> None:
@@ -923,7 +932,7 @@ class RowSparseAdagrad(torch.optim.Optimizer):
         flat_param.index_add_(0, indices, values / rows.sqrt_().add_(eps), alpha=-clr)
 
 
-class RowSparseSGD(torch.optim.Optimizer):
+class RowSparseSGD(_RowSparseOptimizer):
     """Plain SGD, ``param -= lr * grad`` (the fastText-style models' optimiser), with a fast path
     for row-sparse gradients.
 
@@ -941,21 +950,10 @@ class RowSparseSGD(torch.optim.Optimizer):
             raise ValueError(f"invalid SGD learning rate: lr={lr} (must be > 0)")
         super().__init__(params, dict(lr=lr))
 
-    @torch.no_grad()
-    def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for param in group["params"]:
-                grad = param.grad
-                if grad is None:
-                    continue
-                if grad.is_sparse:
-                    flat = param.view(param.shape[0], -1)
-                    values = grad._values().reshape(grad._values().shape[0], -1)
-                    flat.index_add_(0, grad._indices()[0], values, alpha=-group["lr"])
-                else:
-                    param.add_(grad, alpha=-group["lr"])
-        return loss
+    def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:
+        if grad.is_sparse:
+            values = grad._values()
+            param.view(param.shape[0], -1).index_add_(0, grad._indices()[0], values.reshape(values.shape[0], -1),
+                                                      alpha=-group["lr"])
+        else:
+            param.add_(grad, alpha=-group["lr"])
