@@ -163,6 +163,16 @@ BLAS_MIN_PAIRS = 16
 
 
 @numba.njit(cache=True, nogil=True)
+def _largest_group(starts):  # pragma: no cover - compiled
+    """(pairs of the largest group, rows the BLAS path's scratch needs: that size, or 0 when no
+    group reaches :data:`BLAS_MIN_PAIRS`)."""
+    largest = 0
+    for g in range(starts.shape[0] - 1):
+        largest = max(largest, starts[g + 1] - starts[g])
+    return largest, (largest if largest >= BLAS_MIN_PAIRS else 0)
+
+
+@numba.njit(cache=True, nogil=True)
 def _gather_rows(h, example, order, first, last, rows):  # pragma: no cover - compiled
     """``rows[q - first] = h[example[order[q]]]``: the node's examples, contiguous for BLAS."""
     for q in range(first, last):
@@ -277,11 +287,9 @@ def path_forward(h, weight, bias, penalty, example, node, child, order, starts, 
     """
     keep = node_prob.shape[0] > 0
     groups = starts.shape[0] - 1
-    largest = 0
-    for g in range(groups):
-        largest = max(largest, starts[g + 1] - starts[g])
+    largest, scratch = _largest_group(starts)
     logits = np.empty((largest, arity), dtype=h.dtype)
-    rows = np.empty((largest if largest >= BLAS_MIN_PAIRS else 0, h.shape[1]), dtype=h.dtype)
+    rows = np.empty((scratch, h.shape[1]), dtype=h.dtype)
     while True:
         g = _claim(cursor)
         if g >= groups:
@@ -324,10 +332,7 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
     count = node_prob.shape[0]
     pair_grad = np.empty((count, arity), dtype=h.dtype)  # rows of this thread's pairs only
     groups = starts.shape[0] - 1
-    largest = 0
-    for g in range(groups):
-        largest = max(largest, starts[g + 1] - starts[g])
-    scratch = largest if largest >= BLAS_MIN_PAIRS else 0  # for the BLAS path, as in path_forward
+    _, scratch = _largest_group(starts)
     group_grad = np.empty((scratch, arity), dtype=h.dtype)
     rows = np.empty((scratch, dim), dtype=h.dtype)
     rows_grad = np.empty((scratch, dim), dtype=h.dtype)
