@@ -667,6 +667,20 @@ def _select_lr(corpus: LMCorpus, base: LMRunConfig, tree: Tree | None, sc: LMSca
     return best["lr"], trials
 
 
+def _table_corpus(sc: LMScale, device: str) -> LMCorpus:
+    """The corpus of a table or ablation at scale ``sc``, after checking that a depth-3 tree of
+    ``sc.arity`` holds its vocabulary; on CPU, torch gets one intra-op thread (on a shared 2-core
+    machine torch's default, one thread per core, spin-waits for the busy core and runs about 10x
+    slower; HSM_THREADS overrides)."""
+    if torch.device(device).type == "cpu":
+        hsm_config.configure_threads(default=1)
+    corpus = load_lm_corpus(sc.dataset, max_books=sc.max_books, vocab_size=sc.vocab_size,
+                            train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens)
+    if sc.arity**3 < corpus.vocab_size:
+        raise ValueError(f"a {sc.arity}-ary depth-3 tree holds {sc.arity**3} words < vocabulary {corpus.vocab_size}")
+    return corpus
+
+
 def run_table(
     name: str,
     sc: LMScale,
@@ -679,15 +693,8 @@ def run_table(
 
     ``schedules`` adds learned-tree runs ``(label, learn_epochs)`` (arXiv Fig. 3)."""
     log = log or (lambda message: print(message, flush=True))
-    if torch.device(device).type == "cpu":
-        # one intra-op thread: on a shared 2-core machine, torch's default (one thread per core)
-        # spin-waits for the busy core and runs about 10x slower; HSM_THREADS overrides
-        hsm_config.configure_threads(default=1)
-    corpus = load_lm_corpus(sc.dataset, max_books=sc.max_books, vocab_size=sc.vocab_size,
-                            train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens)
+    corpus = _table_corpus(sc, device)
     V = corpus.vocab_size
-    if sc.arity**3 < V:
-        raise ValueError(f"a {sc.arity}-ary depth-3 tree holds {sc.arity**3} words < vocabulary {V}")
     run_dir = _run_dir(RUN_FOLDER.get(name, name))
     base = LMRunConfig(output="random", context=sc.context, arity=sc.arity, depth=3, batch_size=sc.batch_size,
                        epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch,
@@ -1002,13 +1009,8 @@ def run_ablation(sc: LMScale, variants: Sequence[str], device: str = "cpu",
     if unknown or not variants:
         raise ValueError(f"unknown or no ablation variants {unknown}; known: {list(ABLATION_VARIANTS)}")
     log = log or (lambda message: print(message, flush=True))
-    if torch.device(device).type == "cpu":
-        hsm_config.configure_threads(default=1)
-    corpus = load_lm_corpus(sc.dataset, max_books=sc.max_books, vocab_size=sc.vocab_size,
-                            train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens)
+    corpus = _table_corpus(sc, device)
     V = corpus.vocab_size
-    if sc.arity**3 < V:
-        raise ValueError(f"a {sc.arity}-ary depth-3 tree holds {sc.arity**3} words < vocabulary {V}")
     run_dir = _run_dir("lm-ptb-ablation")
     base = LMRunConfig(output="learned", context=sc.context, arity=sc.arity, depth=3, batch_size=sc.batch_size,
                        epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch,
