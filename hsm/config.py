@@ -39,14 +39,30 @@ def data_mirror() -> Path | None:
 
 
 def cache_dir() -> Path:
-    """Cache directory: ``HSM_CACHE``, else ``$XDG_CACHE_HOME/hsm``, else ``~/.cache/hsm``."""
+    """Cache directory: ``HSM_CACHE``, else ``$XDG_CACHE_HOME/hsm``, else ``~/.cache/hsm``; created if missing.
+
+    Raises ValueError naming ``HSM_CACHE`` and the path when the path exists but is not a directory, or when it
+    cannot be created (no permission, a parent that is a file, a read-only file system). An existing directory
+    that is *not writable* is accepted on purpose: a pre-filled read-only cache can still be read, files from
+    the data mirror are then read in place, and a write that is really needed fails with an error naming the
+    path (see :mod:`hsm.data.fetch`).
+    """
     value = os.environ.get(CACHE_ENV)
     if value:
         path = Path(value).expanduser()
+        origin = f"{CACHE_ENV}={value!r}"
     else:
         base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
         path = Path(base) / "hsm"
-    path.mkdir(parents=True, exist_ok=True)
+        origin = f"the default cache directory ({CACHE_ENV} is unset)"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        # mkdir(exist_ok=True) raises FileExistsError for an existing file: name the real problem.
+        what = ("exists and is not a directory" if path.exists() and not path.is_dir()
+                else f"cannot be created ({type(exc).__name__}: {exc.strerror or exc})")
+        raise ValueError(f"{origin}: the cache directory {path} {what}. "
+                         f"Fix: set {CACHE_ENV} to a writable directory.") from exc
     return path
 
 
