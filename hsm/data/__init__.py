@@ -9,6 +9,7 @@ Classification: :func:`load_text_classification` (``cooking``, ``gutenberg-books
 from __future__ import annotations
 
 from hsm.data.errors import (
+    CacheWarning,
     ChecksumMismatchError,
     CorruptArchiveError,
     DataError,
@@ -33,6 +34,7 @@ from hsm.data.text_classification import (
 )
 
 __all__ = [
+    "CacheWarning",
     "ChecksumMismatchError",
     "CorruptArchiveError",
     "DataError",

@@ -1,7 +1,8 @@
 """Exceptions of the data layer. Every message names the file (or name) at fault and how to fix it.
 
 All derive from :class:`DataError` (a :class:`RuntimeError`); the ones caused by a bad argument also derive
-from :class:`ValueError` so that callers checking for bad input catch them.
+from :class:`ValueError` so that callers checking for bad input catch them. :class:`CacheWarning` is the one
+warning: the cache held something unusable that was replaced, or could not be written.
 """
 from __future__ import annotations
 
@@ -36,3 +37,7 @@ class EmptyCorpusError(DataError, ValueError):
 
 class UnknownLabelError(DataError, ValueError):
     """A label is missing from the taxonomy it is checked against."""
+
+
+class CacheWarning(UserWarning):
+    """The cache held a bad file (re-fetched) or a bad processed corpus (rebuilt), or could not be written to."""

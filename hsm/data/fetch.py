@@ -2,38 +2,49 @@
 
 Order of look-up for one registry file (:class:`~hsm.data.registry.DataFile`):
 
-1. the cache, ``hsm.config.cache_dir() / relpath`` (``HSM_CACHE``, default ``~/.cache/hsm``), if its sha256 is right;
+1. the cache, ``hsm.config.cache_dir() / relpath`` (``HSM_CACHE``, default ``~/.cache/hsm``), if its sha256 is right.
+   A cached copy whose sha256 is wrong (truncated, corrupted) is *not* used: a :class:`~hsm.data.errors.CacheWarning`
+   names it and the look-up goes on below, and the good copy replaces it. Only if no other copy can be had is
+   :class:`~hsm.data.errors.ChecksumMismatchError` raised, naming the cached file and why it could not be re-fetched;
 2. the mirror, ``hsm.config.data_mirror() / relpath`` (``HSM_DATA_MIRROR``), copied into the cache. When a mirror
    is named, it is the only remote used: a file missing from it is an error, not a silent download, so a CI run
-   never reaches for the network;
+   never reaches for the network. If the cache cannot be written (a read-only ``HSM_CACHE``, a full disk), the
+   verified mirror file is read in place, with a :class:`~hsm.data.errors.CacheWarning`;
 3. a verified copy shipped in the package (only for this project's own small files: the Gutenberg manifest and
    the taxonomies);
-4. the canonical URL, downloaded with a progress bar.
+4. the canonical URL, downloaded with a progress bar (an unwritable cache is then a :class:`DataError` naming the
+   path and ``HSM_CACHE``).
 
-Writes go to a temporary name in the destination folder and are renamed only once the checksum is right, so an
-interrupted copy or download never leaves a file that looks complete. Every failure raises a subclass of
-:class:`~hsm.data.errors.DataError` whose message names the file and the fix.
+Writes go through :func:`atomic_write` (the data layer's one writer, used for processed corpora and reports too):
+a temporary name in the destination folder, unique to the process, fsynced and renamed only once complete and, for
+downloads, once the checksum is right, so an interrupted copy, download or build never leaves a file that looks
+complete. Every failure raises a subclass of :class:`~hsm.data.errors.DataError` whose message names the file and
+the fix.
 """
 from __future__ import annotations
 
 import bz2
+import errno
 import gzip
 import hashlib
 import lzma
 import os
+import secrets
 import shutil
 import socket
 import tarfile
 import urllib.error
 import urllib.request
+import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
 from hsm import config
 from hsm.data.errors import (
+    CacheWarning,
     ChecksumMismatchError,
     CorruptArchiveError,
     DataError,
@@ -77,22 +88,107 @@ def _check(path: Path, expected: str | None, relpath: str, origin: str) -> None:
         )
 
 
-def _temporary_name(final: Path) -> Path:
-    return final.with_name(f".{final.name}.part-{os.getpid()}")
+# ------------------------------------------------------------------------------------------------ atomic writes
 
 
-def _install(final: Path, write, expected: str | None, relpath: str, origin: str) -> Path:
-    """Write through ``write(tmp_path)`` to a temporary name, verify, then atomically rename onto ``final``."""
+def _temporary_name(final: Path, kind: str = "part") -> Path:
+    # Same folder as ``final`` (so os.replace is a rename, atomic), hidden, and unique to this process and call
+    # (pid + random), so two processes or threads writing the same file never share a temporary.
+    return final.with_name(f".{final.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def fsync_file(path: Path) -> None:
+    """Flush ``path``'s content to the disk (so a rename after it never exposes a file that is still empty)."""
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+
+
+def _fsync_directory(directory: Path) -> None:
+    # Makes the rename itself durable. Best effort: some file systems refuse to open or fsync a directory.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(final: Path, write: Callable[[Path], None], check: Callable[[Path], None] | None = None) -> Path:
+    """Create or replace the file ``final`` atomically; return ``final``.
+
+    ``write(tmp)`` writes the content to a temporary name in ``final``'s folder (created if missing); ``check(tmp)``,
+    if given, may raise to reject it; the temporary is then fsynced and renamed onto ``final`` with
+    :func:`os.replace`. A reader therefore sees the old file or the complete new one, never a partial one, even if
+    the process is killed; on any error the temporary is removed and ``final`` is left as it was.
+    """
+    final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = _temporary_name(final)
     try:
         write(tmp)
-        _check(tmp, expected, relpath, origin)
+        if check is not None:
+            check(tmp)
+        fsync_file(tmp)
         os.replace(tmp, final)
     finally:
         if tmp.exists():
             tmp.unlink()
+    _fsync_directory(final.parent)
     return final
+
+
+def write_text_atomically(final: Path, text: str, encoding: str = "utf-8") -> Path:
+    """:func:`atomic_write` of a text file."""
+    return atomic_write(final, lambda tmp: tmp.write_text(text, encoding=encoding))
+
+
+def atomic_directory(directory: Path, write: Callable[[Path], None], *, replace: bool = False) -> bool:
+    """Create the folder ``directory`` atomically: fill a temporary sibling with ``write(folder)``, fsync every
+    file in it, then rename it onto ``directory``. Return True if this call installed it.
+
+    If ``directory`` exists by then (another process finished first), theirs is kept unless ``replace`` is True
+    (the caller found the existing folder bad): then the old folder is renamed aside and removed after ours is in
+    place. ``write`` should write its completion marker last; with the rename a folder is complete or absent.
+    """
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _temporary_name(directory)
+    tmp.mkdir()
+    try:
+        write(tmp)
+        for path in tmp.iterdir():
+            if path.is_file():
+                fsync_file(path)
+        _fsync_directory(tmp)
+        if directory.exists():
+            if not replace:  # another process won the race: keep theirs
+                return False
+            stale = _temporary_name(directory, "stale")
+            os.replace(directory, stale)
+            os.replace(tmp, directory)
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            os.replace(tmp, directory)
+        _fsync_directory(directory.parent)
+        return True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def is_write_error(exc: BaseException) -> bool:
+    """Whether ``exc`` means "this place cannot be written" (permissions, read-only file system, disk full)."""
+    return isinstance(exc, PermissionError) or (
+        isinstance(exc, OSError) and exc.errno in (errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM)
+    )
+
+
+def _install(final: Path, write, expected: str | None, relpath: str, origin: str) -> Path:
+    """Write through ``write(tmp_path)`` to a temporary name, verify, then atomically rename onto ``final``."""
+    return atomic_write(final, write, check=lambda tmp: _check(tmp, expected, relpath, origin))
 
 
 def _copy_from(path: Path):
@@ -152,26 +248,62 @@ def download(url: str, dest: Path, *, label: str | None = None, timeout: float =
 def fetch_file(data_file: DataFile, *, download_missing: bool = True) -> Path:
     """Return a verified local path for ``data_file`` (cache, else mirror, else bundled copy, else download).
 
-    With ``download_missing=False`` nothing is fetched from the network: :class:`DataError` if it would be needed.
+    A cached copy with the wrong sha256 is ignored with a :class:`CacheWarning` and replaced by a good copy from
+    the next place that has one; :class:`ChecksumMismatchError` (naming the cached file) only if none has. With
+    ``download_missing=False`` nothing is fetched from the network: :class:`DataError` if it would be needed.
+    Raises ValueError if ``HSM_CACHE`` names a file or a directory that cannot be created.
     """
     cache = config.cache_dir()
+    candidates = [(cache / data_file.relpath, data_file.sha256, data_file.relpath, "cached copy")]
+    if data_file.download_relpath is not None:
+        candidates.append((cache / data_file.download_relpath, data_file.download_sha256,
+                           data_file.download_relpath, "downloaded copy"))
+    bad: list[tuple[Path, ChecksumMismatchError]] = []
+    for path, expected, relpath, origin in candidates:
+        if not path.exists():
+            continue
+        try:
+            _check(path, expected, relpath, origin)
+        except ChecksumMismatchError as exc:
+            bad.append((path, exc))
+            warnings.warn(f"ignoring the {origin} {path} of {relpath}: its sha256 is wrong (truncated, corrupted "
+                          f"or another version); fetching it again", CacheWarning, stacklevel=2)
+            continue
+        return path
+    try:
+        found = _fetch_uncached(data_file, cache, download_missing)
+    except DataError as exc:
+        if not bad:
+            raise
+        raise ChecksumMismatchError(f"{bad[0][1]} It could not be fetched again either: {exc}") from exc
+    for path, _ in bad:
+        # A bad copy at another name (a corrupt download beside the mirror copy) is never read again, but it would
+        # make `hsm data verify` fail: remove it. (One at the same name was replaced by the good copy.)
+        if path != found and path.exists():
+            path.unlink()
+    return found
+
+
+def _fetch_uncached(data_file: DataFile, cache: Path, download_missing: bool) -> Path:
+    """Steps 2-4 of the look-up (mirror, bundled copy, download), installing into ``cache``."""
     relpath = data_file.relpath
     cached = cache / relpath
-    if cached.exists():
-        _check(cached, data_file.sha256, relpath, "cached copy")
-        return cached
-    if data_file.download_relpath is not None and (cache / data_file.download_relpath).exists():
-        downloaded = cache / data_file.download_relpath
-        _check(downloaded, data_file.download_sha256, data_file.download_relpath, "downloaded copy")
-        return downloaded
-
     mirror = config.data_mirror()
     bundled = data_file.bundled_path()
     if mirror is not None:
         mirrored = mirror / relpath
         if mirrored.is_file():
             _check(mirrored, data_file.sha256, relpath, "mirror file")  # name the mirror, not the temp copy
-            return _install(cached, _copy_from(mirrored), data_file.sha256, relpath, "copy of mirror file")
+            try:
+                return _install(cached, _copy_from(mirrored), data_file.sha256, relpath, "copy of mirror file")
+            except OSError as exc:
+                if not is_write_error(exc):
+                    raise
+                # Nothing is lost by reading the (verified, read-only) mirror file where it is.
+                warnings.warn(f"cannot copy {relpath} into the cache {cache} ({config.CACHE_ENV}): "
+                              f"{exc.strerror or exc}; reading the verified mirror file {mirrored} in place",
+                              CacheWarning, stacklevel=3)
+                return mirrored
         if bundled is None:
             raise MirrorFileMissingError(
                 f"{relpath} is missing from the data mirror {mirror} ({config.MIRROR_ENV}); looked for {mirrored}. "
@@ -189,7 +321,15 @@ def fetch_file(data_file: DataFile, *, download_missing: bool = True) -> Path:
                         f"Fix: run {_refetch_hint(relpath)} or set {config.MIRROR_ENV}.")
     target_rel = data_file.download_relpath or relpath
     expected = data_file.download_sha256 if data_file.download_relpath else data_file.sha256
-    return _install(cache / target_rel, _download_to(data_file.url, target_rel), expected, target_rel, "download of")
+    try:
+        return _install(cache / target_rel, _download_to(data_file.url, target_rel), expected, target_rel,
+                        "download of")
+    except OSError as exc:
+        if not is_write_error(exc):
+            raise
+        raise DataError(f"cannot write the download of {target_rel} to {cache / target_rel}: "
+                        f"{exc.strerror or exc}. Fix: set {config.CACHE_ENV} to a writable directory, or set "
+                        f"{config.MIRROR_ENV} to a directory holding {relpath}.") from exc
 
 
 def fetch(name: str, *, download_missing: bool = True) -> dict[str, Path]:
@@ -315,6 +455,8 @@ def read_tar_member(path: Path, name: str) -> bytes:
 
 
 __all__ = [
+    "atomic_directory",
+    "atomic_write",
     "download",
     "fetch",
     "fetch_file",
@@ -326,4 +468,5 @@ __all__ = [
     "read_text",
     "sha256_of",
     "verify",
+    "write_text_atomically",
 ]
