@@ -158,8 +158,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     }
     text = json.dumps(report, indent=1, ensure_ascii=False)
     if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(text + "\n", encoding="utf-8")
+        from hsm.data.fetch import write_text_atomically
+
+        write_text_atomically(Path(args.report), text + "\n")  # a killed run never leaves half a report
     print(text)
     return 0
 
@@ -193,11 +194,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m hsm data``; returns the exit status (errors: message on stderr, status 1)."""
+    """Entry point of ``python -m hsm data``; returns the exit status (errors: message on stderr, status 1).
+
+    Data errors, bad arguments and file-system errors (an unwritable ``--report`` path, say) are reported as one
+    line naming the error, not a traceback.
+    """
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         return int(args.run(args) or 0)
-    except (DataError, ValueError, TypeError) as exc:
+    except (DataError, ValueError, TypeError, OSError) as exc:
         print(f"hsm data {args.command}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 

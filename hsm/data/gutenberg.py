@@ -32,15 +32,24 @@ Pipeline (one streaming pass over the archive, one book in memory at a time):
 Processed token ids are cached as ``.npy`` under ``hsm.config.cache_dir()/gutenberg/processed/<key>/`` where the key
 hashes the archive checksum, the pipeline version, the book selection and the vocabulary size, so a second call
 with the same configuration only loads arrays.
+
+Processed folders are derived data, so they are checked, not trusted. A folder is built in a temporary sibling
+(``stats.json`` written last, every file fsynced) and renamed into place, so it is either complete or absent. On
+loading, ``stats.json`` is the metadata every other file is checked against: each ``.npy`` must load and have the
+dtype and length ``stats.json`` implies, ``types.txt`` / ``vocab.txt`` the number of lines it gives, the book
+offsets must be consistent, and every token id must lie in ``[0, number of types)`` (one min/max pass). A folder
+that fails any check (a truncated ``.npy``, a missing ``stats.json`` or ``vocab.txt``, out-of-range ids) is
+treated as absent: a :class:`~hsm.data.errors.CacheWarning` names the file and the problem, and the folder is
+rebuilt from the verified archive and replaced. If the cache cannot be written, the corpus is built in memory and
+used, with a :class:`~hsm.data.errors.CacheWarning` (it is rebuilt on the next call).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-import shutil
 import time
+import warnings
 from array import array
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -50,8 +59,8 @@ import numpy as np
 import torch
 
 from hsm import config
-from hsm.data.errors import CorruptArchiveError, EmptyCorpusError
-from hsm.data.fetch import fetch_file, iter_tar_members
+from hsm.data.errors import CacheWarning, CorruptArchiveError, EmptyCorpusError
+from hsm.data.fetch import atomic_directory, fetch_file, is_write_error, iter_tar_members
 from hsm.data.lm import EOS, UNK, LMCorpus
 from hsm.data.registry import GUTENBERG_COMMIT, GUTENBERG_GITHUB_ARCHIVE, SOURCES  # noqa: F401 (re-exported)
 
@@ -276,46 +285,140 @@ def _processed_dir(kind: str, key: str) -> Path:
     return config.cache_dir() / "gutenberg" / "processed" / f"{kind}-{key}"
 
 
-def _write_atomically(directory: Path, write) -> None:
-    """Fill a temporary sibling folder with ``write(folder)``, then rename it onto ``directory``."""
-    tmp = directory.with_name(f".{directory.name}.part-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+# ------------------------------------------------------------------------------ processed folders: save, check, load
+
+
+class _BadProcessedFolder(Exception):
+    """A processed folder exists but fails a check; the message names the file and the problem."""
+
+
+def _save_processed(directory: Path, write, *, replace: bool) -> None:
+    """Install ``directory`` atomically (``write`` fills it, ``stats.json`` last); on an unwritable cache, warn."""
     try:
-        write(tmp)
-        if directory.exists():  # another process won the race: keep theirs
-            shutil.rmtree(tmp)
-        else:
-            os.replace(tmp, directory)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        atomic_directory(directory, write, replace=replace)
+    except OSError as exc:
+        if not is_write_error(exc):
+            raise
+        warnings.warn(f"cannot save the processed corpus to {directory} ({exc.strerror or exc}): it is used from "
+                      f"memory and will be rebuilt on the next call. Fix: set {config.CACHE_ENV} to a writable "
+                      f"directory.", CacheWarning, stacklevel=3)
+
+
+def _rebuild_warning(directory: Path, exc: _BadProcessedFolder) -> None:
+    warnings.warn(f"ignoring the processed corpus {directory}: {exc}. It is derived data: rebuilding it from the "
+                  f"verified archive (minutes for all 678 books).", CacheWarning, stacklevel=3)
+
+
+def _read_stats(directory: Path) -> dict[str, object]:
+    path = directory / "stats.json"
+    if not path.is_file():
+        raise _BadProcessedFolder(f"{path} is missing (an unfinished or damaged build)")
+    try:
+        stats = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise _BadProcessedFolder(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(stats, dict):
+        raise _BadProcessedFolder(f"{path} holds a {type(stats).__name__}, not a JSON object")
+    return stats
+
+
+def _stat_count(stats: dict[str, object], key: str, directory: Path) -> int:
+    value = stats.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _BadProcessedFolder(f"{directory / 'stats.json'} has no valid count {key!r} (got {value!r})")
+    return value
+
+
+def _read_lines(path: Path, count: int) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except FileNotFoundError as exc:
+        raise _BadProcessedFolder(f"{path} is missing") from exc
+    except (OSError, UnicodeDecodeError) as exc:
+        raise _BadProcessedFolder(f"{path} cannot be read ({type(exc).__name__}: {exc})") from exc
+    if len(lines) != count:
+        raise _BadProcessedFolder(f"{path} has {len(lines)} lines but stats.json says {count}")
+    return lines
+
+
+def _read_array(path: Path, dtype: type, length: int, id_bound: int | None = None) -> np.ndarray:
+    """``np.load(path)``, checked: 1-D, ``dtype``, ``length`` entries, and ids in ``[0, id_bound)`` if given."""
+    try:
+        values = np.load(path, allow_pickle=False)
+    except FileNotFoundError as exc:
+        raise _BadProcessedFolder(f"{path} is missing") from exc
+    except (OSError, ValueError, EOFError) as exc:  # a truncated .npy: ValueError (cannot reshape) or EOFError
+        raise _BadProcessedFolder(f"{path} cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    if values.dtype != np.dtype(dtype) or values.shape != (length,):
+        raise _BadProcessedFolder(f"{path} holds {values.dtype} of shape {values.shape} but stats.json implies "
+                                  f"{np.dtype(dtype)} of shape ({length},)")
+    if id_bound is not None and values.size:
+        low, high = int(values.min()), int(values.max())
+        if low < 0 or high >= id_bound:
+            raise _BadProcessedFolder(f"{path} holds token ids in [{low}, {high}], outside [0, {id_bound}) "
+                                      f"(the number of entries of its vocabulary)")
+    return values
+
+
+def _read_tokens_folder(directory: Path, selection: list[ManifestEntry]) -> TokenizedBooks:
+    """Load a ``tokens-<key>`` folder, checking every file against ``stats.json`` (raises _BadProcessedFolder)."""
+    stats = _read_stats(directory)
+    n_books = _stat_count(stats, "books", directory)
+    n_tokens = _stat_count(stats, "tokens_with_eos", directory)
+    n_types = _stat_count(stats, "types", directory)
+    if n_books != len(selection):
+        raise _BadProcessedFolder(f"{directory / 'stats.json'} counts {n_books} books, the selection has "
+                                  f"{len(selection)}")
+    types = _read_lines(directory / "types.txt", n_types)
+    if not types or types[0] != EOS:
+        raise _BadProcessedFolder(f"{directory / 'types.txt'} does not start with {EOS}")
+    offsets = _read_array(directory / "book_offsets.npy", np.int64, n_books + 1)
+    if offsets[0] != 0 or offsets[-1] != n_tokens or np.any(np.diff(offsets) < 0):
+        raise _BadProcessedFolder(f"{directory / 'book_offsets.npy'} does not run from 0 to {n_tokens} "
+                                  f"(tokens_with_eos in stats.json) in non-decreasing steps")
+    ids = _read_array(directory / "ids.npy", np.int32, n_tokens, id_bound=n_types)
+    return TokenizedBooks(types=types, ids=ids, book_offsets=offsets, books=selection, stats=stats)
+
+
+def _read_lm_folder(directory: Path) -> tuple[dict[str, np.ndarray], list[str], np.ndarray, dict[str, object]]:
+    """Load an ``lm-<key>`` folder, checking every file against ``stats.json`` (raises _BadProcessedFolder)."""
+    stats = _read_stats(directory)
+    n_vocab = _stat_count(stats, "vocab_size", directory)
+    vocab = _read_lines(directory / "vocab.txt", n_vocab)
+    if UNK not in vocab:
+        raise _BadProcessedFolder(f"{directory / 'vocab.txt'} lacks {UNK}")
+    counts = _read_array(directory / "counts.npy", np.int64, n_vocab)
+    splits = {split: _read_array(directory / f"{split}.npy", np.int32,
+                                 _stat_count(stats, f"{split}_tokens", directory), id_bound=n_vocab)
+              for split in ("train", "valid", "test")}
+    return splits, vocab, counts, stats
 
 
 def tokenized_books(
     max_books: int | None = None, *, lowercase: bool = True, progress: bool = True
 ) -> TokenizedBooks:
-    """Read, strip and tokenize the selected books (cached; see the module docstring)."""
+    """Read, strip and tokenize the selected books (cached; see the module docstring).
+
+    A cached folder that fails its checks is rebuilt, with a :class:`~hsm.data.errors.CacheWarning` naming it.
+    """
     selection = select_books(max_books)
     directory = _processed_dir("tokens", _selection_key(selection, lowercase))
-    if not (directory / "ids.npy").exists():
-        books = _tokenize_books(selection, lowercase=lowercase, progress=progress)
+    stale = directory.exists()
+    if stale:
+        try:
+            return _read_tokens_folder(directory, selection)
+        except _BadProcessedFolder as exc:
+            _rebuild_warning(directory, exc)
+    books = _tokenize_books(selection, lowercase=lowercase, progress=progress)
 
-        def write(folder: Path) -> None:
-            np.save(folder / "ids.npy", books.ids)
-            np.save(folder / "book_offsets.npy", books.book_offsets)
-            (folder / "types.txt").write_text("\n".join(books.types), encoding="utf-8")
-            (folder / "stats.json").write_text(json.dumps(books.stats, indent=1))
+    def write(folder: Path) -> None:
+        np.save(folder / "ids.npy", books.ids)
+        np.save(folder / "book_offsets.npy", books.book_offsets)
+        (folder / "types.txt").write_text("\n".join(books.types), encoding="utf-8")
+        (folder / "stats.json").write_text(json.dumps(books.stats, indent=1))  # last: marks the folder complete
 
-        _write_atomically(directory, write)
-        return books
-    types = (directory / "types.txt").read_text(encoding="utf-8").split("\n")
-    return TokenizedBooks(
-        types=types,
-        ids=np.load(directory / "ids.npy"),
-        book_offsets=np.load(directory / "book_offsets.npy"),
-        books=selection,
-        stats=json.loads((directory / "stats.json").read_text()),
-    )
+    _save_processed(directory, write, replace=stale)
+    return books
 
 
 def _tokenize_books(selection: list[ManifestEntry], *, lowercase: bool, progress: bool) -> TokenizedBooks:
@@ -388,6 +491,9 @@ def load_gutenberg(
     250k most frequent, closest to the paper's setting. ``lowercase=True`` gives the lower-cased variant.
     ``stats`` reports books and tokens per split, the number of training
     types, the vocabulary's coverage of the training tokens and the out-of-vocabulary rate of each split.
+
+    The processed corpus is cached and checked on loading (see the module docstring): a damaged cached folder is
+    rebuilt with a :class:`~hsm.data.errors.CacheWarning` naming the file at fault, never used.
     """
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 2:
         raise ValueError(f"vocab_size must be an int >= 2 (it counts <unk>), got {vocab_size!r}")
@@ -396,7 +502,14 @@ def load_gutenberg(
         raise ValueError(f"max_books={max_books} gives {len(selection)} book(s); at least 3 are needed "
                          f"(one per split)")
     directory = _processed_dir("lm", _selection_key(selection, lowercase, vocab_size))
-    if not (directory / "train.npy").exists():
+    stale = directory.exists()
+    loaded = None
+    if stale:
+        try:
+            loaded = _read_lm_folder(directory)
+        except _BadProcessedFolder as exc:
+            _rebuild_warning(directory, exc)
+    if loaded is None:
         corpus_arrays, vocab, counts, stats = _build_lm(selection, max_books, vocab_size, lowercase, progress)
 
         def write(folder: Path) -> None:
@@ -404,19 +517,20 @@ def load_gutenberg(
                 np.save(folder / f"{split}.npy", array_)
             np.save(folder / "counts.npy", counts)
             (folder / "vocab.txt").write_text("\n".join(vocab), encoding="utf-8")
-            (folder / "stats.json").write_text(json.dumps(stats, indent=1))
+            (folder / "stats.json").write_text(json.dumps(stats, indent=1))  # last: marks the folder complete
 
-        _write_atomically(directory, write)
-    vocab = (directory / "vocab.txt").read_text(encoding="utf-8").split("\n")
-    splits = {split: torch.from_numpy(np.load(directory / f"{split}.npy").astype(np.int64))
-              for split in ("train", "valid", "test")}
+        _save_processed(directory, write, replace=stale)
+        # The arrays just built are what the folder holds; JSON round-trips the stats unchanged.
+        loaded = corpus_arrays, vocab, counts, json.loads(json.dumps(stats))
+    arrays, vocab, counts, stats = loaded
+    splits = {split: torch.from_numpy(arrays[split].astype(np.int64)) for split in ("train", "valid", "test")}
     return LMCorpus(
         name=("gutenberg" if max_books is None else f"gutenberg-{len(selection)}books")
         + ("-lowercase" if lowercase else ""),
         vocab=vocab,
-        counts=np.load(directory / "counts.npy"),
+        counts=counts,
         context=context,
-        stats=json.loads((directory / "stats.json").read_text()),
+        stats=stats,
         **splits,
     )
 
