@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import NamedTuple
+import warnings
+import zlib
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -28,7 +30,8 @@ from torch import Tensor, nn
 from . import kernels
 from .tree import Tree
 
-__all__ = ["FlatSoftmax", "HierarchicalSoftmax", "HSMOutput", "RowSparseAdagrad", "TopK"]
+__all__ = ["FlatSoftmax", "HierarchicalSoftmax", "HSMOutput", "NonFiniteInputError", "RowSparseAdagrad", "RowSparseSGD",
+           "TopK"]
 
 
 class HSMOutput(NamedTuple):
@@ -44,11 +47,58 @@ class TopK(NamedTuple):
     nodes_visited: Tensor  #: [B] internal nodes evaluated per example (K for the flat softmax)
 
 
-def _check_input(input: Tensor, in_features: int) -> None:
+class NonFiniteInputError(ValueError):
+    """The input of an output layer holds NaN or infinite values (a ValueError; :func:`hsm.training.train_epoch`
+    reports it as the divergence it usually is, a FloatingPointError naming the step)."""
+
+
+def _check_input(input: Tensor, in_features: int, parameter: Tensor | None = None) -> None:
+    """The checks every entry point (forward, log_prob, predict, topk) makes on ``input``:
+
+    * TypeError unless it is a tensor of the layer's dtype (``parameter``'s: a float64 input into a
+      float32 layer is an error, as for ``nn.Linear``, raised here rather than deep in a kernel);
+    * ValueError unless its shape is [B, in_features] and it is on the layer's device;
+    * :class:`NonFiniteInputError` (a ValueError) naming the rows when it holds NaN or infinite
+      values: the layer would otherwise
+      return NaN log-probabilities and an arbitrary "most likely" label (which differed between the
+      compiled and the PyTorch path).
+
+    The finiteness test is one sum over the B * d inputs (a NaN or inf makes the sum non-finite);
+    only when the sum is not finite (or overflows) is every element checked to find the rows.
+    At B = 128, d = 200 the sum costs about 4 us, 0.2 % of a training step of the layer."""
     if not isinstance(input, Tensor):
         raise TypeError(f"input must be a torch.Tensor, got {type(input).__name__}")
     if input.dim() != 2 or input.shape[1] != in_features:
         raise ValueError(f"input must have shape [B, {in_features}], got {list(input.shape)}")
+    if parameter is not None:
+        if input.dtype != parameter.dtype:
+            raise TypeError(f"input has dtype {input.dtype} but the layer's parameters are {parameter.dtype}: "
+                            f"convert the input (input.to({parameter.dtype})) or the layer (layer.to({input.dtype}))")
+        if input.device != parameter.device:
+            raise ValueError(f"input is on {input.device} but the layer's parameters are on {parameter.device}")
+    if input.numel() and not math.isfinite(float(input.detach().sum())):
+        bad = torch.nonzero(~torch.isfinite(input.detach()).all(dim=1)).flatten()
+        if bad.numel():
+            rows = bad[:5].tolist()
+            raise NonFiniteInputError(f"input has NaN or infinite values in {bad.numel()} of {input.shape[0]} rows "
+                             f"(rows {rows}{', ...' if bad.numel() > 5 else ''})")
+
+
+def _check_size(value: Any, name: str) -> int:
+    """An integer argument (Python or NumPy; bool and float refused with TypeError) as an int."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
+def _check_k(k: int, num_labels: int, method: str, beam: int | None) -> None:
+    """topk's arguments: k in 1..K and beam None or >= 1 (integers, not bools), method known."""
+    if _check_size(k, "k") < 1 or k > num_labels:
+        raise ValueError(f"k must be in 1..{num_labels}, got {k}")
+    if method not in ("exact", "beam"):
+        raise ValueError(f"method must be 'exact' or 'beam', got {method!r}")
+    if beam is not None and _check_size(beam, "beam") < 1:
+        raise ValueError(f"beam must be >= 1 (the beam search's width) or None, got {beam}")
 
 
 def _check_target_shape(target: Tensor, batch: int) -> None:
@@ -362,6 +412,42 @@ def _row_gradient(rows: Tensor, values: Tensor, shape, sparse: bool) -> Tensor:
     return values.new_zeros(shape).index_copy_(0, rows[0], values)
 
 
+class _EmptyBatch(torch.autograd.Function):
+    """The forward pass of an empty batch: an empty ``output`` [0] that is part of the autograd
+    graph, so ``loss.backward()`` works as for any batch and leaves zero gradients (an empty sparse
+    gradient with ``sparse=True``, what a batch touching no node would give)."""
+
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, sparse: bool) -> Tensor:  # type: ignore[override]
+        ctx.shapes = (input.shape, weight.shape, None if bias is None else bias.shape)
+        ctx.sparse = sparse
+        return input.new_zeros(0)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):  # type: ignore[override]
+        input_shape, weight_shape, bias_shape = ctx.shapes
+
+        def zero(shape) -> Tensor:
+            if ctx.sparse:
+                return torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long, device=grad_output.device),
+                                               grad_output.new_zeros(0, *shape[1:]), shape, is_coalesced=True)
+            return grad_output.new_zeros(shape)
+
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        return (grad_output.new_zeros(input_shape) if need_input else None, zero(weight_shape) if need_weight else None,
+                zero(bias_shape) if need_bias and bias_shape is not None else None, None)
+
+
+#: the header of the tree in a state dict: magic, version, K, N, M, depth limit (-1: none),
+#: in_features, checksum (two 16-bit halves: every header entry stays exact in float32)
+_TREE_MAGIC, _TREE_VERSION, _TREE_HEADER = 0x4853, 1, 9
+
+
+def _tree_checksum(header: np.ndarray, body: np.ndarray) -> int:
+    """CRC-32 of the header (checksum slots excluded) and the body, as int64 bytes."""
+    return zlib.crc32(body.tobytes(), zlib.crc32(np.ascontiguousarray(header[:7], dtype=np.int64).tobytes()))
+
+
 class HierarchicalSoftmax(nn.Module):
     """Tree softmax over ``tree.num_labels`` labels (eq. 5 / 11).
 
@@ -392,10 +478,23 @@ class HierarchicalSoftmax(nn.Module):
     (node ids are positions: Algorithm 3 never moves them, and Algorithm 2 reuses ids in place);
     nodes named in ``reset_nodes`` (new positions) are re-initialised, as the thesis does for a
     new node (its Fig. 3.6 h).
+
+    The tree is part of :meth:`state_dict` (key ``_extra_state``), so a layer trained with a
+    :class:`~hsm.TreeLearner` round-trips: ``load_state_dict`` into a layer built on *any* tree
+    of the same K, M, N and ``in_features`` installs the saved tree (and refuses, before copying
+    anything, a state dict of another shape, naming both). Label names are not saved: the loaded
+    tree keeps the layer's. A state dict without a tree (written by an older version) still loads,
+    with a warning, and the layer keeps its tree. The learner's statistics and step count are in
+    ``TreeLearner.state_dict()``.
+
+    Input checks (every entry point): TypeError when ``input``'s dtype is not the parameters'
+    (as ``nn.Linear``: convert one of them), ValueError for a wrong shape or device and for rows
+    holding NaN or inf (named). An empty batch gives empty results (and a NaN mean loss).
     """
 
     def __init__(self, in_features: int, tree: Tree, bias: bool = True, sparse: bool = False) -> None:
         super().__init__()
+        in_features = _check_size(in_features, "in_features")
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
         if not isinstance(tree, Tree):
@@ -431,7 +530,10 @@ class HierarchicalSoftmax(nn.Module):
                     self.bias[rows] = 0.0
 
     def set_tree(self, tree: Tree, reset_nodes: Tensor | np.ndarray | None = None) -> None:
-        """Switch to another tree over the same labels and nodes (after a re-assignment)."""
+        """Switch to another tree over the same labels and nodes (after a re-assignment).
+        Raises TypeError for a non-Tree, ValueError for a tree of another M, N or K."""
+        if not isinstance(tree, Tree):
+            raise TypeError(f"tree must be an hsm.Tree, got {type(tree).__name__}")
         if tree.arity != self.arity or tree.num_nodes != self.num_nodes:
             raise ValueError(
                 f"the new tree has M={tree.arity}, N={tree.num_nodes}; the layer was built for "
@@ -442,7 +544,8 @@ class HierarchicalSoftmax(nn.Module):
         device = self.weight.device
         self.tree = tree
         as_t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=device)  # noqa: E731
-        # buffers are not persistent: the tree is saved as JSON beside the state dict
+        # buffers are not persistent: they derive from the tree, which the state dict carries
+        # (get_extra_state)
         self.register_buffer("path_nodes", as_t(tree.path_nodes), persistent=False)
         self.register_buffer("path_children", as_t(tree.path_children), persistent=False)
         self.register_buffer("path_mask", as_t(tree.path_mask), persistent=False)
@@ -565,8 +668,18 @@ class HierarchicalSoftmax(nn.Module):
         Pairs (example, path node) are grouped by node, so each node's parameters are read once per
         batch and its gradient is written once (compiled kernels, :mod:`hsm.kernels`, for float32
         CPU tensors; :class:`_TreePathLogProb` otherwise); the result equals
-        :meth:`forward_reference` (tests check values and gradients)."""
-        _check_input(input, self.in_features)
+        :meth:`forward_reference` (tests check values and gradients).
+
+        Raises TypeError when ``input``'s dtype is not the layer's or ``target`` is not an integer
+        tensor, ValueError for a wrong shape or device, a label outside 0..K-1, or NaN / infinite
+        values in ``input`` (naming the rows). An empty batch gives an empty ``output`` and a NaN
+        ``loss`` (the mean of nothing, as ``F.cross_entropy`` and
+        ``nn.AdaptiveLogSoftmaxWithLoss`` give); ``loss.backward()`` then leaves zero gradients."""
+        _check_input(input, self.in_features, self.weight)
+        if input.shape[0] == 0:
+            _check_target_shape(target, 0)
+            output = _EmptyBatch.apply(input, self.weight, self.bias, self.sparse)
+            return HSMOutput(output, -output.mean())
         if self._kernels_apply(input):
             _check_target_shape(target, input.shape[0])  # the kernels' plan checks the label range
             return self._forward_kernels(input, target)
@@ -595,7 +708,7 @@ class HierarchicalSoftmax(nn.Module):
     def forward_reference(self, input: Tensor, target: Tensor) -> HSMOutput:
         """The plain implementation of eq. 5 (per-pair weight copies, autograd for the gradient):
         what :meth:`forward` is checked against, and the "naive" line of the benchmark."""
-        _check_input(input, self.in_features)
+        _check_input(input, self.in_features, self.weight)
         _check_target(target, input.shape[0], self.num_labels)
         nodes = self.path_nodes[target]  # [B, L]
         children = self.path_children[target]
@@ -624,8 +737,11 @@ class HierarchicalSoftmax(nn.Module):
         return torch.cat(out) if len(out) > 1 else out[0]
 
     def log_prob(self, input: Tensor, batch_chunk: int = 256) -> Tensor:
-        """Log-probabilities of all K labels, [B, K] (every node evaluated: O(N M d) per row)."""
-        _check_input(input, self.in_features)
+        """Log-probabilities of all K labels, [B, K] (every node evaluated: O(N M d) per row).
+
+        Raises as :meth:`forward` does for a bad ``input`` (dtype, shape, device, NaN / inf rows);
+        an empty batch gives a [0, K] tensor."""
+        _check_input(input, self.in_features, self.weight)
         num_labels = self.num_labels
         index = (self.path_nodes[:num_labels] * self.arity + self.path_children[:num_labels])  # [K, L]
         mask = self.path_mask[:num_labels]
@@ -636,7 +752,7 @@ class HierarchicalSoftmax(nn.Module):
             if self.bias is not None:
                 logits = logits + self.bias
             logits = logits.masked_fill(~self.slot_mask, -math.inf)
-            node_lp = torch.log_softmax(logits, dim=-1).reshape(chunk.shape[0], -1)
+            node_lp = torch.log_softmax(logits, dim=-1).reshape(chunk.shape[0], self.num_nodes * self.arity)
             per_step = node_lp[:, index]  # [b, K, L]
             rows.append(torch.where(mask, per_step, torch.zeros_like(per_step)).sum(-1))
         return torch.cat(rows)
@@ -650,13 +766,20 @@ class HierarchicalSoftmax(nn.Module):
         keeping a node only while its path log-probability is above the row's best label so far.
         A node's path probability bounds every label below it, so the result is the arg max of
         :meth:`log_prob` (tests check it). A confident model prunes almost everything; an
-        untrained one (near-uniform nodes) visits every node."""
-        _check_input(input, self.in_features)
+        untrained one (near-uniform nodes) visits every node.
+
+        Raises as :meth:`forward` does for a bad ``input``: in particular ValueError naming the rows
+        with NaN or infinite values, on every path (there is no meaningful most likely label for
+        them). An empty batch gives an empty [0] tensor."""
+        _check_input(input, self.in_features, self.weight)
         return self._predict_top1(input)[0]
 
     @torch.no_grad()
     def _predict_top1(self, input: Tensor) -> tuple[Tensor, Tensor]:
         """(labels, nodes visited per row) of the exact top-1 search described in :meth:`predict`."""
+        if input.shape[0] == 0:
+            empty = torch.zeros(0, dtype=torch.long, device=input.device)
+            return empty, empty.clone()
         if self._kernels_apply(input):
             labels, _, visited = kernels.run_top1_search(_np(input), _np(self.weight), self._kernel_operand(self.bias),
                                                          self._kernel_operand(self.slot_penalty),
@@ -741,13 +864,16 @@ class HierarchicalSoftmax(nn.Module):
         width k gives k labels and a bound; then the tree is explored level by level, keeping a
         node only while its path log-probability is above the current k-th best label, which is
         exact because a node's path probability bounds every label below it.
-        ``method="beam"``: beam search of width ``beam`` (default k), approximate.
+        ``method="beam"``: beam search of width ``beam`` (default k; a width below k is widened to
+        k), approximate.
+
+        Raises TypeError for a non-integer ``k`` or ``beam``, ValueError for ``k`` outside 1..K,
+        ``beam < 1``, an unknown ``method``, or a bad ``input`` (as :meth:`forward`). An empty
+        batch gives [0, k] values and indices.
         """
-        _check_input(input, self.in_features)
-        if k < 1 or k > self.num_labels:
-            raise ValueError(f"k must be in 1..{self.num_labels}, got {k}")
-        if method not in ("exact", "beam"):
-            raise ValueError(f"method must be 'exact' or 'beam', got {method!r}")
+        _check_input(input, self.in_features, self.weight)
+        _check_k(k, self.num_labels, method, beam)
+        k = int(k)
         values, indices, visited = self._beam_search(input, k, max(beam or k, k))
         if method == "beam":
             return TopK(values, indices, visited)
@@ -799,16 +925,115 @@ class HierarchicalSoftmax(nn.Module):
             ex, node, score = e[sel], n[sel], s[sel]
         return values, indices, visited
 
+    # ------------------------------------------------------------------ the tree in the state dict
+    #
+    # A learned tree is as much part of the model as the node parameters (the parameters of node n
+    # mean nothing under another tree), so ``state_dict()`` carries it, as torch's "extra state"
+    # (key ``<prefix>_extra_state``): one 1-D int64 tensor, ``[header, child_node, child_label]``,
+    # 2 N M + 9 integers (4.5 MB at K = 250k, M = 65, beside the weights' 223 MB at d = 200). A
+    # tensor rather than a dict: ``torch.load(weights_only=True)`` takes it, and so does code that
+    # maps every entry of a state dict through ``.double()`` / ``.to(...)`` (the header's small
+    # numbers survive a cast to float64, or to float32 below 2**24; a checksum says whether they did).
+
+    def get_extra_state(self) -> Tensor:
+        """The tree, for ``state_dict()`` (see :meth:`set_extra_state`)."""
+        tree = self.tree
+        body = np.concatenate([tree.child_node.ravel(), tree.child_label.ravel()]).astype(np.int64)
+        header = np.array([_TREE_MAGIC, _TREE_VERSION, tree.num_labels, tree.num_nodes, tree.arity,
+                           -1 if tree.depth_limit is None else tree.depth_limit, self.in_features, 0, 0],
+                          dtype=np.int64)
+        crc = _tree_checksum(header, body)
+        header[-2:] = crc >> 16, crc & 0xFFFF
+        return torch.from_numpy(np.concatenate([header, body]))
+
+    def _tree_from_state(self, state: Any) -> Tree:
+        """Decode :meth:`get_extra_state`'s tensor; ValueError when it is not one, is damaged, or
+        describes a layer of another shape (both shapes named)."""
+        if not isinstance(state, Tensor) or state.dim() != 1 or state.numel() < _TREE_HEADER:
+            raise ValueError("not the tree of an hsm.HierarchicalSoftmax (expected the 1-D tensor that "
+                             f"HierarchicalSoftmax.state_dict() writes, got {type(state).__name__})")
+        values = state.detach().cpu()
+        if values.is_floating_point():  # a state dict cast entry by entry: the checksum says if it survived
+            values = values.double().round()
+        values = values.to(torch.int64).numpy()
+        header, body = values[:_TREE_HEADER], values[_TREE_HEADER:]
+        if header[0] != _TREE_MAGIC or header[1] != _TREE_VERSION:
+            raise ValueError(f"not the tree of an hsm.HierarchicalSoftmax (format {header[:2].tolist()}, expected "
+                             f"{[_TREE_MAGIC, _TREE_VERSION]})")
+        num_labels, num_nodes, arity, depth, in_features = (int(v) for v in header[2:7])
+        crc = (int(header[7]) << 16) | int(header[8])
+        if num_nodes < 1 or arity < 2 or body.size != 2 * num_nodes * arity or _tree_checksum(header, body) != crc:
+            raise ValueError("the tree in the state dict is damaged (its checksum does not match): was the state "
+                             "dict cast to a low-precision dtype, or edited?")
+        saved = f"K={num_labels}, M={arity}, N={num_nodes}, in_features={in_features}"
+        mine = f"K={self.num_labels}, M={self.arity}, N={self.num_nodes}, in_features={self.in_features}"
+        if saved != mine:
+            raise ValueError(f"the state dict holds a layer with {saved}; this layer has {mine}: build the layer "
+                             "on a tree of the saved shape (any such tree: the saved one replaces it)")
+        size = num_nodes * arity
+        # label names name label ids, which no tree change renumbers: they are not saved, and the
+        # loaded tree keeps this layer's
+        names = self.tree.label_names
+        return Tree(body[:size].reshape(num_nodes, arity), body[size:].reshape(num_nodes, arity), num_labels,
+                    depth_limit=None if depth < 0 else depth, label_names=names)
+
+    def set_extra_state(self, state: Any) -> None:
+        """Install the tree :meth:`get_extra_state` saved, through :meth:`set_tree` (so every
+        derived table follows). When a :class:`~hsm.TreeLearner` is attached, its statistics follow
+        the tree too (as after a re-assignment, without decay); load the learner's own
+        ``state_dict`` to restore them."""
+        pending = self.__dict__.pop("_pending_tree", None)
+        tree = pending[1] if pending is not None and pending[0] is state else self._tree_from_state(state)
+        if tree == self.tree:
+            return
+        self.set_tree(tree)
+        if self.statistics is not None:
+            self.statistics.on_reassign(tree, apply_decay=False)
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
+                              missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+        """torch's hook, extended: the saved tree is decoded and checked *before* any parameter is
+        copied (a tree of another shape loads nothing and is reported as torch reports a size
+        mismatch: ``load_state_dict`` raises RuntimeError with our message); a state dict without
+        a tree (saved before the tree was part of it) loads with a warning, keeping this layer's."""
+        key = prefix + "_extra_state"
+        if key in state_dict:
+            try:
+                self.__dict__["_pending_tree"] = (state_dict[key], self._tree_from_state(state_dict[key]))
+            except ValueError as error:
+                error_msgs.append(f"{key}: {error}")
+                return
+        try:
+            super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
+                                          unexpected_keys, error_msgs)
+        finally:
+            self.__dict__.pop("_pending_tree", None)
+        if key not in state_dict:
+            if key in missing_keys:
+                missing_keys.remove(key)
+            if prefix + "weight" in state_dict:
+                warnings.warn(f"the state dict has no tree ({key!r}: saved by an older hsm?): the layer keeps its "
+                              f"tree, {self.tree!r}; if the parameters were trained with another (learned) tree, "
+                              "call layer.set_tree(that tree) or the parameters are read under the wrong tree",
+                              stacklevel=4)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, {self.tree!r}, sparse={self.sparse}"
 
 
 class FlatSoftmax(nn.Module):
     """The flat softmax ``softmax(W h + b)`` over K labels, with the same interface (the baseline
-    the tree is measured against: O(K d) per example)."""
+    the tree is measured against: O(K d) per example).
+
+    Bad input is refused as :class:`HierarchicalSoftmax` refuses it (TypeError for another dtype,
+    ValueError for another shape or device and for NaN / infinite rows); an empty batch gives
+    empty outputs and a NaN loss, as torch's losses do."""
 
     def __init__(self, in_features: int, num_labels: int, bias: bool = True) -> None:
         super().__init__()
+        in_features, num_labels = _check_size(in_features, "in_features"), _check_size(num_labels, "num_labels")
+        if in_features < 1:
+            raise ValueError(f"in_features must be >= 1, got {in_features}")
         if num_labels < 2:
             raise ValueError(f"num_labels K must be >= 2, got {num_labels}")
         self.in_features = in_features
@@ -820,24 +1045,28 @@ class FlatSoftmax(nn.Module):
         return self._num_labels
 
     def forward(self, input: Tensor, target: Tensor) -> HSMOutput:
-        _check_input(input, self.in_features)
+        _check_input(input, self.in_features, self.linear.weight)
         _check_target(target, input.shape[0], self.num_labels)
         log_probs = torch.log_softmax(self.linear(input), dim=-1)
         output = log_probs.gather(1, target[:, None]).squeeze(1)
         return HSMOutput(output, -output.mean())
 
     def log_prob(self, input: Tensor) -> Tensor:
-        _check_input(input, self.in_features)
+        _check_input(input, self.in_features, self.linear.weight)
         return torch.log_softmax(self.linear(input), dim=-1)
 
     @torch.no_grad()
     def predict(self, input: Tensor) -> Tensor:
-        _check_input(input, self.in_features)
+        _check_input(input, self.in_features, self.linear.weight)
         return self.linear(input).argmax(dim=-1)
 
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None) -> TopK:
-        values, indices = self.log_prob(input).topk(k, dim=-1)
+        """The k most likely labels (exact; ``method`` and ``beam`` are checked as
+        :meth:`HierarchicalSoftmax.topk` checks them, and otherwise ignored)."""
+        _check_input(input, self.in_features, self.linear.weight)
+        _check_k(k, self.num_labels, method, beam)
+        values, indices = self.log_prob(input).topk(int(k), dim=-1)
         visited = torch.full((input.shape[0],), self.num_labels, dtype=torch.long, device=input.device)
         return TopK(values, indices, visited)
 
@@ -852,6 +1081,19 @@ def _strictly_increasing(indices: Tensor) -> bool:
         rows = indices.numpy()
         return bool((rows[1:] > rows[:-1]).all())
     return bool((indices[1:] > indices[:-1]).all()) or torch.unique(indices).numel() == indices.numel()
+
+
+def _check_hyperparameter(optimizer: str, name: str, value: Any, positive: bool = False) -> float:
+    """A finite real number >= 0 (> 0 with ``positive``) as a float. TypeError for a non-number
+    (bool included), ValueError naming the setting otherwise: torch's optimisers accept NaN (SGD)
+    or infinity and then train on NaN parameters without a word."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"invalid {optimizer} settings: {name} must be a real number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"invalid {optimizer} settings: {name}={value} (must be finite and {bound})")
+    return value
 
 
 class _RowSparseOptimizer(torch.optim.Optimizer):
@@ -885,13 +1127,18 @@ class RowSparseAdagrad(_RowSparseOptimizer):
     ``index_add_`` elsewhere), where ``torch.optim.Adagrad``'s sparse path builds several sparse
     temporaries and takes several times as long. Dense gradients get the ordinary update.
     tests/test_layers.py checks it against ``torch.optim.Adagrad`` step by step.
+
+    Raises ValueError (naming the setting) unless ``lr`` is finite and > 0 and ``lr_decay``,
+    ``initial_accumulator_value`` and ``eps`` are finite and >= 0; TypeError for a non-number.
     """
 
     def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, initial_accumulator_value: float = 0.0,
                  eps: float = 1e-10) -> None:
-        if lr <= 0 or lr_decay < 0 or initial_accumulator_value < 0 or eps < 0:
-            raise ValueError(f"invalid Adagrad settings: lr={lr}, lr_decay={lr_decay}, "
-                             f"initial_accumulator_value={initial_accumulator_value}, eps={eps}")
+        lr = _check_hyperparameter("Adagrad", "lr", lr, positive=True)
+        lr_decay = _check_hyperparameter("Adagrad", "lr_decay", lr_decay)
+        initial_accumulator_value = _check_hyperparameter("Adagrad", "initial_accumulator_value",
+                                                          initial_accumulator_value)
+        eps = _check_hyperparameter("Adagrad", "eps", eps)
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps,
                                       initial_accumulator_value=initial_accumulator_value))
         for group in self.param_groups:
@@ -942,12 +1189,12 @@ class RowSparseSGD(_RowSparseOptimizer):
     The update is linear in the gradient, so rows listed twice may simply both be added: one
     ``index_add_`` of the touched rows (0.7 ms). No momentum or weight decay: with sparse
     gradients they would have to touch every row. tests/test_layers.py checks it against
-    ``torch.optim.SGD``.
+    ``torch.optim.SGD``. Raises ValueError unless ``lr`` is finite and > 0 (``torch.optim.SGD``
+    accepts NaN), TypeError for a non-number.
     """
 
     def __init__(self, params, lr: float = 1e-2) -> None:
-        if not lr > 0:
-            raise ValueError(f"invalid SGD learning rate: lr={lr} (must be > 0)")
+        lr = _check_hyperparameter("SGD", "lr", lr, positive=True)
         super().__init__(params, dict(lr=lr))
 
     def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:

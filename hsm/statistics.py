@@ -35,6 +35,7 @@ The papers leave three things open (inventory §3.1); our choices:
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -61,8 +62,12 @@ class NodeStatistics:
         if prior_mode not in ("current_child", "uniform"):
             raise ValueError(f"prior_mode must be 'current_child' or 'uniform', got {prior_mode!r}")
         self.prior_mode = prior_mode
-        if prior <= 0:
-            raise ValueError(f"prior must be > 0 (it is the pseudo-count that avoids 0/0), got {prior}")
+        if isinstance(prior, bool) or not isinstance(prior, (int, float, np.integer, np.floating)):
+            raise TypeError(f"prior must be a real number, got {prior!r}")
+        if isinstance(decay, bool) or not isinstance(decay, (int, float, np.integer, np.floating)):
+            raise TypeError(f"decay must be a real number, got {decay!r}")
+        if not (math.isfinite(prior) and prior > 0):
+            raise ValueError(f"prior must be finite and > 0 (it is the pseudo-count that avoids 0/0), got {prior}")
         if not 0.0 <= decay <= 1.0:
             raise ValueError(f"decay must lie in [0, 1], got {decay}")
         self.prior = float(prior)
@@ -112,6 +117,13 @@ class NodeStatistics:
         tensors = (self.sum_probas, self.path_counts, self.label_counts)
         if any(t.device.type != "cpu" or not t.is_contiguous() for t in tensors):
             return False
+        # the compiled pass does not check its indices: a tree deeper than the statistics (a tree
+        # installed without on_reassign) would write outside the arrays
+        if depth.size and int(depth.max()) >= self.max_depth:
+            raise ValueError(f"the batch's paths have {int(depth.max()) + 1} levels, the statistics {self.max_depth}: "
+                             "was the tree changed without NodeStatistics.on_reassign?")
+        if node_probs.shape[1] != self.arity:
+            raise ValueError(f"node_probs have {node_probs.shape[1]} children per node, the statistics {self.arity}")
         from .kernels import accumulate_statistics
 
         accumulate_statistics(self.sum_probas.numpy(), self.path_counts.numpy(), self.label_counts.numpy(),
@@ -152,11 +164,13 @@ class NodeStatistics:
 
     # ------------------------------------------------------------------ after a re-assignment
     @torch.no_grad()
-    def on_reassign(self, new_tree: Tree, reset_nodes: Any = None) -> None:
-        """Decay everything, drop the sums whose node changed, follow the new tree's depth."""
-        self.sum_probas.mul_(self.decay)
-        self.path_counts.mul_(self.decay)
-        self.label_counts.mul_(self.decay)
+    def on_reassign(self, new_tree: Tree, reset_nodes: Any = None, apply_decay: bool = True) -> None:
+        """Decay everything, drop the sums whose node changed, follow the new tree's depth.
+        ``apply_decay=False`` only follows the tree (what loading a layer's saved tree does)."""
+        if apply_decay:
+            self.sum_probas.mul_(self.decay)
+            self.path_counts.mul_(self.decay)
+            self.label_counts.mul_(self.decay)
         new_nodes = torch.as_tensor(np.where(new_tree.path_mask, new_tree.path_nodes, -1), device=self.device)
         old_nodes = self.stat_node
         if reset_nodes is not None and len(reset_nodes):

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from .assign import Reassignment, assign_labels_depth_constrained, assign_labels_well_formed
-from .layers import HierarchicalSoftmax
+from .layers import HierarchicalSoftmax, NonFiniteInputError
 from .statistics import NodeStatistics, node_objectives
 
 __all__ = ["ReassignRecord", "TreeLearner", "evaluate", "train_epoch"]
@@ -60,6 +60,15 @@ class TreeLearner:
     record_objective: record the mean J_n per depth before every rebuild (True), never (False),
         or every n-th rebuild (an int); at K = 250k it costs about as much as the rebuild itself.
     reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 moves to a new place.
+
+    Raises TypeError for a non-integer ``reassign_every`` or a layer that is not a
+    :class:`HierarchicalSoftmax`, ValueError for ``reassign_every < 1``, an unknown ``wrt`` or
+    ``algorithm``, and (from :class:`NodeStatistics`) ``decay`` outside [0, 1] or ``prior`` not
+    finite and > 0.
+
+    Checkpoints: save ``layer.state_dict()`` (parameters *and* tree) and ``learner.state_dict()``
+    (tree, statistics, step count, history); loading both into a fresh layer and learner, built on
+    any tree of the same shape, resumes Algorithm 1 exactly (tests/test_bad_inputs_layers.py).
     """
 
     def __init__(
@@ -77,8 +86,22 @@ class TreeLearner:
     ) -> None:
         if not isinstance(layer, HierarchicalSoftmax):
             raise TypeError("TreeLearner needs an hsm.HierarchicalSoftmax layer")
+        if isinstance(reassign_every, (bool, np.bool_)) or not isinstance(reassign_every, (int, np.integer)):
+            raise TypeError(f"reassign_every must be an integer (optimiser steps), got {reassign_every!r}")
         if reassign_every < 1:
             raise ValueError(f"reassign_every must be >= 1, got {reassign_every}")
+        if wrt not in ("p", "logp"):
+            raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}")
+        if not isinstance(record_objective, (bool, np.bool_, int, np.integer)):
+            raise TypeError(f"record_objective must be True, False or an int >= 0, got {record_objective!r}")
+        if record_objective < 0:
+            raise ValueError(f"record_objective must be True, False or an int >= 0, got {record_objective}")
+        if statistics is not None:
+            if not isinstance(statistics, NodeStatistics):
+                raise TypeError(f"statistics must be an hsm.NodeStatistics, got {type(statistics).__name__}")
+            if statistics.num_labels != layer.num_labels or statistics.arity != layer.arity:
+                raise ValueError(f"the statistics are for K={statistics.num_labels}, M={statistics.arity}; the layer "
+                                 f"has K={layer.num_labels}, M={layer.arity}")
         if algorithm == "auto":
             algorithm = "depth" if layer.tree.depth_limit is not None else "well_formed"
         if algorithm not in ("depth", "well_formed"):
@@ -86,7 +109,7 @@ class TreeLearner:
         if algorithm == "depth" and layer.tree.depth_limit is None:
             raise ValueError("algorithm='depth' (Algorithm 3) needs a fixed-depth tree")
         self.layer = layer
-        self.reassign_every = reassign_every
+        self.reassign_every = int(reassign_every)
         self.wrt = wrt
         self.algorithm = algorithm
         self.reset_moved_nodes = reset_moved_nodes
@@ -147,8 +170,18 @@ class TreeLearner:
                 "frozen": self.frozen, "history": [vars(record) for record in self.history]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: installs the saved tree in the layer (as the layer's own
+        ``load_state_dict`` does) and restores the statistics, step count, frozen flag and
+        history. Raises ValueError when ``state`` lacks one of those entries or its tree does not
+        fit the layer (another K, M or N)."""
         from .tree import Tree
 
+        if not isinstance(state, dict):
+            raise ValueError(f"a TreeLearner state is a dict from TreeLearner.state_dict(), got {type(state).__name__}")
+        missing = [key for key in ("tree", "statistics", "steps", "frozen", "history") if key not in state]
+        if missing:
+            raise ValueError(f"the TreeLearner state lacks {', '.join(map(repr, missing))} "
+                             "(is it a TreeLearner.state_dict()?)")
         tree = Tree.from_dict(state["tree"])
         self.layer.set_tree(tree)
         self.statistics._allocate(tree)
@@ -182,8 +215,9 @@ def train_epoch(
 ) -> float:
     """One pass over ``batches`` of ``(x, y)``: ``h = model(x)``, ``loss = output_layer(h, y).loss``.
 
-    Raises :class:`FloatingPointError` naming the step as soon as the loss is not finite (a
-    diverging learning rate, typically), rather than training on NaNs. Returns the mean loss.
+    Raises :class:`FloatingPointError` naming the step as soon as the loss, or the output layer's
+    input, is not finite (a diverging learning rate, typically), rather than training on NaNs.
+    Returns the mean loss.
     """
     model.train()
     output_layer.train()
@@ -193,7 +227,11 @@ def train_epoch(
             break
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
-        loss = output_layer(model(x), y).loss
+        try:
+            loss = output_layer(model(x), y).loss
+        except NonFiniteInputError as error:  # the model's output diverged: the same report as a NaN loss
+            raise FloatingPointError(f"the output layer's input is not finite at step {step} ({error}): lower the "
+                                     "learning rate or check the inputs") from error
         value = float(loss.detach())
         if not math.isfinite(value):
             raise FloatingPointError(f"loss is {value} at step {step}: lower the learning rate or check the inputs")

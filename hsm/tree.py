@@ -48,6 +48,15 @@ def _as_int_array(values: Any, name: str) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
+def _check_int(value: Any, name: str) -> int:
+    """``value`` as a Python int: Python and NumPy integers pass; bool (a flag, not a count), floats
+    (even 10.0: a size given as a float is usually a computation gone wrong) and anything else
+    raise TypeError naming the argument."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    return int(value)
+
+
 class Tree:
     """An M-ary label tree.
 
@@ -86,8 +95,11 @@ class Tree:
             raise ValueError("a tree needs at least one internal node (the root)")
         if arity < 2:
             raise ValueError(f"arity M must be >= 2, got {arity}")
+        num_labels = _check_int(num_labels, "num_labels")
         if num_labels < 1:
             raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+        if depth_limit is not None and _check_int(depth_limit, "depth_limit") < 1:
+            raise ValueError(f"depth_limit must be >= 1 or None, got {depth_limit}")
         both = (child_node >= 0) & (child_label >= 0)
         if both.any():
             n, j = np.argwhere(both)[0]
@@ -284,6 +296,7 @@ class Tree:
         positions = _as_int_array(leaf_position, "leaf_position")
         num_labels = positions.size
         _check_arity_depth(num_labels, arity, depth)
+        arity, depth = int(arity), int(depth)  # Python ints: M**D must not wrap around
         capacity = arity**depth
         if positions.ndim != 1 or (positions < 0).any() or (positions >= capacity).any():
             raise ValueError(f"leaf positions must lie in [0, M**D) = [0, {capacity})")
@@ -317,6 +330,7 @@ class Tree:
             raise ValueError("cannot build a tree over zero labels")
         if np.unique(order).size != num_labels or order.min() < 0 or order.max() >= num_labels:
             raise ValueError("order must be a permutation of 0..K-1")
+        arity = _check_int(arity, "arity")
         depth = _min_depth(num_labels, arity) if depth is None else depth
         _check_arity_depth(num_labels, arity, depth)
         # rank r of the ordering goes to a position whose digits split ranks evenly at each level
@@ -349,9 +363,12 @@ class Tree:
     ) -> "Tree":
         """A random fixed-depth tree: a uniformly random ordering filled by :meth:`balanced`
         (the papers' "random tree" baseline)."""
-        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+        num_labels = _check_int(num_labels, "num_labels")
         if num_labels < 2:
             raise ValueError(f"a label tree needs K >= 2 labels, got {num_labels}")
+        arity = _check_int(arity, "arity")
+        depth = None if depth is None else _check_int(depth, "depth")
+        rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         return cls.balanced(rng.permutation(num_labels), arity, depth, label_names=label_names)
 
     @classmethod
@@ -372,6 +389,7 @@ class Tree:
             raise ValueError(f"Huffman needs a 1-D array of K >= 2 label counts, got shape {counts.shape}")
         if (counts < 0).any() or not np.isfinite(counts).all():
             raise ValueError("label counts must be finite and non-negative")
+        arity = _check_int(arity, "arity")
         if arity < 2:
             raise ValueError(f"arity M must be >= 2, got {arity}")
         num_labels = counts.size
@@ -427,7 +445,9 @@ class Tree:
 
         if isinstance(nested, (int, np.integer)) or len(nested) == 0:
             raise ValueError("the root must be a non-empty list")
-        arity = max(2, width(nested)) if arity is None else arity
+        arity = max(2, width(nested)) if arity is None else _check_int(arity, "arity")
+        if arity < 2:
+            raise ValueError(f"arity M must be >= 2, got {arity}")
         if width(nested) > arity:
             raise ValueError(f"a node has {width(nested)} children but arity is {arity}")
         child_node: list[list[int]] = []
@@ -448,7 +468,7 @@ class Tree:
                     nodes_row[slot] = len(queue) - 1
             child_node.append(nodes_row)
             child_label.append(labels_row)
-        num_labels = max(labels_seen) + 1 if num_labels is None else num_labels
+        num_labels = max(labels_seen) + 1 if num_labels is None else _check_int(num_labels, "num_labels")
         return cls(np.array(child_node), np.array(child_label), num_labels, label_names=label_names)
 
     @classmethod
@@ -508,6 +528,7 @@ class Tree:
         clusters = _as_int_array(cluster_of_label, "cluster_of_label")
         num_labels = clusters.size
         _check_arity_depth(num_labels, arity, depth)
+        arity, depth = int(arity), int(depth)
         num_clusters = int(clusters.max()) + 1
         if num_clusters > arity ** (depth - 1):
             raise ValueError(f"{num_clusters} clusters do not fit the {arity ** (depth - 1)} bottom nodes")
@@ -555,15 +576,30 @@ class Tree:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "Tree":
+        """The tree :meth:`to_dict` described. Raises ValueError when ``data`` is not such a
+        description (not a mapping, another ``format``, a missing key, or arrays that do not
+        form a tree), naming what is wrong; TypeError for a non-integer size."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"an hsm tree description is a JSON object / dict, got {type(data).__name__}")
         if data.get("format") != "hsm.Tree/1":
-            raise ValueError(f"not an hsm tree description (format={data.get('format')!r})")
-        return cls(
-            np.asarray(data["child_node"], dtype=np.int64).reshape(-1, data["arity"]),
-            np.asarray(data["child_label"], dtype=np.int64).reshape(-1, data["arity"]),
-            data["num_labels"],
-            depth_limit=data.get("depth_limit"),
-            label_names=data.get("label_names"),
-        )
+            raise ValueError(f"not an hsm tree description (format={data.get('format')!r}, expected 'hsm.Tree/1')")
+        missing = [key for key in ("num_labels", "arity", "child_node", "child_label") if key not in data]
+        if missing:
+            raise ValueError(f"the hsm tree description lacks {', '.join(map(repr, missing))}")
+        arity = _check_int(data["arity"], "arity")
+        if arity < 2:
+            raise ValueError(f"arity M must be >= 2, got {arity}")
+        arrays = []
+        for key in ("child_node", "child_label"):
+            try:
+                array = np.asarray(data[key], dtype=np.int64)
+            except (TypeError, ValueError, OverflowError) as error:
+                raise ValueError(f"{key} must be a list of integers ({error})") from None
+            if array.ndim not in (1, 2) or array.size % arity:
+                raise ValueError(f"{key} must hold N * arity = N * {arity} integers, got shape {list(array.shape)}")
+            arrays.append(array.reshape(-1, arity))
+        return cls(arrays[0], arrays[1], data["num_labels"], depth_limit=data.get("depth_limit"),
+                   label_names=data.get("label_names"))
 
     def save(self, path: str | Path) -> Path:
         """Write the tree as JSON (atomically: a temporary file renamed into place)."""
@@ -575,7 +611,24 @@ class Tree:
 
     @classmethod
     def load(cls, path: str | Path) -> "Tree":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """The tree :meth:`save` wrote to ``path``. Raises FileNotFoundError for a missing file
+        and ValueError naming the path when the file is not JSON (truncated, another format),
+        not a JSON object, or not a tree description (:meth:`from_dict` says what is wrong)."""
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not a tree file (not UTF-8 text: {error})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}: not valid JSON, truncated or not a tree file ({error})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: holds a JSON {type(data).__name__}, not an hsm tree description (a JSON object)")
+        try:
+            return cls.from_dict(data)
+        except (TypeError, ValueError) as error:
+            raise type(error)(f"{path}: {error}") from None
 
     # ------------------------------------------------------------------ display
     def _names(self, labels: np.ndarray) -> list[str]:
@@ -666,6 +719,8 @@ class Tree:
 
 
 def _min_depth(num_labels: int, arity: int) -> int:
+    if arity < 2:
+        raise ValueError(f"arity M must be >= 2, got {arity}")
     depth = 1
     while arity**depth < num_labels:
         depth += 1
@@ -673,6 +728,9 @@ def _min_depth(num_labels: int, arity: int) -> int:
 
 
 def _check_arity_depth(num_labels: int, arity: int, depth: int) -> None:
+    """Raises TypeError when ``arity`` or ``depth`` is not an integer, ValueError when the labels
+    cannot fit (the messages name the argument and its value)."""
+    arity, depth = _check_int(arity, "arity"), _check_int(depth, "depth")
     if num_labels < 1:
         raise ValueError("cannot build a tree over zero labels")
     if arity < 2:
