@@ -146,6 +146,14 @@ def test_unwritable_cache_download_is_a_named_error(tmp_path, monkeypatch, read_
 # ------------------------------------------------------------------------------------ damaged cached downloads
 
 
+def test_a_folder_where_a_cached_file_belongs_is_a_named_error():
+    entry = DataFile("toy/a.txt", hashlib.sha256(b"x").hexdigest())
+    (config.cache_dir() / "toy" / "a.txt").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"cached copy of toy/a\.txt, .*a\.txt, is not a regular file"):
+        fetch_file(entry)
+
+
+
 def test_truncated_cached_copy_is_refetched_from_the_mirror(tmp_path, monkeypatch):
     content = b"line one\nline two\nline three\n"
     entry = DataFile("toy/a.txt", hashlib.sha256(content).hexdigest())
@@ -340,6 +348,18 @@ def test_damaged_lm_folder_is_named_and_rebuilt(fake_gutenberg, damage):
     assert _same(rebuilt, good) and rebuilt.stats == good.stats
     assert _same(_quiet(fake_gutenberg), good)  # the folder was replaced by a good one
     _no_temporaries(config.cache_dir())
+
+
+def test_cli_info_on_ids_beyond_the_vocabulary_warns_and_reports_the_rebuilt_corpus(fake_gutenberg, capsys):
+    """The reported trial: a processed corpus with ids >= vocab_size was accepted by `hsm data info` (exit 0)."""
+    assert cli.main(["info", "gutenberg", "--max-books", str(BOOKS), "--json"]) == 0
+    good = json.loads(capsys.readouterr().out)
+    folder = _lm_folder()
+    _save(folder / "test.npy", np.load(folder / "test.npy") + good["vocab"])
+    with pytest.warns(CacheWarning, match=r"test\.npy holds token ids in .* outside \[0, \d+\)"):
+        assert cli.main(["info", "gutenberg", "--max-books", str(BOOKS), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == good
+    assert int(np.load(folder / "test.npy").max()) < good["vocab"]  # the folder on disk was repaired
 
 
 TOKEN_DAMAGE = {

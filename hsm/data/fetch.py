@@ -249,7 +249,8 @@ def fetch_file(data_file: DataFile, *, download_missing: bool = True) -> Path:
     """Return a verified local path for ``data_file`` (cache, else mirror, else bundled copy, else download).
 
     A cached copy with the wrong sha256 is ignored with a :class:`CacheWarning` and replaced by a good copy from
-    the next place that has one; :class:`ChecksumMismatchError` (naming the cached file) only if none has. With
+    the next place that has one; :class:`ChecksumMismatchError` (naming the cached file) only if none has. A
+    directory where the cached file should be is a :class:`DataError` naming it. With
     ``download_missing=False`` nothing is fetched from the network: :class:`DataError` if it would be needed.
     Raises ValueError if ``HSM_CACHE`` names a file or a directory that cannot be created.
     """
@@ -262,6 +263,9 @@ def fetch_file(data_file: DataFile, *, download_missing: bool = True) -> Path:
     for path, expected, relpath, origin in candidates:
         if not path.exists():
             continue
+        if not path.is_file():  # hashing it would raise IsADirectoryError; replacing it would fail too
+            raise DataError(f"the {origin} of {relpath}, {path}, is not a regular file (a directory?). Fix: remove "
+                            f"it, or set {config.CACHE_ENV} to another directory.")
         try:
             _check(path, expected, relpath, origin)
         except ChecksumMismatchError as exc:
