@@ -14,6 +14,8 @@ import hashlib
 import io
 import json
 import os
+import subprocess
+import sys
 import tarfile
 import warnings
 from pathlib import Path
@@ -32,7 +34,14 @@ from hsm.data import (
     load_text_classification,
 )
 from hsm.data import cli, gutenberg, registry
-from hsm.data.fetch import atomic_directory, atomic_write, sha256_of, write_text_atomically
+from hsm.data.fetch import (
+    _HOST,
+    atomic_directory,
+    atomic_write,
+    remove_dead_temporaries,
+    sha256_of,
+    write_text_atomically,
+)
 from hsm.data.registry import DataFile, Source
 
 VOCAB = 20  # below the synthetic books' ~28 types, so the cap binds and <unk> occurs
@@ -475,3 +484,24 @@ def test_atomic_directory_keeps_or_replaces(tmp_path):
         atomic_directory(target, lambda f: (_ for _ in ()).throw(RuntimeError("boom")), replace=True)
     assert (target / "a").read_text() == "third"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
+def test_temporaries_of_killed_processes_are_removed(tmp_path):
+    """kill -9 skips every clean-up: the next write of the same file removes what a dead process left."""
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(child.stdout)  # that process has exited
+    target = tmp_path / "big.tar.xz"
+    dead_file = tmp_path / f".big.tar.xz.part-{_HOST}-{dead}-0a1b2c3d"
+    dead_file.write_bytes(b"half a download")
+    live_file = tmp_path / f".big.tar.xz.part-{_HOST}-{os.getpid()}-0a1b2c3d"  # this process: maybe writing
+    live_file.write_bytes(b"in progress")
+    other_host = tmp_path / f".big.tar.xz.part-elsewhere.example-{dead}-0a1b2c3d"  # a shared cache's neighbour
+    other_host.write_bytes(b"theirs")
+    dead_folder = tmp_path / f".corpus.part-{_HOST}-{dead}-0a1b2c3d"
+    dead_folder.mkdir()
+    (dead_folder / "train.npy").write_bytes(b"half")
+    write_text_atomically(target, "whole\n")
+    assert not dead_file.exists() and live_file.exists() and other_host.exists()
+    assert atomic_directory(tmp_path / "corpus", lambda f: (f / "stats.json").write_text("{}"))
+    assert not dead_folder.exists()
+    assert remove_dead_temporaries(target) == []  # idempotent

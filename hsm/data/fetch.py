@@ -91,10 +91,49 @@ def _check(path: Path, expected: str | None, relpath: str, origin: str) -> None:
 # ------------------------------------------------------------------------------------------------ atomic writes
 
 
+_HOST = socket.gethostname().replace("/", "_")
+
+
 def _temporary_name(final: Path, kind: str = "part") -> Path:
     # Same folder as ``final`` (so os.replace is a rename, atomic), hidden, and unique to this process and call
-    # (pid + random), so two processes or threads writing the same file never share a temporary.
-    return final.with_name(f".{final.name}.{kind}-{os.getpid()}-{secrets.token_hex(4)}")
+    # (host + pid + random), so two processes or threads writing the same file never share a temporary.
+    return final.with_name(f".{final.name}.{kind}-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # PermissionError: alive, another user's
+        return True
+    return True
+
+
+def remove_dead_temporaries(final: Path) -> list[Path]:
+    """Remove the temporaries of ``final`` left by killed processes (``kill -9`` skips every clean-up); return them.
+
+    Only those made on this host by a process that no longer runs: a cache shared between machines keeps the
+    temporaries of the others, which may still be writing. Best effort: what cannot be removed stays.
+    """
+    final = Path(final)
+    removed = []
+    for kind in ("part", "stale"):
+        prefix = f".{final.name}.{kind}-{_HOST}"
+        for path in final.parent.glob(f".{final.name}.{kind}-*"):
+            head, _, rest = path.name.rpartition("-")  # rest: the random token
+            head, _, pid = head.rpartition("-")
+            if head != prefix or not pid.isdigit() or _pid_alive(int(pid)):
+                continue
+            try:
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            except OSError:
+                continue
+            removed.append(path)
+    return removed
 
 
 def fsync_file(path: Path) -> None:
@@ -123,10 +162,12 @@ def atomic_write(final: Path, write: Callable[[Path], None], check: Callable[[Pa
     ``write(tmp)`` writes the content to a temporary name in ``final``'s folder (created if missing); ``check(tmp)``,
     if given, may raise to reject it; the temporary is then fsynced and renamed onto ``final`` with
     :func:`os.replace`. A reader therefore sees the old file or the complete new one, never a partial one, even if
-    the process is killed; on any error the temporary is removed and ``final`` is left as it was.
+    the process is killed; on any error the temporary is removed and ``final`` is left as it was. Temporaries of
+    ``final`` left by killed processes are removed first (:func:`remove_dead_temporaries`).
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temporaries(final)
     tmp = _temporary_name(final)
     try:
         write(tmp)
@@ -156,6 +197,7 @@ def atomic_directory(directory: Path, write: Callable[[Path], None], *, replace:
     """
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
+    remove_dead_temporaries(directory)
     tmp = _temporary_name(directory)
     tmp.mkdir()
     try:
@@ -470,6 +512,7 @@ __all__ = [
     "read_bytes",
     "read_tar_member",
     "read_text",
+    "remove_dead_temporaries",
     "sha256_of",
     "verify",
     "write_text_atomically",
