@@ -314,6 +314,11 @@ def _save(path: Path, values: np.ndarray) -> None:
         np.save(handle, values)
 
 
+def _save_npz(path: Path, values: np.ndarray) -> None:
+    with open(path, "wb") as handle:  # np.savez(path) would add '.npz'
+        np.savez(handle, values)
+
+
 LM_DAMAGE = {
     "ids beyond the vocabulary": (
         lambda f: _save(f / "train.npy", np.full(np.load(f / "train.npy").shape, VOCAB + 5, dtype=np.int32)),
@@ -343,6 +348,9 @@ LM_DAMAGE = {
         lambda f: (f / "vocab.txt").write_text("\n".join((f / "vocab.txt").read_text().split("\n")[:-2])),
         r"vocab\.txt has \d+ lines but stats\.json says"),
     "missing npy": (lambda f: (f / "valid.npy").unlink(), r"valid\.npy is missing"),
+    "text in an npy": (lambda f: (f / "valid.npy").write_text("1 2 3\n"), r"valid\.npy cannot be loaded"),
+    "npz in an npy": (lambda f: _save_npz(f / "counts.npy", np.load(f / "counts.npy")),
+                      r"counts\.npy is not a \.npy array file"),
 }
 
 

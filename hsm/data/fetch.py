@@ -326,7 +326,10 @@ def fetch_file(data_file: DataFile, *, download_missing: bool = True) -> Path:
         # A bad copy at another name (a corrupt download beside the mirror copy) is never read again, but it would
         # make `hsm data verify` fail: remove it. (One at the same name was replaced by the good copy.)
         if path != found and path.exists():
-            path.unlink()
+            try:
+                path.unlink()
+            except OSError:  # a read-only cache: it stays, and is skipped with a warning each time
+                pass
     return found
 
 

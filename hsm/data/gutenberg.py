@@ -349,6 +349,8 @@ def _read_array(path: Path, dtype: type, length: int, id_bound: int | None = Non
         raise _BadProcessedFolder(f"{path} is missing") from exc
     except (OSError, ValueError, EOFError) as exc:  # a truncated .npy: ValueError (cannot reshape) or EOFError
         raise _BadProcessedFolder(f"{path} cannot be loaded ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(values, np.ndarray):  # np.load returns an NpzFile for a zip archive
+        raise _BadProcessedFolder(f"{path} is not a .npy array file ({type(values).__name__})")
     if values.dtype != np.dtype(dtype) or values.shape != (length,):
         raise _BadProcessedFolder(f"{path} holds {values.dtype} of shape {values.shape} but stats.json implies "
                                   f"{np.dtype(dtype)} of shape ({length},)")
