@@ -430,7 +430,8 @@ class _EmptyBatch(torch.autograd.Function):
         def zero(shape) -> Tensor:
             if ctx.sparse:
                 return torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long, device=grad_output.device),
-                                               grad_output.new_zeros(0, *shape[1:]), shape, is_coalesced=True)
+                                               grad_output.new_zeros(0, *shape[1:]), shape, check_invariants=False,
+                                               is_coalesced=True)
             return grad_output.new_zeros(shape)
 
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
@@ -440,7 +441,7 @@ class _EmptyBatch(torch.autograd.Function):
 
 #: the header of the tree in a state dict: magic, version, K, N, M, depth limit (-1: none),
 #: in_features, checksum (two 16-bit halves: every header entry stays exact in float32)
-_TREE_MAGIC, _TREE_VERSION, _TREE_HEADER = 0x4853, 1, 9
+_TREE_MAGIC, _TREE_VERSION, _TREE_HEADER = 1447, 1, 9  # a magic below 2048 survives even a float16 cast
 
 
 def _tree_checksum(header: np.ndarray, body: np.ndarray) -> int:
@@ -577,7 +578,7 @@ class HierarchicalSoftmax(nn.Module):
         [B, ..., M] (masked slots at -inf). One weight block is copied per (row, node) pair; the
         fast paths group pairs by node instead (:func:`_grouped_logits`)."""
         shape = nodes.shape
-        flat = nodes.reshape(shape[0], -1)  # [B, L]
+        flat = nodes.reshape(shape[0], math.prod(shape[1:]))  # [B, L] (no -1: B may be 0)
         weight = F.embedding(flat, self.weight, sparse=self.sparse)  # [B, L, M*d]
         weight = weight.view(flat.shape[0], flat.shape[1], self.arity, self.in_features)
         logits = torch.einsum("bd,blmd->blm", input, weight)
@@ -1167,7 +1168,7 @@ class RowSparseAdagrad(_RowSparseOptimizer):
             indices, values = grad._indices()[0], grad._values()
         flat_param = param.view(param.shape[0], -1)
         flat_total = total.view(total.shape[0], -1)
-        values = values.reshape(values.shape[0], -1)
+        values = values.reshape(values.shape[0], flat_param.shape[1])  # (not -1: there may be no rows)
         if (param.device.type == "cpu" and param.dtype in (torch.float32, torch.float64)
                 and param.is_contiguous() and total.is_contiguous()):
             dtype = np.float32 if param.dtype == torch.float32 else np.float64
@@ -1200,7 +1201,7 @@ class RowSparseSGD(_RowSparseOptimizer):
     def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:
         if grad.is_sparse:
             values = grad._values()
-            param.view(param.shape[0], -1).index_add_(0, grad._indices()[0], values.reshape(values.shape[0], -1),
-                                                      alpha=-group["lr"])
+            flat = param.view(param.shape[0], -1)
+            flat.index_add_(0, grad._indices()[0], values.reshape(values.shape[0], flat.shape[1]), alpha=-group["lr"])
         else:
             param.add_(grad, alpha=-group["lr"])

@@ -591,8 +591,12 @@ class SampledSoftmax(torch.nn.Module):
             self.generator.manual_seed(seed)
 
     def _check(self, input: Tensor) -> None:
-        if not isinstance(input, Tensor) or input.dim() != 2 or input.shape[1] != self.in_features:
-            raise ValueError(f"input must have shape [B, {self.in_features}]")
+        """The output layers' input checks (:func:`hsm.layers._check_input`): TypeError for a
+        non-tensor or another dtype than the layer's, ValueError for another shape or device and
+        for NaN / infinite rows (named)."""
+        from .layers import _check_input
+
+        _check_input(input, self.in_features, self.linear.weight)
 
     def _scores(self, input: Tensor, classes: Tensor) -> Tensor:
         """Scores of ``classes`` ([S] shared by the batch, or [B, S]), reading only those rows of the
@@ -624,7 +628,9 @@ class SampledSoftmax(torch.nn.Module):
 
         self._check(input)
         _check_target(target, input.shape[0], self.num_labels)
-        if not self.training or self.method == "exact":
+        # an empty batch has nothing to sample for: the exact path gives the empty output and the
+        # NaN mean loss torch's losses give
+        if not self.training or self.method == "exact" or input.shape[0] == 0:
             output = torch.log_softmax(self.linear(input), dim=1).gather(1, target[:, None]).squeeze(1)
             return HSMOutput(output, -output.mean())
         device = input.device
@@ -680,9 +686,11 @@ class SampledSoftmax(torch.nn.Module):
 
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None):
-        from .layers import TopK
+        from .layers import TopK, _check_k
 
-        values, indices = self.log_prob(input).topk(k, dim=-1)
+        self._check(input)
+        _check_k(k, self.num_labels, method, beam)
+        values, indices = self.log_prob(input).topk(int(k), dim=-1)
         visited = torch.full((input.shape[0],), self.num_labels, dtype=torch.long, device=input.device)
         return TopK(values, indices, visited)
 
