@@ -32,8 +32,12 @@ Memory is the peak resident set of a fresh process per (V, method) minus its siz
 measurement is ``max(bytes / bandwidth, flops / peak)`` with this machine's copy bandwidth and
 matmul throughput measured at start-up; ``floor_fraction = floor / measured``.
 
-``--json PATH`` writes the table with provenance (:mod:`hsm.results`). ``--quick`` runs tiny
-sizes in-process in a few seconds (what CI checks: the table's structure, not the timings).
+``--json PATH`` writes the table with provenance (:mod:`hsm.results`; scale ``quick`` with
+``--quick``, else ``full``). ``--quick`` runs tiny sizes in-process in a few seconds (what CI
+checks: the table's structure, not the timings); sizes given explicitly (``--vocab``, ``--dim``,
+``--batch``, ``--repeats``, ``--budget``) are honoured with it. Every count must be >= 1 (vocabularies
+>= 2) and the device usable here (``--device cuda`` without a GPU is refused): a bad option is
+one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -412,6 +416,16 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
     slow spell of the machine hits every method alike), and keeps the median."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
+    for name, value in (("dim", dim), ("batch", batch), ("repeats", repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not vocabs or any(int(v) < 2 for v in vocabs):
+        raise ValueError(f"vocabs must be one or more sizes >= 2, got {list(vocabs)}")
+    if not (isinstance(budget_s, (int, float)) and math.isfinite(budget_s) and budget_s > 0):
+        raise ValueError(f"budget_s must be a finite number of seconds > 0, got {budget_s!r}")
+    from hsm.experiments import check_device
+
+    device = check_device(device)
     limits = machine_limits(device)
     if device == "cpu" and isolate:
         limits.update(page_fault_probe())
@@ -664,27 +678,62 @@ def profile_train_step(vocab: int = 250_000, depth: int = 3, dim: int = 200, bat
     return rows
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``minimum`` (argparse names the option in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
+    return value
+
+
+#: sizes of a full run, and of ``--quick`` (each used only where the option is not given)
+_FULL = dict(vocab=[10_000, 100_000, 250_000, 1_000_000], dim=200, batch=128, repeats=20, budget=20.0)
+_QUICK = dict(vocab=[500, 2_000], dim=16, batch=8, repeats=3, budget=1.0)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hsm bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vocab", type=int, nargs="+", default=[10_000, 100_000, 250_000, 1_000_000])
+    parser.add_argument("--vocab", type=_count(2), nargs="+", default=None,
+                        help=f"vocabulary sizes (default {_FULL['vocab']}; --quick: {_QUICK['vocab']})")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--metrics", nargs="+", default=list(METRICS), choices=METRICS)
-    parser.add_argument("--dim", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=128)
-    parser.add_argument("--repeats", type=int, default=20, help="timed runs per measurement (median)")
-    parser.add_argument("--trials", type=int, default=1,
+    parser.add_argument("--dim", type=_count(1), default=None, help="input dimension (default 200; --quick: 16)")
+    parser.add_argument("--batch", type=_count(1), default=None, help="batch size (default 128; --quick: 8)")
+    parser.add_argument("--repeats", type=_count(1), default=None,
+                        help="timed runs per measurement (median; default 20, --quick: 3)")
+    parser.add_argument("--trials", type=_count(1), default=1,
                         help="repeat every measurement in this many fresh processes, round after round; "
                              "report the median (process-to-process spread is large on a shared machine)")
-    parser.add_argument("--budget", type=float, default=20.0, help="seconds per measurement before stopping early")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--predict-scale", type=float, default=10.0,
+    parser.add_argument("--budget", type=_positive_float, default=None,
+                        help="seconds per measurement before stopping early (default 20; --quick: 1)")
+    parser.add_argument("--threads", type=_count(1), default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...), checked before any work")
+    parser.add_argument("--predict-scale", type=_positive_float, default=10.0,
                         help="multiply the tree's weights by this before timing predict (a confident model)")
     parser.add_argument("--no-isolate", action="store_true", help="run every measurement in this process")
     parser.add_argument("--no-thp", action="store_true",
                         help="do not set THP_MEM_ALLOC_ENABLE=1 (huge pages for CPU tensors) in the measuring processes")
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, in-process (CI)")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes, in-process (CI); sizes given explicitly are kept")
     parser.add_argument("--json", default=None, help="write the result file here (hsm.results format)")
+    parser.add_argument("--force", action="store_true",
+                        help="let a --quick run replace a full-scale result file given with --json")
     parser.add_argument("--algorithm1", action="store_true",
                         help="measure Algorithm 1's extra work (statistics, re-assignment) instead of the table")
     parser.add_argument("--profile", action="store_true",
@@ -701,15 +750,32 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(int(config["threads"]))
         print(json.dumps(run_one(config)))
         return 0
+    from hsm.experiments import check_device
+    from hsm.results import check_replace
+
+    scale = "quick" if args.quick else "full"
+    try:
+        args.device = check_device(args.device)
+        if args.json:  # a quick run must not replace a full-scale file by accident: refuse before measuring
+            check_replace(args.json, scale, args.force)
+    except ValueError as exc:
+        print(f"hsm bench: {exc}", file=sys.stderr)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    # explicit sizes win; --quick only changes the defaults (it used to overwrite them silently)
+    given = {name for name in _FULL if getattr(args, name) is not None}
+    for name, value in (_QUICK if args.quick else _FULL).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.quick:
-        args.vocab = [v for v in args.vocab if v <= 2_000] or [500, 2_000]
-        args.dim, args.batch, args.repeats, args.budget, args.no_isolate = 16, 8, 3, 1.0, True
+        args.no_isolate = True
     start = time.perf_counter()
     if args.profile:
         sizes = dict(vocab=2_000, dim=16, batch=16, steps=3) if args.quick else dict(
             vocab=args.vocab[0], dim=args.dim, batch=args.batch)
+        sizes.update({name: args.vocab[0] if name == "vocab" else getattr(args, name)
+                      for name in given & {"vocab", "dim", "batch"}})
         rows = profile_train_step(**sizes)
         for row in rows:
             print(f"{row['op']:<40} {row['self_ms_per_step']:9.3f} ms {row['share']:6.1%}")
@@ -718,12 +784,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             records = [make_record(None, row["self_ms_per_step"], kind="profile", **sizes, **row) for row in rows]
             config = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
-            path = write_results(args.json, records, provenance(config, time.perf_counter() - start))
+            path = write_results(args.json, records, provenance(config, time.perf_counter() - start,
+                                                                scale=scale), force=args.force)
             print(f"wrote {path}")
         return 0
     if args.algorithm1:
         sizes = dict(vocab=3_000, arity=15, depth=3, dim=16, batch=32, steps=5, repeats=1, well_formed_vocab=2_000,
                      well_formed_arity=5) if args.quick else dict(dim=args.dim, batch=args.batch, steps=200)
+        sizes.update({name: getattr(args, name) for name in given & {"dim", "batch", "repeats"}})
+        if "vocab" in given:
+            sizes.update(vocab=args.vocab[0], arity=tree_arity(args.vocab[0], sizes.get("depth", 3)))
         result = algorithm1_overhead(**sizes)
         print(format_algorithm1(result))
         if args.json:
@@ -731,7 +801,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             records = [make_record(None, result["reassign_total_s"], kind="algorithm1", **result)]
             config = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
-            path = write_results(args.json, records, provenance(config, time.perf_counter() - start))
+            path = write_results(args.json, records, provenance(config, time.perf_counter() - start,
+                                                                scale=scale), force=args.force)
             print(f"wrote {path}")
         return 0
     result = run_benchmark(args.vocab, args.methods, args.dim, args.batch, args.repeats, args.budget,
@@ -744,7 +815,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         config = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
         config["threads"] = torch.get_num_threads()
-        path = write_results(args.json, to_records(result), provenance(config, time.perf_counter() - start))
+        path = write_results(args.json, to_records(result), provenance(config, time.perf_counter() - start,
+                                                                       scale=scale), force=args.force)
         print(f"wrote {path}")
     return 0
 

@@ -22,9 +22,17 @@ stale: a claim with no result file says so.
 
 Usage::
 
-    prov = provenance(config={"arity": 65}, wall_time_s=elapsed)
+    prov = provenance(config={"arity": 65}, wall_time_s=elapsed, scale="full")
     write_results("results/gutenberg/learned_tree.json",
                   [make_record("icml2017.table2.learned_tree.perplexity", 151.2, epochs=5)], prov)
+
+Where runs write. ``results/`` holds the committed results the book renders; a run started with
+``python -m hsm run NAME`` (or an experiment function called with ``out=None``) does **not** write
+there but under :func:`output_root` (``HSM_OUTPUT``, default ``./hsm-results`` in the working
+directory), at the same relative path (``hsm-results/lm/ptb.json`` for ``results/lm/ptb.json``).
+Only an explicit ``--out results/lm/ptb.json`` updates a committed file, and even then
+:func:`write_results` refuses to replace a result of a larger scale (``full``) with a smaller one
+(``quick``) unless ``force=True`` (``--force``). Every file goes through :func:`atomic_write`.
 """
 from __future__ import annotations
 
@@ -33,12 +41,13 @@ import json
 import math
 import os
 import platform
+import re
 import socket
 import subprocess
-import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 from hsm import paper
 from hsm.config import scale as _scale
@@ -48,6 +57,13 @@ __all__ = [
     "provenance",
     "make_record",
     "write_results",
+    "atomic_write",
+    "read_json_or_none",
+    "output_root",
+    "output_path",
+    "recorded_scale",
+    "check_replace",
+    "OUTPUT_ENV",
     "load_results",
     "iter_results",
     "default_results_root",
@@ -86,18 +102,26 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | None = None) -> dict[str, Any]:
+def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | None = None,
+               scale: str | None = None) -> dict[str, Any]:
     """Where, when and with what a result was produced.
 
     Args:
         config: the experiment's settings (JSON-serialisable), stored as given.
         wall_time_s: how long the run took, in seconds.
+        scale: the scale that actually ran (``quick`` or ``full``), recorded as ``hsm_scale``.
+            Experiments always pass it: the ``--scale`` of a run can differ from ``HSM_SCALE``.
+            None: ``HSM_SCALE`` (:func:`hsm.config.scale`), for callers with no scale of their own.
 
     Returns:
         A dict with ``date_utc`` (ISO 8601), ``git_commit`` and ``git_dirty`` (tracked files
         modified; None outside a git checkout), ``hostname``, ``cpu_model``, ``cpu_count``,
         ``platform``, ``python``, ``torch``, ``numpy``, ``cuda_device`` (name of CUDA device 0,
-        or None), ``hsm_scale`` (``HSM_SCALE``: quick or full), ``config`` and ``wall_time_s``.
+        or None), ``hsm_scale`` (``scale``, else ``HSM_SCALE``: quick or full), ``config`` and
+        ``wall_time_s``.
+
+    Raises:
+        ValueError: ``scale`` is not ``quick`` or ``full``; ``wall_time_s`` negative or not finite.
     """
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"config must be a dict (or None), got {type(config).__name__}")
@@ -106,6 +130,11 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
             raise TypeError(f"wall_time_s must be a number of seconds, got {type(wall_time_s).__name__}")
         if not math.isfinite(wall_time_s) or wall_time_s < 0:
             raise ValueError(f"wall_time_s must be a finite, non-negative number of seconds, got {wall_time_s}")
+    if scale is not None:
+        from hsm.experiments import check_scale
+
+        check_scale(scale)
+    recorded = scale if scale is not None else _scale()
 
     import numpy
     import torch
@@ -125,7 +154,7 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         "torch": torch.__version__,
         "numpy": numpy.__version__,
         "cuda_device": cuda_device,
-        "hsm_scale": _scale(),
+        "hsm_scale": recorded,
         "config": _to_json_value(dict(config), "config") if config is not None else None,
         "wall_time_s": None if wall_time_s is None else float(wall_time_s),
     }
@@ -178,12 +207,16 @@ def make_record(claim: str | None, value: float, **fields: Any) -> dict[str, Any
     return _to_json_value(record, "record")
 
 
-def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]], provenance: Mapping[str, Any]) -> Path:
-    """Write ``{"schema", "provenance", "records"}`` to ``path`` as JSON, atomically.
+def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]], provenance: Mapping[str, Any],
+                  force: bool = False) -> Path:
+    """Write ``{"schema", "provenance", "records"}`` to ``path`` as JSON, atomically
+    (:func:`atomic_write`: a reader, a crash or a full disk never leaves a half-written file, and
+    the previous file survives a failed write). Parent directories are created. Returns the path.
 
-    The file is written to a temporary file in the same directory and moved into place with
-    :func:`os.replace`, so a reader (or a crash) never sees a half-written result file.
-    Parent directories are created. Returns the path written.
+    Raises:
+        ValueError: ``path`` already holds a result of a larger scale than ``provenance`` records
+            (``full`` replaced by ``quick``) and ``force`` is False (:func:`check_replace`); or the
+            records/provenance are malformed.
     """
     path = Path(path)
     if path.suffix != ".json":
@@ -211,23 +244,109 @@ def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, A
         "records": clean_records,
     }
     text = json.dumps(payload, indent=2, sort_keys=False, allow_nan=False) + "\n"
+    check_replace(path, str(provenance.get("hsm_scale")), force=force)
+    return atomic_write(path, text)
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+
+def atomic_write(path: str | os.PathLike[str], content: str | bytes | Callable[[IO[bytes]], Any]) -> Path:
+    """Write ``content`` (text as UTF-8, bytes, or a function given the open binary file, e.g.
+    ``lambda f: torch.save(obj, f)``) to ``path`` atomically and return ``path``.
+
+    Goes through the data layer's writer (:func:`hsm.data.fetch.atomic_write`: one implementation
+    for the package): the data go to a hidden temporary in the same folder whose name is unique
+    to the process and call (two runs writing the same checkpoint never share one), are fsynced,
+    and are renamed onto ``path`` with :func:`os.replace`. A failure at any point (a full disk, an
+    exception in ``content``) removes the temporary and leaves any previous ``path`` untouched;
+    readers see the old file or the complete new one. Parent folders are created.
+    """
+    from hsm.data.fetch import atomic_write as _atomic_write
+
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as handle:
+            if callable(content):
+                content(handle)
+            else:
+                handle.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
+
+    return _atomic_write(Path(path), write)
+
+
+def read_json_or_none(path: str | os.PathLike[str], what: str = "file") -> Any | None:
+    """The JSON in ``path``, or None when it is missing; a file that exists but cannot be read or
+    parsed (0 bytes after a full disk, truncated, not UTF-8) also gives None, with a
+    :class:`UserWarning` naming it, so the caller recomputes it instead of failing on every rerun.
+    ``what`` says what the file is in the warning (e.g. ``"finished-run file"``)."""
+    path = Path(path)
+    if not path.exists():
+        return None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp_name, 0o644)  # mkstemp makes it 0600; a result file is for everyone to read
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    return path
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        warnings.warn(f"ignoring unreadable {what} {path} ({type(exc).__name__}: {exc}); it will be recomputed",
+                      stacklevel=2)
+        return None
+
+
+#: Environment variable naming the folder that runs write to when no output path is given.
+OUTPUT_ENV = "HSM_OUTPUT"
+
+_SCALE_RANK = {"quick": 0, "full": 1}
+
+
+def output_root() -> Path:
+    """Where experiment runs write when no output path is given: ``HSM_OUTPUT`` if set, else
+    ``hsm-results`` in the current directory.
+
+    Not ``results/``: those are the committed results the book renders, and a quick run must not
+    replace hours of full-scale compute by accident (only an explicit ``--out results/...`` does).
+    Not the cache either: the cache holds files that can be fetched or rebuilt and may be deleted
+    at will, while a result is the product of a run; the working directory is where the user
+    looks for it (the command prints the path). ``HSM_RESULTS`` is not reused: it names the
+    results the book *reads* (:func:`default_results_root`).
+    """
+    value = os.environ.get(OUTPUT_ENV)
+    return Path(value).expanduser() if value else Path("hsm-results")
+
+
+def output_path(default: str | os.PathLike[str], out: str | os.PathLike[str] | None = None) -> Path:
+    """``out`` when given; else ``default`` (a path under ``results/``, as an experiment registers
+    it) moved under :func:`output_root`: ``results/lm/ptb.json`` -> ``hsm-results/lm/ptb.json``."""
+    if out is not None:
+        return Path(out)
+    default = Path(default)
+    parts = default.parts
+    relative = Path(*parts[1:]) if parts and parts[0] == "results" and len(parts) > 1 else default
+    return output_root() / relative
+
+
+def recorded_scale(path: str | os.PathLike[str]) -> str | None:
+    """The scale (``quick`` or ``full``) a result file says it ran at (the start of its
+    ``provenance.hsm_scale``, e.g. ``"full, reduced: ..."`` is full), or None when the file is
+    missing, unreadable, not a result file or has no recognisable scale."""
+    payload = read_json_or_none(path, "result file")
+    if not _is_result_payload(payload):
+        return None
+    match = re.match(r"\s*(quick|full)\b", str(payload["provenance"].get("hsm_scale") or ""))
+    return match.group(1) if match else None
+
+
+def check_replace(path: str | os.PathLike[str], scale: str, force: bool = False) -> None:
+    """Refuse to replace the result file ``path`` by a run of a smaller ``scale``.
+
+    Raises ValueError naming the file and both scales when ``path`` holds a result recorded at
+    ``full`` and ``scale`` is ``quick`` (``scale`` may be a label such as ``"full, reduced: ..."``:
+    its first word counts), unless ``force``. Experiments call it before they start, so the
+    refusal costs nothing; :func:`write_results` calls it again before writing."""
+    if force:
+        return
+    existing = recorded_scale(path)
+    match = re.match(r"\s*(quick|full)\b", str(scale))
+    new = match.group(1) if match else None
+    if existing is None or new is None:
+        return
+    if _SCALE_RANK[new] < _SCALE_RANK[existing]:
+        raise ValueError(f"{path} holds a {existing}-scale result; refusing to replace it with a {new}-scale run "
+                         f"(write elsewhere with --out PATH, or pass --force / force=True to replace it)")
 
 
 def _is_result_payload(payload: Any) -> bool:

@@ -114,11 +114,12 @@ def test_experiments_are_registered():
 def test_table1_end_to_end_on_a_cooking_slice(tmp_path, monkeypatch):
     monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HSM_OUTPUT", raising=False)  # default output folder: ./hsm-results
     # a peer that is absent must be skipped with its reason, not fail the table
     real = C.peer_available
     monkeypatch.setattr(C, "peer_available", lambda p: "not installed (test)" if p == "vw-log_multi" else real(p))
     path = C.icml_table1(scale="quick", **TINY)
-    assert path == Path("results/classification/table1-cooking-quick.json")
+    assert path == Path("hsm-results/classification/table1-cooking-quick.json")  # not the committed results/
     payload = load_results(path)
     assert payload["provenance"]["config"]["data"] == "cooking"
     rows = {r["output"]: r for r in payload["records"]}
@@ -149,7 +150,7 @@ def test_table1_end_to_end_on_a_cooking_slice(tmp_path, monkeypatch):
     assert {g["arity"] for g in gains} == {5, 20}
     for g in gains:
         assert g["value"] == pytest.approx(rows[f"learned{g['arity']}"]["p_at_1"] - rows[f"huffman{g['arity']}"]["p_at_1"])
-    assert not list(Path("results/classification").glob(".*partial*"))  # removed once the table is written
+    assert not list(Path("hsm-results/classification").glob(".*partial*"))  # removed once the table is written
 
     # Table 3 re-issues the Table 1 rows (same options) instead of training again
     path3 = C.icml_table3(scale="quick", **TINY)

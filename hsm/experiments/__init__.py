@@ -1,18 +1,29 @@
 """Experiments: one registered command per table or figure of the papers.
 
-``python -m hsm run NAME --scale quick|full --device cpu|cuda [--out results/...]`` runs the
-experiment ``NAME`` and writes its JSON result file (records + provenance, :mod:`hsm.results`).
+``python -m hsm run NAME --scale quick|full --device cpu|cuda [--out PATH] [--force]`` runs the
+experiment ``NAME`` and writes its JSON result file (records + provenance, :mod:`hsm.results`):
+without ``--out`` under ``hsm-results/`` (``HSM_OUTPUT``; :func:`hsm.results.output_path`), so
+only ``--out results/...`` updates a committed result, and a full-scale file is never replaced
+by a quick run without ``--force``. Scale, device and every ``-o KEY=VALUE`` option are checked
+(:func:`check_scale`, :func:`check_device`, the ``option_*`` parsers) before any work starts.
 Each topic module registers its experiments with :func:`experiment`; the CLI imports the
 modules listed in :data:`MODULES` lazily, so a missing optional dependency of one topic does not
 break the others.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Experiment", "MODULES", "REGISTRY", "experiment", "get"]
+__all__ = [
+    "Experiment", "MODULES", "REGISTRY", "SCALES", "experiment", "get", "check_scale", "check_device",
+    "option_int", "option_float", "option_floats", "option_ints", "option_choice", "option_choices", "option_bool",
+]
+
+#: the two scales every experiment knows (``hsm.config.scale``); "full" is the larger
+SCALES = ("quick", "full")
 
 #: modules that register experiments (imported by :func:`load_all`)
 MODULES = [
@@ -29,7 +40,9 @@ class Experiment:
     name: str
     func: Callable[..., Any]  #: func(scale: str, device: str, out: Path | None, **options) -> Path of the result file
     summary: str
-    default_out: str  #: result file, relative to the repository root, e.g. "results/lm/ptb-25.json"
+    #: the committed result file, relative to the repository root, e.g. "results/lm/ptb-25.json"; a run
+    #: without ``out`` writes the same path under hsm-results/ instead (hsm.results.output_path)
+    default_out: str
 
 
 REGISTRY: dict[str, Experiment] = {}
@@ -70,3 +83,186 @@ def get(name: str) -> Experiment:
         known = ", ".join(sorted(REGISTRY)) or "none registered"
         raise ValueError(f"unknown experiment {name!r}; known: {known}")
     return REGISTRY[name]
+
+
+# ---------------------------------------------------------------------------------------------- validation
+def check_scale(scale: Any) -> str:
+    """``scale`` if it is ``"quick"`` or ``"full"``; else ValueError naming it.
+
+    Every experiment function calls this first: they branch on ``scale == "quick"``, so any other
+    string (``"Quick"``, ``"huge"``) would otherwise run the full configuration and be labelled
+    with the string it was given. (``HSM_SCALE`` is read, case-insensitively, by
+    :func:`hsm.config.scale`; a function argument must be exact.)"""
+    if not isinstance(scale, str) or scale not in SCALES:
+        raise ValueError(f"scale must be 'quick' or 'full', got {scale!r}")
+    return scale
+
+
+def check_device(device: Any) -> str:
+    """``device`` (a string or :class:`torch.device`) as a string, after checking that torch can use
+    it here; raises ValueError naming it when it does not parse as a torch device, when it is not
+    a CPU, CUDA or MPS device, or when that device is not available (no CUDA build or no GPU, a
+    GPU index past the last one). Failing here, before any work, is what keeps a run from
+    silently computing on the CPU while its result says ``cuda``, and from dying later in a
+    traceback deep inside torch."""
+    import torch
+
+    if not isinstance(device, (str, torch.device)):
+        raise ValueError(f"device must be a string such as 'cpu' or 'cuda', got {type(device).__name__} {device!r}")
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as exc:
+        raise ValueError(f"device {str(device)!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
+    if parsed.type == "cpu":
+        return str(device)
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch build has no CUDA support" if torch.version.cuda is None
+                   else "no CUDA GPU is visible")
+            raise ValueError(f"device {str(device)!r} was requested but CUDA is not available ({why}, torch "
+                             f"{torch.__version__}); use --device cpu")
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"device {str(device)!r} was requested but only {count} CUDA device(s) exist "
+                             f"(cuda:0..cuda:{count - 1})")
+        return str(device)
+    if parsed.type == "mps":
+        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
+            raise ValueError(f"device {str(device)!r} was requested but MPS is not available here; use --device cpu")
+        return str(device)
+    raise ValueError(f"device {str(device)!r}: only cpu, cuda and mps devices are supported")
+
+
+def _fail(key: str, value: Any, what: str) -> ValueError:
+    return ValueError(f"option {key}={value!r}: {what}")
+
+
+def _is_none(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("", "none"))
+
+
+def option_int(key: str, value: Any, minimum: int | None = None, maximum: int | None = None,
+               allow_none: bool = False) -> int | None:
+    """An integer option (a string from ``-o KEY=VALUE`` or a Python int) in ``[minimum, maximum]``;
+    ``None``/``"none"`` when ``allow_none``. Raises ValueError naming the option and its value
+    otherwise (``"1.5"``, ``"-5"`` where ``minimum=1``, booleans)."""
+    if allow_none and _is_none(value):
+        return None
+    if isinstance(value, bool):
+        raise _fail(key, value, "must be an integer, not a boolean")
+    if isinstance(value, float) and value.is_integer():
+        number = int(value)
+    elif isinstance(value, int):
+        number = value
+    elif isinstance(value, str):
+        try:
+            number = int(value.strip())
+        except ValueError:
+            raise _fail(key, value, "must be an integer" + (" or 'none'" if allow_none else "")) from None
+    elif hasattr(value, "__index__"):  # numpy integers
+        number = int(value.__index__())
+    else:
+        raise _fail(key, value, "must be an integer")
+    if minimum is not None and number < minimum:
+        raise _fail(key, value, f"must be >= {minimum}")
+    if maximum is not None and number > maximum:
+        raise _fail(key, value, f"must be <= {maximum}")
+    return number
+
+
+def option_float(key: str, value: Any, minimum: float | None = None, maximum: float | None = None,
+                 positive: bool = False, below: float | None = None, allow_none: bool = False) -> float | None:
+    """A finite float option in ``[minimum, maximum]`` (``> 0`` when ``positive``, ``< below``
+    when given); NaN and infinities are refused. Raises ValueError naming the option and value."""
+    if allow_none and _is_none(value):
+        return None
+    if isinstance(value, bool):
+        raise _fail(key, value, "must be a number, not a boolean")
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError):
+        raise _fail(key, value, "must be a number") from None
+    if not math.isfinite(number):
+        raise _fail(key, value, "must be a finite number")
+    if positive and not number > 0:
+        raise _fail(key, value, "must be > 0")
+    if minimum is not None and number < minimum:
+        raise _fail(key, value, f"must be >= {minimum:g}")
+    if maximum is not None and number > maximum:
+        raise _fail(key, value, f"must be <= {maximum:g}")
+    if below is not None and not number < below:
+        raise _fail(key, value, f"must be < {below:g}")
+    return number
+
+
+def _items(key: str, value: Any) -> list[Any]:
+    if isinstance(value, str):
+        return [item.strip() for item in value.split(",") if item.strip()]
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return [value]
+    if isinstance(value, Sequence) or hasattr(value, "__iter__"):
+        return list(value)
+    raise _fail(key, value, "must be a comma-separated list")
+
+
+def option_floats(key: str, value: Any, allow_empty: bool = False, **bounds: Any) -> tuple[float, ...]:
+    """A comma-separated list (or sequence) of floats, each checked as :func:`option_float`; empty
+    only when ``allow_empty``."""
+    items = _items(key, value)
+    if not items and not allow_empty:
+        raise _fail(key, value, "must hold at least one number")
+    out = []
+    for item in items:
+        try:
+            out.append(option_float(key, item, **bounds))
+        except ValueError as exc:
+            raise _fail(key, value, f"entry {item!r} {str(exc).split(': ', 1)[-1]}") from None
+    return tuple(out)
+
+
+def option_ints(key: str, value: Any, allow_empty: bool = False, **bounds: Any) -> tuple[int, ...]:
+    """A comma-separated list (or sequence) of integers, each checked as :func:`option_int`."""
+    items = _items(key, value)
+    if not items and not allow_empty:
+        raise _fail(key, value, "must hold at least one integer")
+    out = []
+    for item in items:
+        try:
+            out.append(option_int(key, item, **bounds))
+        except ValueError as exc:
+            raise _fail(key, value, f"entry {item!r} {str(exc).split(': ', 1)[-1]}") from None
+    return tuple(out)
+
+
+def option_choice(key: str, value: Any, choices: Sequence[str]) -> str:
+    """One of ``choices`` (exact); else ValueError naming the option, its value and the choices."""
+    text = str(value).strip() if isinstance(value, str) else value
+    if text not in choices:
+        raise _fail(key, value, f"must be one of {', '.join(map(str, choices))}")
+    return text
+
+
+def option_choices(key: str, value: Any, choices: Sequence[str], allow_empty: bool = False) -> tuple[str, ...]:
+    """A comma-separated list (or sequence) of ``choices``, without repeats."""
+    items = [str(item) for item in _items(key, value)]
+    if not items and not allow_empty:
+        raise _fail(key, value, f"must name at least one of {', '.join(choices)}")
+    unknown = [item for item in items if item not in choices]
+    if unknown:
+        raise _fail(key, value, f"unknown {', '.join(unknown)}; choose from {', '.join(choices)}")
+    if len(set(items)) != len(items):
+        raise _fail(key, value, "names an entry twice")
+    return tuple(items)
+
+
+def option_bool(key: str, value: Any) -> bool:
+    """``true/false``, ``yes/no``, ``1/0`` (or a Python bool); anything else is a ValueError (a
+    typo must not silently mean false)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise _fail(key, value, "must be true or false (1/0, yes/no)")

@@ -49,9 +49,12 @@ import numpy as np
 import torch
 
 from hsm import FlatSoftmax, HierarchicalSoftmax, RowSparseSGD, Tree, TreeLearner
+from hsm.layers import NonFiniteInputError
 from hsm.config import seed_everything
-from hsm.experiments import experiment
-from hsm.results import make_record, provenance, write_results
+from hsm.experiments import (check_device, check_scale, experiment, option_bool, option_choice, option_float,
+                             option_floats, option_int, option_ints)
+from hsm.results import (atomic_write, check_replace, load_results, make_record, output_path, provenance,
+                         read_json_or_none, write_results)
 from hsm.text_models import BagOfWordsClassifier, WordVocabulary, hashed_bigrams, make_bags
 
 __all__ = [
@@ -312,7 +315,11 @@ def train_bow(
             y = torch.from_numpy(targets[rows])
             ids, offsets, y = ids.to(device), offsets.to(device), y.to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = -layer(model(ids, offsets), y).output.sum()
+            try:
+                loss = -layer(model(ids, offsets), y).output.sum()
+            except NonFiniteInputError as exc:  # the representation diverged: the same report as a NaN loss
+                raise FloatingPointError(f"non-finite representation at step {step} (lr={lr}): the rate is too "
+                                         f"high ({exc})") from exc
             value = float(loss.detach())
             if not math.isfinite(value):
                 raise FloatingPointError(f"loss is {value} at step {step} (lr={lr}): the rate is too high")
@@ -415,8 +422,8 @@ def run_fasttext(train_lines: list[str], test_texts: list[str], test: EncodedSpl
     import fasttext
 
     path = workdir / "train.txt"
-    if not path.exists():
-        path.write_text("\n".join(train_lines) + "\n", encoding="utf-8")
+    if not path.exists():  # atomic: a half-written file here would be reused by the next learning rate
+        atomic_write(path, "\n".join(train_lines) + "\n")
     start = time.perf_counter()
     model = fasttext.train_supervised(input=str(path), dim=dim, lr=lr, epoch=epochs, loss=loss, thread=1,
                                       minCount=1, wordNgrams=ngrams, bucket=2_000_000 if ngrams > 1 else 0,
@@ -567,19 +574,16 @@ def run_table(config: TableConfig, table: str, device: str = "cpu", out: Path | 
         encoded[name] = (vocab, train_split, eval_split, source)
     partial_path = None if out is None else out.with_name(f".{out.name}.partial.json")
     done: dict[str, dict[str, Any]] = {}
-    if partial_path is not None and partial_path.exists():
-        saved = json.loads(partial_path.read_text())
-        if saved.get("config") == _config_json(config):
-            done = saved["rows"]
-            log(f"resuming: {len(done)} rows already done")
+    # an unreadable partial file (truncated by a full disk) is warned about by name and ignored
+    saved = read_json_or_none(partial_path, "partial-table file") if partial_path is not None else None
+    if isinstance(saved, dict) and saved.get("config") == _config_json(config) and isinstance(saved.get("rows"), dict):
+        done = saved["rows"]
+        log(f"resuming: {len(done)} rows already done")
 
     def save_partial() -> None:
         if partial_path is None:
             return
-        partial_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = partial_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"config": _config_json(config), "rows": done}))
-        tmp.replace(partial_path)
+        atomic_write(partial_path, json.dumps({"config": _config_json(config), "rows": done}))
 
     common = {"data": config.data, "stand_in": stand_in, "train_examples": len(data.train_texts),
               "test_examples": len(data.test_texts), "num_labels": data.num_labels, "multilabel": data.multilabel,
@@ -636,7 +640,7 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
         try:
             trained = train_bow(train_split, output, dim, lr, vocab_size=len(vocab), **kwargs)
             scores[lr] = evaluate_bow(trained, valid_split, device=device)["p_at_1"]
-        except FloatingPointError:
+        except (FloatingPointError, NonFiniteInputError):  # diverged in training or in its last steps
             scores[lr] = None
         log(f"  d={dim} {output} lr={lr}: valid P@1 {scores[lr]}")
     vocab, train_split, test_split, source = encoded["test"]
@@ -792,7 +796,7 @@ def _parse_options(scale: str, options: dict[str, Any]) -> TableConfig:
 
     Quick scale (CI, notebooks): a slice of ``cooking`` (or 40 Gutenberg books), ``d = 50``,
     LR grid {0.1, 0.5}. Full scale: the whole stand-in, d in {50, 200}, the paper's grid."""
-    quick = scale == "quick"
+    quick = check_scale(scale) == "quick"
     config = TableConfig()
     if quick:
         config = replace(config, dims=(50,), lr_grid=(0.1, 0.5), vw_lr_grid=(0.5,), train_limit=3000, test_limit=1000,
@@ -808,14 +812,30 @@ def _parse_options(scale: str, options: dict[str, Any]) -> TableConfig:
     def as_opt_int(value: Any) -> int | None:
         return None if value in (None, "", "none", "None") else int(value)
 
-    casts: dict[str, Callable[[Any], Any]] = {
-        "data": str, "test": lambda v: None if v in (None, "", "none") else str(v),
-        "dims": lambda v: as_tuple(v, int), "outputs": lambda v: as_tuple(v, str), "peers": lambda v: as_tuple(v, str),
-        "lr_grid": lambda v: as_tuple(v, float), "vw_lr_grid": lambda v: as_tuple(v, float),
-        "epochs": int, "batch_size": int, "reduce": str, "ngrams": int, "validation_fraction": float,
-        "train_limit": as_opt_int, "test_limit": as_opt_int, "max_books": as_opt_int, "min_label_count": int,
-        "seed": int, "save_trees": as_bool, "reassigns": int, "tree_prior": str, "tree_decay": float,
-        "reset_moved_nodes": as_bool,
+    def optional_str(value: Any) -> str | None:
+        return None if value in (None, "", "none", "None") else str(value)
+
+    # every option parsed and range-checked here; a bad one is a ValueError naming it and its value
+    casts: dict[str, Callable[[str, Any], Any]] = {
+        "data": lambda k, v: str(v).strip(),  # a stand-in or a file: checked when loaded
+        "test": lambda k, v: optional_str(v),
+        "dims": lambda k, v: option_ints(k, v, minimum=1),
+        "outputs": lambda k, v: as_tuple(v, str), "peers": lambda k, v: as_tuple(v, str),
+        "lr_grid": lambda k, v: option_floats(k, v, positive=True),
+        "vw_lr_grid": lambda k, v: option_floats(k, v, positive=True),
+        "epochs": lambda k, v: option_int(k, v, minimum=1), "batch_size": lambda k, v: option_int(k, v, minimum=1),
+        "reduce": lambda k, v: option_choice(k, v, ("mean", "sum")),
+        "ngrams": lambda k, v: option_int(k, v, minimum=1, maximum=2),
+        "validation_fraction": lambda k, v: option_float(k, v, positive=True, below=1.0),
+        "train_limit": lambda k, v: option_int(k, v, minimum=1, allow_none=True),
+        "test_limit": lambda k, v: option_int(k, v, minimum=1, allow_none=True),
+        "max_books": lambda k, v: option_int(k, v, minimum=1, allow_none=True),
+        "min_label_count": lambda k, v: option_int(k, v, minimum=1),
+        "seed": lambda k, v: option_int(k, v, minimum=0), "save_trees": option_bool,
+        "reassigns": lambda k, v: option_int(k, v, minimum=1),
+        "tree_prior": lambda k, v: option_choice(k, v, ("sticky", "uniform")),
+        "tree_decay": lambda k, v: option_float(k, v, minimum=0.0, maximum=1.0),
+        "reset_moved_nodes": option_bool,
     }
     aliases = {"d": "dims", "lr": "lr_grid", "lrs": "lr_grid"}
     updates = {}
@@ -824,9 +844,14 @@ def _parse_options(scale: str, options: dict[str, Any]) -> TableConfig:
         if key not in casts:
             raise ValueError(f"unknown option {key!r}; known: {sorted(casts)}")
         try:
-            updates[key] = casts[key](value)
-        except (TypeError, ValueError) as exc:
+            updates[key] = casts[key](key, value)
+        except ValueError as exc:
+            message = str(exc)
+            raise ValueError(message if message.startswith("option ") else f"option {key}={value!r}: {exc}") from None
+        except TypeError as exc:
             raise ValueError(f"option {key}={value!r}: {exc}") from None
+    if "data" in updates and not updates["data"]:
+        raise ValueError("option data='': data must be one of cooking, gutenberg-books or a fastText file")
     config = replace(config, **updates)
     unknown = [o for o in config.outputs if o not in OUTPUTS]
     if unknown:
@@ -834,60 +859,84 @@ def _parse_options(scale: str, options: dict[str, Any]) -> TableConfig:
     unknown = [p for p in config.peers if p not in PEERS]
     if unknown:
         raise ValueError(f"unknown peers {unknown}; choose from {list(PEERS)}")
+    if not config.outputs and not config.peers:
+        raise ValueError("options outputs and peers are both empty: nothing to run")
     if config.reduce not in ("mean", "sum"):
         raise ValueError(f"reduce must be 'mean' or 'sum', got {config.reduce!r}")
     if config.tree_prior not in ("sticky", "uniform"):
         raise ValueError(f"tree_prior must be 'sticky' or 'uniform', got {config.tree_prior!r}")
     if not 0.0 <= config.tree_decay <= 1.0 or config.reassigns < 1:
         raise ValueError("tree_decay must lie in [0, 1] and reassigns be >= 1")
-    if not config.lr_grid or any(lr <= 0 for lr in config.lr_grid):
+    if not config.lr_grid or any(not (math.isfinite(lr) and lr > 0) for lr in config.lr_grid):
         raise ValueError(f"lr_grid must hold positive rates, got {config.lr_grid}")
+    if "vw-log_multi" in config.peers and not config.vw_lr_grid:
+        raise ValueError("option vw_lr_grid is empty but the vw-log_multi peer runs")
     return config
 
 
-def _run_command(table: str, scale: str, device: str, out: Path | str | None, options: dict[str, Any]) -> Path:
+def _default_out(table: str, scale: str, data: str) -> Path:
+    """Where a table goes without ``out``: under :func:`hsm.results.output_root` (not the committed
+    ``results/``), ``classification/<table>-<data>[-quick].json``."""
+    suffix = "" if scale == "full" else "-quick"
+    return output_path(f"results/classification/{table}-{_data_slug(data)}{suffix}.json")
+
+
+def _run_command(table: str, scale: str, device: str, out: Path | str | None, options: dict[str, Any],
+                 force: bool = False) -> Path:
+    """Check everything (scale, options, device, no larger-scale result at ``out`` unless
+    ``force``: ValueError), then run the table and write its result file."""
     config = _parse_options(scale, options)
+    device = check_device(device)
     name = "table1" if table == "table1" else "table3"
-    if out is None:
-        suffix = "" if scale == "full" else "-quick"
-        out = Path("results/classification") / f"{name}-{_data_slug(config.data)}{suffix}.json"
-    out = Path(out)
+    out = Path(out) if out is not None else _default_out(name, scale, config.data)
+    check_replace(out, scale, force)
     start = time.perf_counter()
     records = run_table(config, table, device=device, out=out)
     prov = provenance(config={**_config_json(config), "table": table, "device": device,
                               "torch_threads": torch.get_num_threads()},
-                      wall_time_s=time.perf_counter() - start)
-    return write_results(out, records, prov)
+                      wall_time_s=time.perf_counter() - start, scale=scale)
+    return write_results(out, records, prov, force=force)
 
 
 @experiment("icml-table1", "ICML Table 1: P@1, train/test time; flat, Huffman (2, 5, 20), learned (5, 20), "
             "fastText, VW; data=cooking|gutenberg-books|<fastText file>",
             "results/classification/table1-cooking.json")
-def icml_table1(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, **options: Any) -> Path:
-    """ICML Table 1 on ``data`` (a stand-in, or a YFCC100M-style fastText file)."""
-    return _run_command("table1", scale, device, out, options)
+def icml_table1(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
+                **options: Any) -> Path:
+    """ICML Table 1 on ``data`` (a stand-in, or a YFCC100M-style fastText file). ``out`` None:
+    ``hsm-results/classification/table1-<data>[-quick].json``; a full-scale file at ``out`` is not
+    replaced by a quick run unless ``force``. ValueError for a bad scale, device or option."""
+    return _run_command("table1", scale, device, out, options, force)
 
 
 @experiment("icml-table3", "ICML supplement Table 3: Table 1 with recall at 1",
             "results/classification/table3-cooking.json")
-def icml_table3(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, **options: Any) -> Path:
+def icml_table3(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
+                **options: Any) -> Path:
     """ICML supplement Table 3 (Table 1 with R@1). Every Table 1 run records recall too, so when
     the Table 1 result file of the same data, scale and options exists (``reuse=auto``, default)
     its rows are re-issued as Table 3 rows instead of training everything again; ``reuse=no``
     re-runs."""
+    options = dict(options)
     reuse = str(options.pop("reuse", "auto")).lower()
     if reuse not in ("auto", "no"):
-        raise ValueError(f"reuse must be 'auto' or 'no', got {reuse!r}")
+        raise ValueError(f"option reuse: reuse must be 'auto' or 'no', got {reuse!r}")
     config = _parse_options(scale, options)
-    suffix = "" if scale == "full" else "-quick"
+    check_device(device)
     if out is not None and Path(out).name.startswith("table3"):
         source = Path(out).with_name(Path(out).name.replace("table3", "table1", 1))
     else:
-        source = Path("results/classification") / f"table1-{_data_slug(config.data)}{suffix}.json"
+        source = _default_out("table1", scale, config.data)
+    payload = None
     if reuse == "auto" and source.exists():
-        from hsm.results import load_results
+        try:
+            payload = load_results(source)
+        except ValueError as exc:  # unreadable: warn by name and train instead
+            import warnings
 
-        payload = load_results(source)
+            warnings.warn(f"ignoring unreadable Table 1 file {source} ({exc}); training Table 3 instead",
+                          stacklevel=2)
+    if payload is not None:
         cfg = {k: v for k, v in payload["provenance"]["config"].items() if k not in ("table", "device", "torch_threads")}
         if cfg == _config_json(config):
             records = []
@@ -901,8 +950,8 @@ def icml_table3(scale: str = "quick", device: str = "cpu", out: Path | str | Non
             out = Path(out) if out is not None else source.with_name(source.name.replace("table1", "table3"))
             prov = dict(payload["provenance"], config={**payload["provenance"]["config"], "table": "table3",
                                                        "derived_from": str(source)})
-            return write_results(out, records, prov)
-    return _run_command("table3", scale, device, out, options)
+            return write_results(out, records, prov, force=force)
+    return _run_command("table3", scale, device, out, options, force)
 
 
 # ---------------------------------------------------------------------------------------------- display

@@ -1,44 +1,77 @@
-"""``python -m hsm run``: list or run the registered experiments."""
+"""``python -m hsm run``: list or run the registered experiments.
+
+Without ``--out`` a run writes under :func:`hsm.results.output_root` (``HSM_OUTPUT``, default
+``./hsm-results``), at the path the experiment registers below ``results/`` (``lm-ptb`` ->
+``hsm-results/lm/ptb.json``): the committed ``results/`` change only when ``--out`` names a file
+there, and a file recorded at full scale is not replaced by a quick run without ``--force``.
+
+Bad input (an unknown experiment or option, an option value out of range, a scale other than
+quick/full, a device torch cannot use here, a refused replacement) is one line on stderr and exit
+status 2, before any work is done.
+"""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
-from . import REGISTRY, get, load_all
+from hsm.data.errors import DataError
+
+from . import REGISTRY, check_device, check_scale, get, load_all
+
+#: keyword arguments the CLI passes itself; ``-o`` may not set them
+_RESERVED = {"scale", "device", "out", "force"}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hsm run", description="Run one experiment (a table or figure).")
+    parser = argparse.ArgumentParser(prog="python -m hsm run", description=__doc__.split("\n\n")[0])
     parser.add_argument("name", nargs="?", help="experiment name; omit (or 'list') to list them")
     parser.add_argument("--scale", choices=["quick", "full"], default=None,
                         help="quick (CI-sized slice) or full (the paper's scale); default: $HSM_SCALE or quick")
-    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    parser.add_argument("--out", type=Path, default=None, help="result file (default: the experiment's own)")
+    parser.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (checked before the run)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="result file (default: the experiment's path under $HSM_OUTPUT or ./hsm-results; "
+                             "--out results/... updates a committed result)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace an existing result file even when it was recorded at a larger scale")
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                         help="experiment-specific option (repeatable)")
     args = parser.parse_args(argv)
     failed = load_all()
     if args.name in (None, "list"):
+        from hsm.results import output_path
+
         for name, exp in sorted(REGISTRY.items()):
-            print(f"{name:28s} {exp.summary}  -> {exp.default_out}")
+            print(f"{name:28s} {exp.summary}  -> {output_path(exp.default_out)}")
         for line in failed:
             print(f"(not available: {line})", file=sys.stderr)
         return 0
     try:
         exp = get(args.name)
-    except ValueError as exc:
-        print(f"hsm run: {exc}", file=sys.stderr)
+        if args.scale is not None:
+            scale = args.scale
+        else:
+            from hsm.config import scale as env_scale
+
+            scale = env_scale()  # HSM_SCALE, validated (ValueError naming it)
+        check_scale(scale)
+        device = check_device(args.device)
+        options: dict[str, str] = {}
+        for item in args.option:
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ValueError(f"option {item!r} is not KEY=VALUE")
+            if key in _RESERVED:
+                raise ValueError(f"option {key!r} is set with --{key}, not -o")
+            if key in options:
+                raise ValueError(f"option {key!r} given twice ({options[key]!r} and {value!r})")
+            options[key] = value
+        path = exp.func(scale=scale, device=device, out=args.out, force=args.force, **options)
+    except (ValueError, DataError) as exc:
+        # bad input: one line naming the problem, no traceback (a bug still raises everything else)
+        message = " ".join(str(exc).split())
+        print(f"hsm run {args.name}: {message}", file=sys.stderr)
         return 2
-    scale = args.scale or os.environ.get("HSM_SCALE", "quick")
-    options = {}
-    for item in args.option:
-        if "=" not in item:
-            print(f"hsm run: option {item!r} is not KEY=VALUE", file=sys.stderr)
-            return 2
-        key, value = item.split("=", 1)
-        options[key] = value
-    path = exp.func(scale=scale, device=args.device, out=args.out, **options)
     print(f"wrote {path}")
     return 0

@@ -41,7 +41,14 @@ the paper.
 
 Long runs are resumable: each (experiment, run) checkpoints after every epoch under
 ``hsm.config.cache_dir()/lm-runs/`` and stores its finished record, so re-running the experiment
-command continues where it stopped.
+command continues where it stopped. Those files are written atomically under unique temporary
+names (two runs of the same command do not collide; a full disk leaves the previous file); a
+finished-run or checkpoint file that cannot be read is ignored with a warning naming it, and
+the run is recomputed (from the checkpoint when only the finished-run file is bad).
+
+Result files go to ``out``, or without it under :func:`hsm.results.output_root`
+(``hsm-results/lm/...``), never over the committed ``results/`` unless ``out`` names them; a
+full-scale file is not replaced by a quick run unless ``force=True``.
 """
 from __future__ import annotations
 
@@ -50,6 +57,7 @@ import json
 import math
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -60,11 +68,12 @@ import torch
 
 from hsm import config as hsm_config
 from hsm.data.lm import UNK, LMCorpus
-from hsm.experiments import experiment
-from hsm.layers import FlatSoftmax, HierarchicalSoftmax, RowSparseAdagrad
+from hsm.experiments import (check_device, check_scale, experiment, option_choice, option_float, option_floats,
+                             option_int)
+from hsm.layers import FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError, RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.sampling import SampledSoftmax
-from hsm.results import make_record, provenance, write_results
+from hsm.results import atomic_write, check_replace, make_record, output_path, provenance, read_json_or_none, write_results
 from hsm.training import TreeLearner
 from hsm.tree import Tree
 
@@ -364,9 +373,39 @@ def _run_dir(experiment_name: str) -> Path:
 
 
 def _atomic_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+    """``torch.save`` through :func:`hsm.results.atomic_write` (unique temporary, fsync, rename)."""
+    atomic_write(path, lambda handle: torch.save(obj, handle))
+
+
+def _load_finished(done_path: Path) -> LMRunResult | None:
+    """The finished run stored in ``done_path``, or None (missing; unreadable or not a run record:
+    warned about by name, and recomputed)."""
+    data = read_json_or_none(done_path, "finished-run file")
+    if data is None:
+        return None
+    try:
+        return LMRunResult(**data)
+    except TypeError as exc:
+        warnings.warn(f"ignoring finished-run file {done_path}: not a run record ({exc}); it will be recomputed",
+                      stacklevel=2)
+        return None
+
+
+def _load_checkpoint(ckpt_path: Path) -> dict[str, Any] | None:
+    """The checkpoint in ``ckpt_path``, or None when missing or unreadable (truncated by a full
+    disk, say: warned about by name; the run then starts over)."""
+    if not ckpt_path.exists():
+        return None
+    try:
+        state = torch.load(ckpt_path, weights_only=False)
+    except Exception as exc:  # noqa: BLE001 - torch/pickle raise many types for a bad file
+        warnings.warn(f"ignoring unreadable checkpoint {ckpt_path} ({type(exc).__name__}: {exc}); "
+                      "the run starts over", stacklevel=2)
+        return None
+    if not isinstance(state, dict) or "model" not in state:
+        warnings.warn(f"ignoring checkpoint {ckpt_path}: not a training checkpoint; the run starts over", stacklevel=2)
+        return None
+    return state
 
 
 def train_lm(
@@ -404,10 +443,14 @@ def train_lm(
         raise ValueError(f"l2 must be >= 0, got {cfg.l2}")
     if cfg.wrt not in ("logp", "p"):
         raise ValueError(f"wrt must be 'logp' (eq. 12) or 'p' (eq. 10), got {cfg.wrt!r}")
-    device = torch.device(device)
+    device = torch.device(check_device(device))
     log = log or (lambda message: None)
     if checkpoint_seconds is None:
-        checkpoint_seconds = float(os.environ.get("HSM_CHECKPOINT_SECONDS", "300"))
+        raw = os.environ.get("HSM_CHECKPOINT_SECONDS", "300")
+        try:
+            checkpoint_seconds = float(raw)
+        except ValueError:
+            raise ValueError(f"HSM_CHECKPOINT_SECONDS must be a number of seconds, got {raw!r}") from None
     if not checkpoint_seconds > 0:
         raise ValueError(f"checkpoint_seconds must be > 0, got {checkpoint_seconds}")
     done_path = ckpt_path = None
@@ -416,9 +459,10 @@ def train_lm(
         stem = f"{cfg.output}-{cfg.key()}-{corpus.name}-{corpus.train.numel()}"
         done_path = checkpoint_dir / f"{stem}.json"
         ckpt_path = checkpoint_dir / f"{stem}.pt"
-        if done_path.exists():
+        finished = _load_finished(done_path)
+        if finished is not None:
             log(f"{cfg.output}: finished earlier, loading {done_path.name}")
-            return LMRunResult(**json.loads(done_path.read_text()))
+            return finished
 
     hsm_config.seed_everything(cfg.seed)
     model = LogBilinearLM(corpus.vocab_size, cfg.dim, cfg.context, sparse=True).to(device)
@@ -445,8 +489,8 @@ def train_lm(
     start_epoch = 0
     resume_step, resume_total, resume_order_state = 0, 0.0, None
     generator = torch.Generator().manual_seed(cfg.seed)
-    if ckpt_path is not None and ckpt_path.exists():
-        state = torch.load(ckpt_path, weights_only=False)
+    state = _load_checkpoint(ckpt_path) if ckpt_path is not None else None
+    if state is not None:
         model.load_state_dict(state["model"])
         if learner is not None:
             output.set_tree(Tree.from_dict(state["tree"]))
@@ -513,7 +557,11 @@ def train_lm(
             _sync(device)
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            loss = output(model(x), y).loss
+            try:
+                loss = output(model(x), y).loss
+            except NonFiniteInputError as exc:  # the representation diverged: the same report as a NaN loss
+                raise FloatingPointError(f"{cfg.output}: non-finite representation at epoch {epoch} step {step} "
+                                         f"(lr {cfg.lr} too large?): {exc}") from exc
             loss.backward()
             if cfg.l2 > 0:
                 _add_l2(parameters, cfg.l2)
@@ -544,9 +592,13 @@ def train_lm(
         record: dict[str, float] = {"epoch": epoch + 1, "train_nll": total / steps_per_epoch}
         last = epoch == cfg.epochs - 1
         if cfg.eval_per_epoch or last:
-            record["valid_perplexity"], _ = _evaluate(model, output, x_valid, y_valid, cfg.batch_size, device)
-            record["test_perplexity"], test_ms = _evaluate(model, output, x_test, y_test, cfg.batch_size, device,
-                                                          timed=last)
+            try:
+                record["valid_perplexity"], _ = _evaluate(model, output, x_valid, y_valid, cfg.batch_size, device)
+                record["test_perplexity"], test_ms = _evaluate(model, output, x_test, y_test, cfg.batch_size, device,
+                                                              timed=last)
+            except NonFiniteInputError as exc:  # the epoch's last steps diverged
+                raise FloatingPointError(f"{cfg.output}: non-finite representation after epoch {epoch + 1} "
+                                         f"(lr {cfg.lr} too large?): {exc}") from exc
             if last:
                 result.test_ms_per_batch = test_ms
         result.epochs.append(record)
@@ -566,7 +618,8 @@ def train_lm(
     if isinstance(output, HierarchicalSoftmax):
         result.tree = output.tree.to_dict()
     if done_path is not None:
-        done_path.write_text(json.dumps(asdict(result)))
+        # atomic: a failed write (full disk) raises here and leaves the checkpoint for the rerun
+        atomic_write(done_path, json.dumps(asdict(result)))
         if ckpt_path is not None and ckpt_path.exists():
             ckpt_path.unlink()
     return result
@@ -577,7 +630,7 @@ def learn_embeddings(corpus: LMCorpus, cfg: LMRunConfig, dim: int = 50, epochs: 
     """Word embeddings of dimension ``dim`` for the clustering tree: the input embeddings ``U``
     of a log-bilinear LM trained with a random-tree HSM (our stand-in for the paper's fastText
     run, which used a hierarchical-softmax loss too)."""
-    device = torch.device(device)
+    device = torch.device(check_device(device))
     hsm_config.seed_everything(cfg.seed + 1000)
     model = LogBilinearLM(corpus.vocab_size, dim, cfg.context, sparse=True).to(device)
     output = HierarchicalSoftmax(dim, Tree.random(corpus.vocab_size, cfg.arity, cfg.depth, seed=cfg.tree_seed + 1000),
@@ -625,26 +678,40 @@ class LMScale:
 
 
 def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
-    """``-o key=value`` strings from the CLI to numbers (LMScale fields)."""
+    """``-o key=value`` options (strings from the CLI, or Python values) to checked LMScale fields.
+
+    Raises ValueError naming the option and its value for an unknown key, a value that does not
+    parse, or one out of range (counts >= 1, arity >= 2, learning rates finite and > 0, a
+    non-empty ``lr_grid``, ``decay`` in [0, 1], ``l2`` >= 0, ...)."""
     known = {f for f in LMScale.__dataclass_fields__}
     out: dict[str, Any] = {}
     for key, value in options.items():
         if key not in known:
             raise ValueError(f"unknown option {key!r}; known: {sorted(known)}")
         if key == "lr_grid":
-            out[key] = tuple(float(v) for v in str(value).split(",")) if isinstance(value, str) else tuple(value)
-        elif key in ("dataset", "description"):
+            out[key] = option_floats(key, value, positive=True)
+        elif key == "dataset":
+            out[key] = option_choice(key, value, ("ptb", "gutenberg"))
+        elif key == "description":
             out[key] = str(value)
-        elif key in ("l2", "decay"):
-            out[key] = float(value)
+        elif key == "l2":
+            out[key] = option_float(key, value, minimum=0.0)
+        elif key == "decay":
+            out[key] = option_float(key, value, minimum=0.0, maximum=1.0)
         elif key == "learn_epochs":
-            number = float(value)
+            number = option_float(key, value, minimum=0.0)
             out[key] = int(number) if number.is_integer() else number
-        elif value in (None, "None", "none"):
-            out[key] = None
+        elif key in _OPTIONAL_COUNTS:
+            out[key] = option_int(key, value, minimum=_OPTIONAL_COUNTS[key], allow_none=True)
         else:
-            out[key] = int(value)
+            out[key] = option_int(key, value, minimum=_COUNT_MINIMUM.get(key, 1))
     return out
+
+
+#: LMScale fields that may be None ("none": the whole corpus / vocabulary), with their minimum
+_OPTIONAL_COUNTS = {"max_books": 1, "vocab_size": 2, "train_tokens": 1, "eval_tokens": 1}
+#: integer LMScale fields whose minimum is not 1
+_COUNT_MINIMUM = {"arity": 2, "select_steps": 0}
 
 
 def _select_lr(corpus: LMCorpus, base: LMRunConfig, tree: Tree | None, sc: LMScale, device, run_dir: Path,
@@ -806,25 +873,25 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
 
 
 def _out_path(out: Path | None, default: str) -> Path:
-    return Path(out) if out is not None else Path(default)
+    """``out``, else ``default`` under :func:`hsm.results.output_root` (not the committed results)."""
+    return output_path(default, out)
 
 
 def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scale: str, device: str,
            seconds: float, tree_files: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
-           training_seconds: float | None = None, extra_config: dict[str, Any] | None = None) -> Path:
+           training_seconds: float | None = None, extra_config: dict[str, Any] | None = None,
+           force: bool = False) -> Path:
     """Write the result file and, beside it, each learned tree with the word counts as
     ``<stem>-<run>-tree.json`` (not a result file: the notebooks draw the tree from it)."""
     path = _out_path(out, default)
+    check_replace(path, scale, force)  # before the tree files: a refused result leaves them alone too
     path.parent.mkdir(parents=True, exist_ok=True)
     for kind, payload in (tree_files or {}).items():
-        tree_path = path.with_name(f"{path.stem}-{kind}-tree.json")
-        tmp = tree_path.with_name(f".{tree_path.name}.tmp")
-        tmp.write_text(json.dumps(payload))
-        os.replace(tmp, tree_path)
+        atomic_write(path.with_name(f"{path.stem}-{kind}-tree.json"), json.dumps(payload))
     prov = provenance(config={"experiment": name, "scale": scale, "device": device, **asdict(sc),
                               "optimizer": "Adagrad", "initial_learned_tree": "random (seed 0)",
                               "clustering_embeddings": "our log-bilinear LM, d=50, random-tree HSM"},
-                      wall_time_s=seconds)
+                      wall_time_s=seconds, scale=scale)
     # a run whose preset was overridden says so in its scale label (the landing page shows it)
     overrides = {k: v for k, v in (options or {}).items() if k != "description"}
     prov["hsm_scale"] = scale if not overrides else (
@@ -832,14 +899,15 @@ def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scal
     prov["config"]["overrides"] = overrides
     prov["config"]["training_seconds"] = training_seconds
     prov["config"].update(extra_config or {})
-    return write_results(path, records, prov)
+    return write_results(path, records, prov, force=force)
 
 
 def _scale_for(name: str, scale: str, options: dict[str, Any]) -> LMScale:
-    if scale not in ("quick", "full"):
-        raise ValueError(f"scale must be 'quick' or 'full', got {scale!r}")
+    """The preset of ``name`` at ``scale`` with ``options`` applied (all checked: ValueError)."""
     presets = SCALES[name]
-    sc = replace(presets[scale], **_parse_options(options))
+    sc = replace(presets[check_scale(scale)], **_parse_options(options))
+    if sc.max_books is not None and sc.dataset != "gutenberg":
+        raise ValueError(f"option max_books={sc.max_books}: only the gutenberg dataset has books")
     return sc
 
 
@@ -894,11 +962,17 @@ RUN_FOLDER = {"lm-ptb-schedules": "lm-ptb"}
 
 def _run_experiment(name: str, scale: str, device: str, out: Path | None, options: dict[str, Any],
                     outputs: Sequence[str], claim_prefix: str, claim_kind: str,
-                    schedules: Callable[[LMScale], list[tuple[str, int]]] | None = None) -> Path:
+                    schedules: Callable[[LMScale], list[tuple[str, int]]] | None = None,
+                    force: bool = False) -> Path:
     """Run one registered experiment: train its output layers, write its records (claims only
-    when the data are the paper's: full vocabulary, all tokens), save its learned trees."""
+    when the data are the paper's: full vocabulary, all tokens), save its learned trees.
+
+    Everything is checked before training starts (ValueError): the scale, the device, the
+    options, and that ``out`` does not hold a larger-scale result (unless ``force``)."""
     start = time.perf_counter()
     sc = _scale_for(name, scale, options)
+    device = check_device(device)
+    check_replace(_out_path(out, DEFAULT_OUT[name]), scale, force)
     table = run_table(name, sc, outputs, device, schedules=schedules(sc) if schedules else None)
     if sc.dataset == "ptb":
         paper_data = sc.vocab_size is None and sc.train_tokens is None
@@ -914,7 +988,7 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
     records = _records(table, sc, claim_prefix if scale == "full" and paper_data else None, claim_kind, scale,
                        trees, _out_path(out, DEFAULT_OUT[name]).stem)
     return _write(name, out, DEFAULT_OUT[name], records, sc, scale, device, time.perf_counter() - start, trees,
-                  options, training_seconds)
+                  options, training_seconds, force=force)
 
 
 def _ptb_schedules(sc: LMScale) -> list[tuple[str, int]]:
@@ -924,34 +998,39 @@ def _ptb_schedules(sc: LMScale) -> list[tuple[str, int]]:
 
 
 @experiment("lm-ptb", "arXiv Table 1 (PTB): flat, random, learned tree; 25-ary depth 3, T=3", DEFAULT_OUT["lm-ptb"])
-def run_lm_ptb(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
-    """arXiv Table 1, PTB columns."""
+def run_lm_ptb(scale: str = "quick", device: str = "cpu", out: Path | None = None, force: bool = False,
+               **options: Any) -> Path:
+    """arXiv Table 1, PTB columns. ``out`` None: ``hsm-results/lm/ptb.json`` (see the module
+    docstring); ValueError for a bad scale, device or option, or a refused replacement."""
     return _run_experiment("lm-ptb", scale, device, out, options, ("flat", "random", "learned"),
-                           "arxiv2016.table1.ptb", "arxiv")
+                           "arxiv2016.table1.ptb", "arxiv", force=force)
 
 
 @experiment("lm-ptb-schedules", "arXiv Fig. 3 (PTB): perplexity per epoch, learn 1+fine-tune 3, learn 3+1, "
             "random, flat", DEFAULT_OUT["lm-ptb-schedules"])
-def run_lm_ptb_schedules(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+def run_lm_ptb_schedules(scale: str = "quick", device: str = "cpu", out: Path | None = None, force: bool = False,
+                         **options: Any) -> Path:
     """arXiv Fig. 3 (PTB): the two tree-learning schedules against the random tree and flat."""
     return _run_experiment("lm-ptb-schedules", scale, device, out, options, ("flat", "random"), "", "arxiv",
-                           schedules=_ptb_schedules)
+                           schedules=_ptb_schedules, force=force)
 
 
 @experiment("lm-gutenberg-65", "ICML Table 2 + Fig. 2 (Gutenberg): clustering, random, flat, learned; 65-ary "
             "depth 3, T=4", DEFAULT_OUT["lm-gutenberg-65"])
-def run_lm_gutenberg_65(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+def run_lm_gutenberg_65(scale: str = "quick", device: str = "cpu", out: Path | None = None, force: bool = False,
+                        **options: Any) -> Path:
     """ICML Table 2 and Fig. 2."""
     return _run_experiment("lm-gutenberg-65", scale, device, out, options,
-                           ("clustering", "random", "flat", "learned"), "icml2017.table2", "icml")
+                           ("clustering", "random", "flat", "learned"), "icml2017.table2", "icml", force=force)
 
 
 @experiment("lm-gutenberg-75", "arXiv Table 1 (Gutenberg columns): flat, random, learned; 75-ary depth 3, T=4",
             DEFAULT_OUT["lm-gutenberg-75"])
-def run_lm_gutenberg_75(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+def run_lm_gutenberg_75(scale: str = "quick", device: str = "cpu", out: Path | None = None, force: bool = False,
+                        **options: Any) -> Path:
     """arXiv Table 1, Gutenberg columns."""
     return _run_experiment("lm-gutenberg-75", scale, device, out, options, ("flat", "random", "learned"),
-                           "arxiv2016.table1.gutenberg", "arxiv")
+                           "arxiv2016.table1.gutenberg", "arxiv", force=force)
 
 
 # ======================================================================= ablation: why the learned tree gains little
@@ -1106,7 +1185,7 @@ DEFAULT_OUT["lm-ptb-ablation"] = f"{RESULTS_DIR}/ptb-ablation.json"
 @experiment("lm-ptb-ablation", "Why the learned tree gains little over the random tree (PTB, reduced): one "
             "change at a time (rebuild rate, statistics decay and prior, ranking, learning rate, schedule)",
             DEFAULT_OUT["lm-ptb-ablation"])
-def run_lm_ptb_ablation(scale: str = "quick", device: str = "cpu", out: Path | None = None,
+def run_lm_ptb_ablation(scale: str = "quick", device: str = "cpu", out: Path | None = None, force: bool = False,
                         **options: Any) -> Path:
     """Ablation of the learned tree's setting on a reduced PTB (``-o variants=base,decay_0,...``
     picks a subset of :data:`ABLATION_VARIANTS`; the other options are LMScale fields)."""
@@ -1116,6 +1195,11 @@ def run_lm_ptb_ablation(scale: str = "quick", device: str = "cpu", out: Path | N
     variants = (list(ABLATION_VARIANTS) if variants is None else
                 [v for v in (variants.split(",") if isinstance(variants, str) else variants) if v])
     sc = _scale_for("lm-ptb-ablation", scale, options)
+    unknown = [v for v in variants if v not in ABLATION_VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"option variants: unknown or no ablation variants {unknown}; known: {list(ABLATION_VARIANTS)}")
+    device = check_device(device)
+    check_replace(_out_path(out, DEFAULT_OUT["lm-ptb-ablation"]), scale, force)
     table = run_ablation(sc, variants, device)
     records = _ablation_records(table, sc, scale)
     training_seconds = sum(run.seconds for run in table["runs"].values())
@@ -1124,7 +1208,7 @@ def run_lm_ptb_ablation(scale: str = "quick", device: str = "cpu", out: Path | N
                                                             if variants != list(ABLATION_VARIANTS) else {})),
                   training_seconds, extra_config={
                       "variants": {v: _ablation_changes(v, sc.epochs) for v in variants},
-                      "initial_learned_tree": "random (seed 0), the random_seed0 run's tree"})
+                      "initial_learned_tree": "random (seed 0), the random_seed0 run's tree"}, force=force)
 
 
 # ============================================================================ reading results (notebooks)

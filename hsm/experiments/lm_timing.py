@@ -33,11 +33,11 @@ from typing import Any
 import torch
 
 from hsm import config as hsm_config
-from hsm.experiments import experiment
+from hsm.experiments import check_device, check_scale, experiment, option_choices, option_int
 from hsm.experiments.lm import _slice, _sync, load_lm_corpus
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax, RowSparseAdagrad
 from hsm.models import LogBilinearLM
-from hsm.results import make_record, provenance, write_results
+from hsm.results import check_replace, make_record, output_path, provenance, write_results
 from hsm.training import TreeLearner
 from hsm.tree import Tree
 
@@ -78,7 +78,7 @@ def time_language_model(corpus, output: str, arity: int, context: int, reassign_
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
     if steps < 1 or warmup < 0 or test_batches < 1:
         raise ValueError(f"steps and test_batches must be >= 1 and warmup >= 0 (got {steps}, {test_batches}, {warmup})")
-    device = torch.device(device)
+    device = torch.device(check_device(device))
     hsm_config.seed_everything(seed)
     vocab = corpus.vocab_size
     depth = 3
@@ -159,22 +159,28 @@ def time_language_model(corpus, output: str, arity: int, context: int, reassign_
 
 @experiment("lm-timing", "ICML Table 2 / arXiv Table 1 timing columns at the papers' full vocabularies "
             "(ms per training and test batch; flat, random, learned)", DEFAULT_OUT)
-def run_lm_timing(scale: str = "quick", device: str = "cpu", out: Path | None = None, **options: Any) -> Path:
+def run_lm_timing(scale: str = "quick", device: str = "cpu", out: Path | None = None, force: bool = False,
+                  **options: Any) -> Path:
     """Time every table of :data:`TIMING_SETTINGS` in the scale's list; options override the
-    scale's settings (``steps``, ``warmup``, ``test_batches``, ``tables`` as a comma list)."""
-    if scale not in SCALES:
-        raise ValueError(f"scale must be one of {sorted(SCALES)}, got {scale!r}")
-    settings = dict(SCALES[scale])
+    scale's settings (``steps``, ``warmup``, ``test_batches``, ``train_tokens``, ``eval_tokens``,
+    ``tables`` as a comma list). ``out`` None: ``hsm-results/lm/timing.json``; a full-scale file is
+    not replaced by a quick run unless ``force``. ValueError for a bad scale, device or option
+    (counts >= 1, ``warmup`` >= 0, known tables), before any work."""
+    settings = dict(SCALES[check_scale(scale)])
     for key, value in options.items():
         if key == "tables":
-            settings["tables"] = tuple(str(value).split(",")) if isinstance(value, str) else tuple(value)
+            tables = [str(t).strip() for t in (str(value).split(",") if isinstance(value, str) else value)]
+            unknown = [t for t in tables if t and t not in TIMING_SETTINGS]
+            if unknown:
+                raise ValueError(f"unknown tables {unknown}; choose from {sorted(TIMING_SETTINGS)}")
+            settings["tables"] = option_choices(key, ",".join(tables), tuple(TIMING_SETTINGS))
         elif key in ("steps", "warmup", "test_batches", "train_tokens", "eval_tokens"):
-            settings[key] = int(value)
+            settings[key] = option_int(key, value, minimum=0 if key == "warmup" else 1)
         else:
             raise ValueError(f"unknown option {key!r} (steps, warmup, test_batches, train_tokens, eval_tokens, tables)")
-    unknown = [t for t in settings["tables"] if t not in TIMING_SETTINGS]
-    if unknown:
-        raise ValueError(f"unknown tables {unknown}; choose from {sorted(TIMING_SETTINGS)}")
+    device = check_device(device)
+    path = output_path(DEFAULT_OUT, out)
+    check_replace(path, scale, force)
     hsm_config.configure_threads()  # HSM_THREADS, else torch's default (all cores: time on an idle machine)
     begin = time.perf_counter()
     records = []
@@ -220,7 +226,7 @@ def run_lm_timing(scale: str = "quick", device: str = "cpu", out: Path | None = 
                                                                           for k, v in settings.items()},
                   optimizer="Adagrad (hsm.RowSparseAdagrad), lr 0.05", batch_size=128, dim=200,
                   timing="median wall time per step / test batch after warm-up, one process, all outputs in one run")
-    prov = provenance(config, wall)
+    prov = provenance(config, wall, scale=scale)
     prov["hsm_scale"] = ("full vocabulary, timing only" if scale == "full"
                          else f"{scale}: PTB capped to {settings['vocab_size']} words")
-    return write_results(out or DEFAULT_OUT, records, prov)
+    return write_results(path, records, prov, force=force)

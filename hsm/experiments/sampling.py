@@ -36,7 +36,6 @@ result file.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -48,8 +47,9 @@ import torch
 
 from hsm import sampling as S
 from hsm.config import seed_everything
-from hsm.experiments import experiment
-from hsm.results import make_record, provenance, write_results
+from hsm.experiments import (check_device, check_scale, experiment, option_choice, option_float, option_floats,
+                             option_int, option_ints)
+from hsm.results import check_replace, make_record, output_path, provenance, write_results
 
 __all__ = ["SoftmaxRegressionProblem", "make_problem", "train_softmax_regression", "METHODS", "run_fig2", "run_fig1",
            "LM_METHODS", "run_lm_ptb_sampling", "lm_rows"]
@@ -220,8 +220,28 @@ def _pick_lr(problem: SoftmaxRegressionProblem, method: str, grid: list[float], 
     return best if best is not None else min(grid)
 
 
+#: how each Fig. 1 / Fig. 2 option is parsed and range-checked (ValueError naming it and its value)
+_FIG_CHECKS = {
+    "num_points": lambda k, v: option_int(k, v, minimum=1), "dim": lambda k, v: option_int(k, v, minimum=1),
+    "num_classes": lambda k, v: option_int(k, v, minimum=2), "batch_size": lambda k, v: option_int(k, v, minimum=1),
+    "num_negatives": lambda k, v: option_int(k, v, minimum=1),
+    "momentum": lambda k, v: option_float(k, v, minimum=0.0, below=1.0),
+    "score_scale": lambda k, v: option_float(k, v, positive=True),
+    "iterations": lambda k, v: option_int(k, v, minimum=1), "eval_every": lambda k, v: option_int(k, v, minimum=1),
+    "lr_exact": lambda k, v: option_float(k, v, positive=True),
+    "seeds": lambda k, v: list(option_ints(k, v, minimum=0)),
+    "explicit": lambda k, v: option_choice(k, v, ("minibatch", "target")),
+    "blackout_power": lambda k, v: option_float(k, v, minimum=0.0),
+    "lr_grid": lambda k, v: list(option_floats(k, v, positive=True)),
+    "lr_pick_iterations": lambda k, v: option_int(k, v, minimum=1),
+    "pick_lr": lambda k, v: option_int(k, v, minimum=0, maximum=1),
+}
+
+
 def _settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
-    quick = scale == "quick"
+    """The Fig. 1 / Fig. 2 preset of ``scale`` with ``options`` applied; ValueError naming an unknown
+    option or a bad value (counts >= 1, rates finite and > 0, momentum in [0, 1), ...)."""
+    quick = check_scale(scale) == "quick"
     cfg = {
         "num_points": 2000, "dim": 100, "num_classes": 1000, "batch_size": 50, "num_negatives": 20,
         "momentum": 0.99, "score_scale": 3.0, "iterations": 200 if quick else 2000, "eval_every": 20 if quick else 25,
@@ -232,7 +252,11 @@ def _settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
     for key, value in options.items():
         if key not in cfg:
             raise ValueError(f"unknown option {key!r}; known: {sorted(cfg)}")
-        cfg[key] = type(cfg[key])(value) if not isinstance(cfg[key], list) else [type(cfg[key][0])(v) for v in str(value).split(",")]
+        cfg[key] = _FIG_CHECKS[key](key, value)
+    if cfg["batch_size"] > cfg["num_points"]:
+        raise ValueError(f"option batch_size={cfg['batch_size']}: more than the {cfg['num_points']} points (num_points)")
+    if cfg["num_negatives"] >= cfg["num_classes"]:
+        raise ValueError(f"option num_negatives={cfg['num_negatives']}: must be < num_classes={cfg['num_classes']}")
     return cfg
 
 
@@ -277,16 +301,23 @@ def _run_methods(cfg: dict[str, Any], methods: dict[str, dict[str, Any]], figure
 
 
 def _default_path(out: Path | str | None, default: str) -> Path:
-    return Path(out) if out is not None else Path(__file__).resolve().parents[2] / default
+    """``out``, else ``default`` under :func:`hsm.results.output_root` (not the committed results)."""
+    return output_path(default, out)
 
 
 @experiment("sampling-fig2", "Barber & Botev Fig. 2: exact LL and bias of likelihood approximations, softmax regression",
             "results/sampling/fig2.json")
-def run_fig2(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, **options: Any) -> Path:
-    """Fig. 2 (plus NCE and negative sampling, which the paper leaves out as 'very poor')."""
+def run_fig2(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
+             **options: Any) -> Path:
+    """Fig. 2 (plus NCE and negative sampling, which the paper leaves out as 'very poor'). ``out``
+    None: ``hsm-results/sampling/fig2.json``; a full-scale file is not replaced by a quick run
+    unless ``force``. ValueError for a bad scale, device or option, before any work."""
     start = time.perf_counter()
-    torch.set_num_threads(1)  # small matrices: one thread, no oversubscription on a shared machine
     cfg = _settings(scale, options)
+    check_device(device)
+    path = _default_path(out, "results/sampling/fig2.json")
+    check_replace(path, scale, force)
+    torch.set_num_threads(1)  # small matrices: one thread, no oversubscription on a shared machine
     log_c = S.ranking_offset(cfg["num_classes"])
     methods = {
         "exact": {"method": "exact"},
@@ -300,18 +331,22 @@ def run_fig2(scale: str = "quick", device: str = "cpu", out: Path | str | None =
     }
     records, rates = _run_methods(cfg, methods, "fig2")
     cfg = dict(cfg, device=device, learning_rates=rates, log_C_minus_1=log_c)
-    return write_results(_default_path(out, "results/sampling/fig2.json"), records,
-                         provenance(cfg, time.perf_counter() - start))
+    return write_results(path, records, provenance(cfg, time.perf_counter() - start, scale=scale), force=force)
 
 
 @experiment("sampling-fig1", "Barber & Botev Fig. 1: ranking objective, sweep of the offset alpha (log(C-1) suggested)",
             "results/sampling/fig1.json")
-def run_fig1(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, **options: Any) -> Path:
+def run_fig1(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
+             **options: Any) -> Path:
     """Fig. 1: ranking with several alpha, including 1, log(499) = 6.2126 (the paper's printed
-    value) and log(C - 1) = 6.9068 for C = 1000; the exact gradient beside them."""
+    value) and log(C - 1) = 6.9068 for C = 1000; the exact gradient beside them. ``out``, ``force``
+    and the checks as :func:`run_fig2`."""
     start = time.perf_counter()
-    torch.set_num_threads(1)  # small matrices: one thread, no oversubscription on a shared machine
     cfg = _settings(scale, options)
+    check_device(device)
+    path = _default_path(out, "results/sampling/fig1.json")
+    check_replace(path, scale, force)
+    torch.set_num_threads(1)  # small matrices: one thread, no oversubscription on a shared machine
     log_c = S.ranking_offset(cfg["num_classes"])
     alphas = [0.0, 1.0, 3.0, math.log(499), log_c, 9.0, 12.0] if scale != "quick" else [1.0, log_c, 12.0]
     methods: dict[str, dict[str, Any]] = {"exact": {"method": "exact"}}
@@ -319,8 +354,7 @@ def run_fig1(scale: str = "quick", device: str = "cpu", out: Path | str | None =
         methods[f"ranking_alpha{a:.4f}"] = {"method": "ranking", "alpha": a}
     records, rates = _run_methods(cfg, methods, "fig1")
     cfg = dict(cfg, device=device, learning_rates=rates, alphas=alphas, log_C_minus_1=log_c)
-    return write_results(_default_path(out, "results/sampling/fig1.json"), records,
-                         provenance(cfg, time.perf_counter() - start))
+    return write_results(path, records, provenance(cfg, time.perf_counter() - start, scale=scale), force=force)
 
 
 # ============================================================================ beyond the paper: "tree or sampling?"
@@ -335,9 +369,7 @@ LM_METHOD_NAMES = {"importance": "importance sampling (Eq. 22-23)", "bernoulli":
 
 def _lm_settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
     """Settings of ``lm-ptb-sampling``; ``options`` (strings from the CLI) override them."""
-    if scale not in ("quick", "full"):
-        raise ValueError(f"scale must be 'quick' or 'full', got {scale!r}")
-    quick = scale == "quick"
+    quick = check_scale(scale) == "quick"
     cfg: dict[str, Any] = {
         # the data and model of lm-ptb (results/lm/ptb.json): log-bilinear LM, d = 200, T = 3, batch 128, Adagrad
         "vocab_size": 2000 if quick else 0, "train_tokens": 100_000 if quick else 0,
@@ -361,11 +393,16 @@ def _lm_settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
     for key, value in options.items():
         if key not in cfg:
             raise ValueError(f"unknown option {key!r}; known: {sorted(cfg)}")
-        if isinstance(cfg[key], list):
+        if key == "lr_grid":
+            cfg[key] = list(option_floats(key, value, positive=True))
+        elif isinstance(cfg[key], list):
             items = [v for v in str(value).split(",") if v] if isinstance(value, str) else list(value)
-            cfg[key] = [float(v) for v in items] if key == "lr_grid" else [str(v) for v in items]
+            cfg[key] = [str(v).strip() for v in items]
         else:
-            cfg[key] = int(value)
+            # 0 means "the whole split / vocabulary" (vocab_size, train_tokens, eval_tokens) or "choose" (arity)
+            cfg[key] = option_int(key, value, minimum=_LM_MINIMUM.get(key, 1))
+            if key in ("vocab_size", "arity") and cfg[key] == 1:
+                raise ValueError(f"option {key}=1: must be 0 (automatic) or >= 2")
     from hsm.experiments.lm import SAMPLED_KINDS
 
     for item in cfg["more_negatives"]:
@@ -381,6 +418,11 @@ def _lm_settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
     if not cfg["lr_grid"] or min(cfg["lr_grid"]) <= 0:
         raise ValueError("lr_grid must hold positive learning rates")
     return cfg
+
+
+#: lm-ptb-sampling integer options whose minimum is not 1 (0 has a meaning for them)
+_LM_MINIMUM = {"vocab_size": 0, "train_tokens": 0, "eval_tokens": 0, "select_steps": 0, "lr_extend": 0, "arity": 0,
+               "seed": 0}
 
 
 class _SparseSampledOutputs:
@@ -461,7 +503,7 @@ def _tree_arity(vocab_size: int) -> int:
             "(importance, Bernoulli, BlackOut, negative sampling, ranking, NCE), exact perplexity and ms/step",
             "results/sampling/lm-ptb.json")
 def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | str | None = None,
-                        **options: Any) -> Path:
+                        force: bool = False, **options: Any) -> Path:
     """"Tree or sampling?": the log-bilinear LM of ``lm-ptb`` (arXiv Table 1's PTB setting) with its
     output layer trained by each approximation of Barber & Botev (seed 004), evaluated exactly.
 
@@ -488,7 +530,10 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
 
     start = time.perf_counter()
     cfg = _lm_settings(scale, options)
-    torch.set_num_threads(int(os.environ.get("HSM_THREADS", "1")))  # a shared machine: see hsm.experiments.lm
+    device = check_device(device)
+    path = _default_path(out, "results/sampling/lm-ptb.json")
+    check_replace(path, scale, force)  # before any training: the result file is rewritten after every run
+    hsm_config.configure_threads(default=1)  # HSM_THREADS (checked), else 1: a shared machine, see hsm.experiments.lm
     corpus = load_lm_corpus("ptb", vocab_size=cfg["vocab_size"] or None, train_tokens=cfg["train_tokens"] or None,
                             eval_tokens=cfg["eval_tokens"] or None)
     arity = cfg["arity"] or _tree_arity(corpus.vocab_size)
@@ -498,7 +543,6 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
     if scale == "full":
         run_dir = hsm_config.cache_dir() / "lm-runs" / "lm-ptb-sampling"
         run_dir.mkdir(parents=True, exist_ok=True)
-    path = _default_path(out, "results/sampling/lm-ptb.json")
     base = LMRunConfig(output="flat", context=cfg["context"], dim=cfg["dim"], arity=arity, depth=3,
                        batch_size=cfg["batch_size"], epochs=cfg["epochs"], seed=cfg["seed"],
                        num_negatives=cfg["num_negatives"])
@@ -530,8 +574,8 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
                                explicit="minibatch (importance, Bernoulli: the minibatch's classes summed exactly, "
                                         "K negatives shared by the minibatch)",
                                note="beyond the papers: no paper number to compare with"),
-                          time.perf_counter() - start)
-        return write_results(path, records + extra, prov)
+                          time.perf_counter() - start, scale=scale)
+        return write_results(path, records + extra, prov, force=force)
 
     with _SparseSampledOutputs():
         for label, kind, k in plan:

@@ -35,9 +35,10 @@ from torch import nn
 
 from hsm import paper
 from hsm.config import seed_everything
-from hsm.experiments import experiment
+from hsm.experiments import (check_device, check_scale, experiment, option_choices, option_float, option_int,
+                             option_ints)
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
-from hsm.results import make_record, provenance, write_results
+from hsm.results import check_replace, make_record, output_path, provenance, write_results
 from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classification_metrics, encode_texts
 from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
@@ -185,8 +186,28 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int) -> dict[st
     return out
 
 
+#: how each option is parsed and range-checked (ValueError naming the option and its value)
+_OPTION_CHECKS = {
+    "seeds": lambda k, v: list(option_ints(k, v, minimum=0)),
+    "models": lambda k, v: list(option_choices(k, v, MODELS)),
+    "embed_dim": lambda k, v: option_int(k, v, minimum=1), "hidden_size": lambda k, v: option_int(k, v, minimum=1),
+    "max_tokens": lambda k, v: option_int(k, v, minimum=1), "max_vocab": lambda k, v: option_int(k, v, minimum=2),
+    "min_count": lambda k, v: option_int(k, v, minimum=1),
+    "dropout": lambda k, v: option_float(k, v, minimum=0.0, below=1.0),
+    "lr": lambda k, v: option_float(k, v, positive=True), "batch_size": lambda k, v: option_int(k, v, minimum=1),
+    "max_epochs": lambda k, v: option_int(k, v, minimum=1), "patience": lambda k, v: option_int(k, v, minimum=1),
+    "valid_fraction": lambda k, v: option_float(k, v, positive=True, below=1.0),
+    "train_limit": lambda k, v: option_int(k, v, minimum=0),  # 0: no limit
+    "test_limit": lambda k, v: option_int(k, v, minimum=0),
+    "reassign_per_epoch": lambda k, v: option_int(k, v, minimum=1),
+    "learn_tree_epochs": lambda k, v: option_int(k, v, minimum=0),
+}
+
+
 def _settings(scale: str, data: str, options: dict[str, Any]) -> dict[str, Any]:
-    quick = scale == "quick"
+    """The preset of ``scale`` with ``options`` applied; ValueError naming an unknown option or a
+    bad value (counts >= 1, rates finite and > 0, fractions in (0, 1), known models)."""
+    quick = check_scale(scale) == "quick"
     cfg: dict[str, Any] = {
         "data": data, "seeds": [0] if quick else [0, 1, 2], "models": list(MODELS),
         "embed_dim": 16 if quick else 100, "hidden_size": 16 if quick else DATASETS[data][3],
@@ -200,10 +221,7 @@ def _settings(scale: str, data: str, options: dict[str, Any]) -> dict[str, Any]:
             continue
         if key not in cfg:
             raise ValueError(f"unknown option {key!r}; known: {sorted(cfg)}")
-        if isinstance(cfg[key], list):
-            cfg[key] = [int(v) if key == "seeds" else v for v in str(value).split(",")]
-        else:
-            cfg[key] = type(cfg[key])(value)
+        cfg[key] = _OPTION_CHECKS[key](key, value)
     for model in cfg["models"]:
         if model not in MODELS:
             raise ValueError(f"unknown model {model!r}; known: {MODELS}")
@@ -213,17 +231,23 @@ def _settings(scale: str, data: str, options: dict[str, Any]) -> dict[str, Any]:
 @experiment("taxonomy-tables", "Schuurmans & Frasincar Tables 1-4: BiLSTM, flat vs taxonomy HSM (+ learned tree)",
             "results/taxonomy/trec.json")
 def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | str | None = None,
-                        data: str = "trec", **options: Any) -> Path:
-    """One table of seed 003 (``data`` = trec, 20ng, r8 or r52) at the configured scale."""
+                        data: str = "trec", force: bool = False, **options: Any) -> Path:
+    """One table of seed 003 (``data`` = trec, 20ng, r8 or r52) at the configured scale.
+
+    ``out`` None: ``hsm-results/taxonomy/<data>.json`` (:func:`hsm.results.output_path`); a
+    full-scale file at ``out`` is not replaced by a quick run unless ``force``. ValueError for a
+    bad scale, data, device (CPU only) or option, before any training."""
     from hsm.data import load_text_classification
 
     if data not in DATASETS:
         raise ValueError(f"data must be one of {sorted(DATASETS)}, got {data!r}")
-    if device != "cpu":
+    cfg = _settings(scale, data, options)
+    if torch.device(check_device(device)).type != "cpu":
         raise ValueError("taxonomy-tables runs on the CPU only (small models, batch size 10)")
+    path = output_path(f"results/taxonomy/{data}.json", out)
+    check_replace(path, scale, force)
     start = time.perf_counter()
     torch.set_num_threads(1)  # batch-10 LSTM steps are too small to gain from threads on a shared machine
-    cfg = _settings(scale, data, options)
     loader, table, key, _ = DATASETS[data]
     dataset = load_text_classification(loader)
     if cfg["test_limit"] and len(dataset.test_texts) > cfg["test_limit"]:
@@ -232,7 +256,6 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
         keep = np.arange(cfg["test_limit"])
         dataset = replace(dataset, test_texts=dataset.test_texts.subset(keep),
                           test_labels=np.asarray(dataset.test_labels)[keep])
-    path = Path(out) if out is not None else Path(__file__).resolve().parents[2] / f"results/taxonomy/{data}.json"
     run_records: list[dict[str, Any]] = []
     per_model: dict[tuple[str, str], list[float]] = {}
     info = dict(device=device, loader=loader, test_examples=len(dataset.test_texts),
@@ -249,7 +272,8 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
             # write after every run, so a run cut short still leaves its finished part (marked incomplete)
             done = len(run_records) == len(cfg["seeds"]) * len(cfg["models"])
             records = run_records + _mean_records(per_model, table, key, data, scale, cfg["seeds"])
-            path = write_results(path, records, provenance(dict(cfg, **info, complete=done), time.perf_counter() - start))
+            path = write_results(path, records, provenance(dict(cfg, **info, complete=done), time.perf_counter() - start,
+                                                           scale=scale), force=force)
     return path
 
 
