@@ -4,7 +4,11 @@ Language modelling: :func:`load_ptb`, :func:`load_gutenberg` return an :class:`L
 Classification: :func:`load_text_classification` (``cooking``, ``gutenberg-books``, ``trec-coarse``,
 ``trec-fine``, ``20ng``, ``r8``, ``r52``) and :func:`load_fasttext_file` return a
 :class:`TextClassificationData`. Acquisition (cache -> mirror -> download, sha256-verified) is in
-:mod:`hsm.data.fetch`; the command line is ``python -m hsm data {list,fetch,verify,info}``.
+:mod:`hsm.data.fetch`; the command line is ``python -m hsm data {list,fetch,verify,info,build}``.
+
+Reliability: every file the layer writes goes through one atomic writer (:func:`hsm.data.fetch.atomic_write`); a
+cached download with a wrong sha256 is fetched again, and a damaged processed corpus rebuilt, each with a
+:class:`CacheWarning` naming the file; see :mod:`hsm.data.fetch` and :mod:`hsm.data.gutenberg`.
 """
 from __future__ import annotations
 
