@@ -503,3 +503,32 @@ def test_optimiser_valid_settings_accept_numpy_numbers():
 def test_learner_settings(kwargs, exc, message):
     with pytest.raises(exc, match=message):
         TreeLearner(HierarchicalSoftmax(4, Tree.random(9, 3, 2)), **kwargs)
+
+
+@PATHS
+def test_layer_copies_and_pickles_after_inference(tmp_path, kernels):
+    """The inference buffers (per thread) stay behind: deepcopy and torch.save(layer) work after
+    predict / topk, and the copy computes the same."""
+    import copy
+
+    layer = _layer(kernels)
+    h = torch.randn(4, 5)
+    expected = layer.topk(h, 3).indices, layer.predict(h)
+    twin = copy.deepcopy(layer)
+    torch.save(layer, tmp_path / "layer.pt")
+    loaded = torch.load(tmp_path / "layer.pt", weights_only=False)
+    for other in (twin, loaded):
+        assert torch.equal(other.topk(h, 3).indices, expected[0]) and torch.equal(other.predict(h), expected[1])
+
+
+@PATHS
+def test_target_and_batch_chunk_errors(kernels):
+    layer = _layer(kernels)
+    with pytest.raises(TypeError, match="integer tensor of label ids .* got torch.float32"):
+        layer(torch.randn(2, 5), torch.tensor([0.0, 1.0]))
+    with pytest.raises(TypeError, match="got list"):
+        layer(torch.randn(2, 5), [0, 1])
+    with pytest.raises(ValueError, match="batch_chunk must be >= 1, got 0"):
+        layer.log_prob(torch.randn(2, 5), batch_chunk=0)
+    with pytest.raises(TypeError, match="batch_chunk must be an integer"):
+        layer.log_prob(torch.randn(2, 5), batch_chunk=2.5)
