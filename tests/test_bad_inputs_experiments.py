@@ -479,3 +479,17 @@ def test_bench_refuses_to_replace_a_full_result_with_a_quick_one(tmp_path, capsy
     path = _result(tmp_path / "cpu.json", "full")
     assert bench.main(["--quick", "--json", str(path)]) == 2
     assert "refusing to replace" in capsys.readouterr().err and results.recorded_scale(path) == "full"
+
+
+def test_a_finished_run_says_which_device_it_trained_on(tmp_path) -> None:
+    # a run finished on one device and loaded by a command on another keeps that device's timings: say so
+    corpus, tree, cfg = _toy_run()
+    run = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "runs")
+    assert run.device == "cpu"
+    (done,) = (tmp_path / "runs").glob("*.json")
+    stored = json.loads(done.read_text())
+    assert stored["device"] == "cpu"
+    done.write_text(json.dumps(dict(stored, device="cuda")))  # as if it had finished on a GPU machine
+    with pytest.warns(UserWarning, match="trained on cuda, not cpu"):
+        loaded = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "runs")
+    assert loaded.device == "cuda" and loaded.test_perplexity == run.test_perplexity

@@ -300,6 +300,9 @@ class LMRunResult:
     reassignments: list[dict[str, Any]] = field(default_factory=list)
     tree: dict[str, Any] | None = None  #: final tree (Tree.to_dict), for trees
     seconds: float = 0.0
+    #: where it trained ("cpu", "cuda", "cpu+cuda" when resumed elsewhere; None: stored before this was
+    #: recorded): a finished run loaded from the run folder keeps the timings of the device it ran on
+    device: str | None = None
 
 
 def _sync(device: torch.device) -> None:
@@ -462,6 +465,9 @@ def train_lm(
         finished = _load_finished(done_path)
         if finished is not None:
             log(f"{cfg.output}: finished earlier, loading {done_path.name}")
+            if finished.device is not None and finished.device != str(device):
+                warnings.warn(f"finished run {done_path} trained on {finished.device}, not {device}: its ms/batch "
+                              f"are {finished.device}'s (recorded per run as trained_on)", stacklevel=2)
             return finished
 
     hsm_config.seed_everything(cfg.seed)
@@ -515,6 +521,12 @@ def train_lm(
     # the learner's history restarts on resume: keep what the checkpoint recorded
     earlier_reassignments = list(result.reassignments) if not tracking else []
     t_start = time.perf_counter() - result.seconds
+    # where this part trains (a resumed run may have started on another device): kept in the checkpoints
+    # (a checkpoint written before devices were recorded: "unknown+cuda")
+    if result.device is None:
+        result.device = f"unknown+{device}" if (result.epochs or resume_step) else str(device)
+    elif result.device.split("+")[-1] != str(device):
+        result.device = f"{result.device}+{device}"
 
     def reassignment_history() -> list[dict[str, Any]]:
         if tracking:
@@ -828,7 +840,7 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
         slug = _SLUGS.get(kind)
         fields = dict(common, model=model, run=kind, lr=run.config["lr"], batch_size=run.config["batch_size"],
                       epochs=run.config["epochs"], learn_epochs=run.config.get("learn_epochs"),
-                      per_epoch=run.epochs, wall_time_s=run.seconds)
+                      per_epoch=run.epochs, wall_time_s=run.seconds, trained_on=run.device)
         if kind == "flat":
             fields.update(arity=None, depth=None)
         claim = lambda measure: (f"{claim_prefix}.{slug}.{measure}"  # noqa: E731
@@ -1147,7 +1159,7 @@ def _ablation_records(table: dict[str, Any], sc: LMScale, scale: str) -> list[di
                       "Learned Tree (fixed, retrained)", output=cfg["output"], lr=cfg["lr"],
                       changes=(_ablation_changes(name, sc.epochs) if name in ABLATION_VARIANTS else
                                {"fixed_tree": cfg.get("fixed_tree")} if cfg.get("fixed_tree") else {}),
-                      config=cfg, per_epoch=run.epochs, wall_time_s=run.seconds,
+                      config=cfg, per_epoch=run.epochs, wall_time_s=run.seconds, trained_on=run.device,
                       train_ms_per_batch=run.train_ms_per_batch, reassignments=history,
                       reference_run=table["reference"][name],
                       gain_vs_random=reference.test_perplexity - run.test_perplexity)

@@ -626,7 +626,7 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
                 write(False)
                 continue
             fields = dict(common, model=name, run=label, method=kind, num_negatives=k or None, lr=run_cfg.lr,
-                          epochs=cfg["epochs"], per_epoch=run.epochs, wall_time_s=run.seconds,
+                          epochs=cfg["epochs"], per_epoch=run.epochs, wall_time_s=run.seconds, trained_on=run.device,
                           arity=arity if kind == "random" else None, diverged=None)
             records.append(make_record(None, run.test_perplexity, measure="test_perplexity",
                                        valid_perplexity=run.valid_perplexity, **fields))
