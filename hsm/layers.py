@@ -1110,9 +1110,28 @@ def _check_hyperparameter(optimizer: str, name: str, value: Any, positive: bool 
     return value
 
 
+def _check_no_weight_decay(optimizer: str, weight_decay: Any) -> None:
+    """Weight decay would touch every row at every step, which is what these optimisers avoid:
+    accepted only as 0 (so code written for torch's optimisers that passes 0 runs unchanged)."""
+    if _check_hyperparameter(optimizer, "weight_decay", weight_decay) != 0:
+        raise ValueError(f"invalid {optimizer} settings: weight_decay={weight_decay} is not supported (it would "
+                         f"update every row at every step); use torch.optim.{optimizer} for weight decay")
+
+
 class _RowSparseOptimizer(torch.optim.Optimizer):
     """The loop both row-sparse optimisers share: every parameter with a gradient gets
     :meth:`_update` (``torch.optim``'s ``step`` protocol, closure included)."""
+
+    _name = ""  #: the torch optimiser's name, for messages
+    _settings: tuple[tuple[str, bool], ...] = ()  #: (setting, must be > 0 rather than >= 0)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's, plus the settings check on the group's own values (a group may override the
+        defaults: ``[{"params": ..., "lr": ...}]``)."""
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        for name, positive in self._settings:
+            group[name] = _check_hyperparameter(self._name, name, group[name], positive=positive)
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
@@ -1143,21 +1162,27 @@ class RowSparseAdagrad(_RowSparseOptimizer):
     tests/test_layers.py checks it against ``torch.optim.Adagrad`` step by step.
 
     Raises ValueError (naming the setting) unless ``lr`` is finite and > 0 and ``lr_decay``,
-    ``initial_accumulator_value`` and ``eps`` are finite and >= 0; TypeError for a non-number.
+    ``initial_accumulator_value`` and ``eps`` are finite and >= 0, in the defaults and in every
+    parameter group; TypeError for a non-number. ``weight_decay`` is accepted only as 0.
     """
 
-    def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, initial_accumulator_value: float = 0.0,
-                 eps: float = 1e-10) -> None:
+    _name = "Adagrad"
+    _settings = (("lr", True), ("lr_decay", False), ("initial_accumulator_value", False), ("eps", False))
+
+    def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
+                 initial_accumulator_value: float = 0.0, eps: float = 1e-10) -> None:
         lr = _check_hyperparameter("Adagrad", "lr", lr, positive=True)
         lr_decay = _check_hyperparameter("Adagrad", "lr_decay", lr_decay)
         initial_accumulator_value = _check_hyperparameter("Adagrad", "initial_accumulator_value",
                                                           initial_accumulator_value)
         eps = _check_hyperparameter("Adagrad", "eps", eps)
+        _check_no_weight_decay("Adagrad", weight_decay)
         super().__init__(params, dict(lr=lr, lr_decay=lr_decay, eps=eps,
                                       initial_accumulator_value=initial_accumulator_value))
         for group in self.param_groups:
             for param in group["params"]:
                 self.state[param]["step"] = 0
+                # the constructor's value, not the group's: torch.optim.Adagrad does the same
                 self.state[param]["sum"] = torch.full_like(param, initial_accumulator_value,
                                                            memory_format=torch.preserve_format)
 
@@ -1204,11 +1229,16 @@ class RowSparseSGD(_RowSparseOptimizer):
     ``index_add_`` of the touched rows (0.7 ms). No momentum or weight decay: with sparse
     gradients they would have to touch every row. tests/test_layers.py checks it against
     ``torch.optim.SGD``. Raises ValueError unless ``lr`` is finite and > 0 (``torch.optim.SGD``
-    accepts NaN), TypeError for a non-number.
+    accepts NaN), in the defaults and in every parameter group; TypeError for a non-number.
+    ``weight_decay`` is accepted only as 0.
     """
 
-    def __init__(self, params, lr: float = 1e-2) -> None:
+    _name = "SGD"
+    _settings = (("lr", True),)
+
+    def __init__(self, params, lr: float = 1e-2, weight_decay: float = 0.0) -> None:
         lr = _check_hyperparameter("SGD", "lr", lr, positive=True)
+        _check_no_weight_decay("SGD", weight_decay)
         super().__init__(params, dict(lr=lr))
 
     def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:

@@ -463,11 +463,35 @@ def test_topk_valid_beam_and_numpy_k():
         (lambda p: RowSparseSGD(p, lr=float("nan")), ValueError, "invalid SGD settings: lr=nan"),
         (lambda p: RowSparseSGD(p, lr=float("-inf")), ValueError, "lr=-inf"),
         (lambda p: RowSparseSGD(p, lr=True), TypeError, "lr must be a real number"),
+        (lambda p: RowSparseAdagrad([{"params": p, "lr": float("nan")}]), ValueError, "lr=nan"),
+        (lambda p: RowSparseAdagrad([{"params": p, "eps": -1.0}]), ValueError, "eps=-1.0"),
+        (lambda p: RowSparseSGD([{"params": p, "lr": -0.5}]), ValueError, "invalid SGD settings: lr=-0.5"),
+        (lambda p: RowSparseAdagrad(p, weight_decay=0.01), ValueError, "weight_decay=0.01 is not supported"),
+        (lambda p: RowSparseAdagrad(p, weight_decay=float("nan")), ValueError, "weight_decay=nan"),
+        (lambda p: RowSparseSGD(p, weight_decay=1e-4), ValueError, "weight_decay=0.0001 is not supported"),
     ],
 )
 def test_optimiser_settings(make, exc, message):
     with pytest.raises(exc, match=message):
         make([torch.nn.Parameter(torch.zeros(3, 2))])
+
+
+def test_optimiser_groups_and_zero_weight_decay_as_torch():
+    """Per-group settings (checked above) are used as torch uses them (torch fills the
+    accumulator from the constructor's initial_accumulator_value, whatever the group says);
+    weight_decay=0 is accepted."""
+    params = [torch.nn.Parameter(torch.ones(3, 2)) for _ in range(4)]
+    ours = RowSparseAdagrad([{"params": params[:1]}, {"params": params[1:2], "lr": 0.1, "eps": 0.5}],
+                            lr=0.5, weight_decay=0, initial_accumulator_value=2.0)
+    theirs = torch.optim.Adagrad([{"params": params[2:3]}, {"params": params[3:], "lr": 0.1, "eps": 0.5}],
+                                 lr=0.5, weight_decay=0, initial_accumulator_value=2.0)
+    for param in params:
+        param.grad = torch.ones(3, 2)
+    ours.step()
+    theirs.step()
+    torch.testing.assert_close(params[0], params[2])
+    torch.testing.assert_close(params[1], params[3])
+    assert RowSparseSGD(params, lr=0.1, weight_decay=0.0).param_groups[0]["lr"] == 0.1
 
 
 def test_optimiser_valid_settings_accept_numpy_numbers():
