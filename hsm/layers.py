@@ -17,6 +17,7 @@ instead of the flat softmax's ``K * d``.
 from __future__ import annotations
 
 import math
+import sys
 import threading
 import warnings
 import zlib
@@ -444,6 +445,16 @@ class _EmptyBatch(torch.autograd.Function):
 #: the header of the tree in a state dict: magic, version, K, N, M, depth limit (-1: none),
 #: in_features, checksum (two 16-bit halves: every header entry stays exact in float32)
 _TREE_MAGIC, _TREE_VERSION, _TREE_HEADER = 1447, 1, 9  # a magic below 2048 survives even a float16 cast
+
+
+def _caller_outside_torch() -> int:
+    """The ``stacklevel`` for a warning raised in a module hook that points at the user's
+    ``load_state_dict`` call, however deep the module sits (torch recurses through its children)."""
+    # frame k above this one is stacklevel k of a warning raised by its caller (the hook)
+    level, frame = 2, sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename == nn.modules.module.__file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def _tree_checksum(header: np.ndarray, body: np.ndarray) -> int:
@@ -1029,7 +1040,7 @@ class HierarchicalSoftmax(nn.Module):
                 warnings.warn(f"the state dict has no tree ({key!r}: saved by an older hsm?): the layer keeps its "
                               f"tree, {self.tree!r}; if the parameters were trained with another (learned) tree, "
                               "call layer.set_tree(that tree) or the parameters are read under the wrong tree",
-                              stacklevel=4)
+                              stacklevel=_caller_outside_torch())
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, {self.tree!r}, sparse={self.sparse}"

@@ -556,3 +556,22 @@ def test_target_and_batch_chunk_errors(kernels):
         layer.log_prob(torch.randn(2, 5), batch_chunk=0)
     with pytest.raises(TypeError, match="batch_chunk must be an integer"):
         layer.log_prob(torch.randn(2, 5), batch_chunk=2.5)
+
+
+def test_tree_round_trips_inside_a_model():
+    """A layer inside a model: its tree travels under the layer's prefix, the old-format warning
+    points at the caller's line."""
+    def model(seed):
+        return torch.nn.Sequential(torch.nn.Linear(5, 5), HierarchicalSoftmax(5, Tree.random(9, 3, 2, seed=seed)))
+
+    saved, fresh = model(0), model(1)
+    state = saved.state_dict()
+    assert "1._extra_state" in state
+    fresh.load_state_dict(state)
+    assert fresh[1].tree == saved[1].tree
+    with pytest.warns(UserWarning, match="'1._extra_state'") as record:
+        model(2).load_state_dict({k: v for k, v in state.items() if k != "1._extra_state"})
+    assert record[0].filename == __file__
+    bigger = torch.nn.Sequential(torch.nn.Linear(5, 5), HierarchicalSoftmax(5, Tree.random(10, 3, 3)))
+    with pytest.raises(RuntimeError, match=r"1\._extra_state: the state dict holds a layer with K=9"):
+        bigger.load_state_dict(state)
