@@ -421,7 +421,8 @@ class _EmptyBatch(torch.autograd.Function):
     gradient with ``sparse=True``, what a batch touching no node would give)."""
 
     @staticmethod
-    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, sparse: bool) -> Tensor:  # type: ignore[override]
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None,  # type: ignore[override]
+                sparse: bool) -> Tensor:
         ctx.shapes = (input.shape, weight.shape, None if bias is None else bias.shape)
         ctx.sparse = sparse
         return input.new_zeros(0)

@@ -97,7 +97,8 @@ def test_state_dict_of_another_shape_is_refused_before_loading_anything():
                          (HierarchicalSoftmax(5, Tree.random(9, 2, 4, seed=0)), "K=9, M=2, N=15, in_features=5"),
                          (HierarchicalSoftmax(6, Tree.random(9, 3, 2, seed=0)), "K=9, M=3, N=4, in_features=6")]:
         before = layer.weight.detach().clone()
-        with pytest.raises(RuntimeError, match=f"holds a layer with K=9, M=3, N=4, in_features=5; this layer has {shape}"):
+        expected = f"holds a layer with K=9, M=3, N=4, in_features=5; this layer has {shape}"
+        with pytest.raises(RuntimeError, match=expected):
             layer.load_state_dict(saved)
         assert torch.equal(layer.weight, before)  # nothing copied
 
@@ -250,7 +251,8 @@ def test_large_finite_input_is_not_an_error():
 
 def test_train_epoch_reports_a_non_finite_representation_with_its_step():
     layer = HierarchicalSoftmax(4, Tree.random(9, 3, 2))
-    batches = [(torch.randn(3, 4), torch.tensor([0, 1, 2])), (torch.full((3, 4), float("nan")), torch.tensor([0, 1, 2]))]
+    y = torch.tensor([0, 1, 2])
+    batches = [(torch.randn(3, 4), y), (torch.full((3, 4), float("nan")), y)]
     with pytest.raises(FloatingPointError, match="at step 1"):
         train_epoch(torch.nn.Identity(), layer, batches, torch.optim.SGD(layer.parameters(), lr=0.1))
 
