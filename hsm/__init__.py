@@ -27,7 +27,7 @@ from .assign import (
     assign_node,
     assign_node_well_formed,
 )
-from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, RowSparseAdagrad, RowSparseSGD, TopK
+from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, NonFiniteInputError, RowSparseAdagrad, RowSparseSGD, TopK
 from .objective import balance, max_objective, node_objective, node_objective_grad, purity
 from .statistics import NodeStatistics
 from .training import TreeLearner, evaluate, train_epoch
@@ -42,6 +42,7 @@ __all__ = [
     "HSMOutput",
     "HierarchicalSoftmax",
     "NodeStatistics",
+    "NonFiniteInputError",
     "RowSparseAdagrad",
     "RowSparseSGD",
     "TopK",

@@ -152,12 +152,39 @@ class DistributedTreeLearner(TreeLearner):
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         stats = self.statistics
-        return {name: getattr(stats, name).clone() for name in ("sum_probas", "path_counts", "label_counts")}
+        names = ("sum_probas", "path_counts", "label_counts", "stat_node")
+        return {name: getattr(stats, name).clone() for name in names}
+
+    def _follow_tree(self) -> None:
+        """Map the last synchronised statistics onto the statistics' current layout.
+
+        Loading a tree into the layer (``layer.load_state_dict``) makes the statistics follow it
+        (:meth:`NodeStatistics.on_reassign` without decay: entries whose node changed are zeroed,
+        the depth axis may grow or shrink). The snapshot must follow the same way, or the next
+        synchronisation would take ``current - snapshot`` across two layouts and sum nonsense.
+        """
+        stats = self.statistics
+        old_nodes, new_nodes = self._synced["stat_node"], stats.stat_node
+        if old_nodes.shape == new_nodes.shape and torch.equal(old_nodes, new_nodes):
+            return
+        width = min(old_nodes.shape[1], new_nodes.shape[1])
+        padded = torch.full_like(new_nodes, -3)  # -3: no node, as on_reassign pads
+        padded[:, :width] = old_nodes[:, :width]
+        changed = padded != new_nodes
+        for name in ("sum_probas", "path_counts"):
+            followed = torch.zeros_like(getattr(stats, name))
+            followed[:, :width] = self._synced[name][:, :width]
+            followed[changed] = 0.0
+            self._synced[name] = followed
+        self._synced["stat_node"] = new_nodes.clone()
 
     def synchronize_statistics(self) -> None:
         """Sum, over ranks, what each rank collected since the last synchronisation."""
         stats = self.statistics
+        self._follow_tree()
         for name, before in self._synced.items():
+            if name == "stat_node":
+                continue
             current = getattr(stats, name)
             delta = current - before
             dist.all_reduce(delta, group=self.group)
@@ -190,4 +217,10 @@ class DistributedTreeLearner(TreeLearner):
     def load_state_dict_statistics(self, state: dict[str, Any]) -> None:
         """Load statistics (e.g. from a checkpoint written by rank 0) and mark them synchronised."""
         self.statistics.load_state_dict(state)
+        self._synced = self._snapshot()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """:meth:`TreeLearner.load_state_dict` (e.g. every rank loading rank 0's checkpoint); the
+        loaded statistics count as synchronised."""
+        super().load_state_dict(state)
         self._synced = self._snapshot()

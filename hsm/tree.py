@@ -602,12 +602,12 @@ class Tree:
                    label_names=data.get("label_names"))
 
     def save(self, path: str | Path) -> Path:
-        """Write the tree as JSON (atomically: a temporary file renamed into place)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_dict()))
-        tmp.replace(path)
-        return path
+        """Write the tree as JSON, atomically (a per-process temporary file, fsynced and renamed
+        into place): a reader sees the previous file or the complete new one, and two writers of
+        the same path do not collide."""
+        from hsm.data.fetch import write_text_atomically  # the package's one atomic writer (lazy: no import cycle)
+
+        return write_text_atomically(Path(path), json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> "Tree":

@@ -14,6 +14,7 @@ from hsm.training import TreeLearner
 from hsm.tree import Tree
 
 STEPS, GLOBAL_BATCH, EVERY = 12, 16, 3
+RELOAD_AT = 4  # between the re-assignments after steps 3 and 6
 
 
 def _scenarios():
@@ -38,8 +39,18 @@ def _models(tree):
     return encoder, layer
 
 
-def _train(tree, rank=None, world=1):
-    """Run Algorithm 1; rank None: one process on the whole batches."""
+def _load_other_tree(layer):
+    """What every rank does when resuming from a checkpoint with another tree: the layer's
+    ``load_state_dict`` installs the saved tree, and the learner's statistics follow it."""
+    state = layer.state_dict()
+    other = HierarchicalSoftmax(layer.in_features, Tree.random(60, 4, 3, seed=5))
+    state["_extra_state"] = other.get_extra_state()
+    layer.load_state_dict(state)
+
+
+def _train(tree, rank=None, world=1, reload_at=None):
+    """Run Algorithm 1; rank None: one process on the whole batches. ``reload_at``: before that
+    step, load a state dict with another tree into the layer (between two synchronisations)."""
     encoder, layer = _models(tree)
     if rank is None:
         learner = TreeLearner(layer, EVERY)
@@ -51,7 +62,9 @@ def _train(tree, rank=None, world=1):
     optimizer = torch.optim.SGD(list(model.parameters()) + list(layer.parameters()), lr=0.5)
     xs, ys = _data(tree)
     trees = []
-    for x, y in zip(xs, ys):
+    for step, (x, y) in enumerate(zip(xs, ys)):
+        if step == reload_at:
+            _load_other_tree(layer)
         if rank is not None:
             share = GLOBAL_BATCH // world
             x, y = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
@@ -71,6 +84,7 @@ def _worker(rank, world, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         results = {name: _train(tree, rank, world) for name, tree in _scenarios().items()}
+        results["reload"] = _train(_scenarios()["depth"], rank, world, reload_at=RELOAD_AT)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -109,3 +123,15 @@ def test_helpers_need_an_initialised_process_group():
     tree = Tree.random(10, 3, 3)
     with pytest.raises(RuntimeError, match="not initialised"):
         DistributedTreeLearner(HierarchicalSoftmax(4, tree), 2)
+
+
+def test_ranks_loading_another_tree_between_synchronisations_match_one_process(two_rank_results):
+    # the statistics gathered before the load follow the new tree on every rank; the last
+    # synchronised snapshot must follow it too, or the next all-reduce sums two layouts
+    tree = _scenarios()["depth"]
+    single = _train(tree, reload_at=RELOAD_AT)
+    got = two_rank_results[0]["reload"]
+    assert got["trees"] == two_rank_results[1]["reload"]["trees"]
+    assert got["trees"] == single["trees"]
+    assert got["final_tree"] == single["final_tree"]
+    torch.testing.assert_close(got["weight"], single["weight"])
