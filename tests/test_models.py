@@ -93,3 +93,78 @@ def test_bad_contexts_are_rejected() -> None:
         model(torch.zeros(1, 3))
     with pytest.raises(TypeError):
         model([[0, 1, 2]])
+
+
+# ---------------------------------------------------------------- the hand-written forward / backward
+def _grads(model: LogBilinearLM, contexts: torch.Tensor, weights: torch.Tensor, reference: bool):
+    model.zero_grad(set_to_none=True)
+    out = model.forward_reference(contexts) if reference else model(contexts)
+    (out * weights).sum().backward()
+    grad_u = model.embedding.weight.grad
+    return out.detach(), (grad_u.to_dense() if grad_u.is_sparse else grad_u), model.context_weight.grad
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("context", [1, 4])
+def test_fast_path_matches_autograd_reference(sparse, dtype, context) -> None:
+    """Values, the embedding gradient (repeated words: rows summed) and the R_k gradients equal
+    those autograd computes through F.embedding + einsum (forward_reference)."""
+    torch.manual_seed(context)
+    model = LogBilinearLM(9, 5, context, sparse=sparse).to(dtype)
+    contexts = torch.randint(0, 9, (11, context))
+    contexts[0] = 3  # one word in every position of a row, and again in other rows
+    weights = torch.randn(11, 5, dtype=dtype)
+    got = _grads(model, contexts, weights, reference=False)
+    want = _grads(model, contexts, weights, reference=True)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, **tol)
+    assert model.embedding.weight.grad.is_sparse == sparse
+
+
+def test_fast_path_gradcheck_and_int32_contexts() -> None:
+    """torch.autograd.gradcheck in float64 (finite differences), and int32 ids give the same result."""
+    torch.manual_seed(0)
+    model = LogBilinearLM(7, 3, 3).double()
+    contexts = torch.tensor([[1, 2, 1], [6, 6, 0], [1, 1, 1]])
+    from hsm.models import _LogBilinear
+
+    assert torch.autograd.gradcheck(
+        lambda u, r: _LogBilinear.apply(contexts, u, r, False),
+        (model.embedding.weight.detach().clone().requires_grad_(), model.context_weight.detach().clone().requires_grad_()))
+    torch.testing.assert_close(model(contexts.int()), model(contexts))
+
+
+def test_fast_path_sparse_gradient_trains_like_the_reference_with_adagrad() -> None:
+    """Five Adagrad steps (hsm.RowSparseAdagrad and torch.optim.Adagrad) on the sparse fast path
+    reach the parameters the reference path reaches, within float32 rounding."""
+    torch.manual_seed(1)
+    models = [LogBilinearLM(30, 8, 4, sparse=True) for _ in range(3)]
+    for m in models[1:]:
+        m.load_state_dict(models[0].state_dict())
+    opts = [hsm.RowSparseAdagrad(models[0].parameters(), lr=0.1), torch.optim.Adagrad(models[1].parameters(), lr=0.1),
+            torch.optim.Adagrad(models[2].parameters(), lr=0.1)]
+    for step in range(5):
+        contexts = torch.randint(0, 12, (16, 4))  # few words: many repeated rows
+        weights = torch.randn(16, 8)
+        for i, (m, opt) in enumerate(zip(models, opts)):
+            opt.zero_grad(set_to_none=True)
+            out = m.forward_reference(contexts) if i == 2 else m(contexts)
+            (out * weights).sum().backward()
+            opt.step()
+    for m in models[:2]:
+        torch.testing.assert_close(m.embedding.weight, models[2].embedding.weight, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(m.context_weight, models[2].context_weight, rtol=1e-5, atol=1e-6)
+
+
+def test_fast_path_empty_batch_and_no_grad() -> None:
+    model = LogBilinearLM(10, 4, 2, sparse=True)
+    empty = torch.zeros(0, 2, dtype=torch.long)
+    out = model(empty)
+    assert out.shape == (0, 4)
+    out.sum().backward()
+    assert model.embedding.weight.grad.to_dense().abs().sum() == 0
+    assert model.context_weight.grad.abs().sum() == 0
+    with torch.no_grad():
+        assert not model(torch.tensor([[1, 2]])).requires_grad
