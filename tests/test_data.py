@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from hsm import config
 from hsm.data import (
+    CacheWarning,
     ChecksumMismatchError,
     CorruptArchiveError,
     EmptyCorpusError,
@@ -401,7 +402,9 @@ def test_flipped_byte_in_cache_is_a_checksum_mismatch(tmp_path):
     cached = config.cache_dir() / "toy" / "file.txt"
     cached.parent.mkdir(parents=True)
     cached.write_bytes(b"some cOntent\n")
-    with pytest.raises(ChecksumMismatchError, match="cached copy"):
+    # the bad copy is ignored with a warning naming it, then no other source can supply the file
+    with pytest.warns(CacheWarning, match="its sha256 is wrong"), \
+            pytest.raises(ChecksumMismatchError, match="cached copy"):
         fetch_file(entry)
 
 

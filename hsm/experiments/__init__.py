@@ -205,33 +205,31 @@ def _items(key: str, value: Any) -> list[Any]:
     raise _fail(key, value, "must be a comma-separated list")
 
 
-def option_floats(key: str, value: Any, allow_empty: bool = False, **bounds: Any) -> tuple[float, ...]:
-    """A comma-separated list (or sequence) of floats, each checked as :func:`option_float`; empty
-    only when ``allow_empty``."""
+def _option_list(key: str, value: Any, parse: Callable[..., Any], noun: str, allow_empty: bool,
+                 bounds: dict[str, Any]) -> tuple[Any, ...]:
+    """A comma-separated list (or sequence), each entry checked by ``parse`` (an ``option_*``);
+    an error names the list and the bad entry."""
     items = _items(key, value)
     if not items and not allow_empty:
-        raise _fail(key, value, "must hold at least one number")
+        raise _fail(key, value, f"must hold at least one {noun}")
     out = []
     for item in items:
         try:
-            out.append(option_float(key, item, **bounds))
+            out.append(parse(key, item, **bounds))
         except ValueError as exc:
             raise _fail(key, value, f"entry {item!r} {str(exc).split(': ', 1)[-1]}") from None
     return tuple(out)
+
+
+def option_floats(key: str, value: Any, allow_empty: bool = False, **bounds: Any) -> tuple[float, ...]:
+    """A comma-separated list (or sequence) of floats, each checked as :func:`option_float`; empty
+    only when ``allow_empty``."""
+    return _option_list(key, value, option_float, "number", allow_empty, bounds)
 
 
 def option_ints(key: str, value: Any, allow_empty: bool = False, **bounds: Any) -> tuple[int, ...]:
     """A comma-separated list (or sequence) of integers, each checked as :func:`option_int`."""
-    items = _items(key, value)
-    if not items and not allow_empty:
-        raise _fail(key, value, "must hold at least one integer")
-    out = []
-    for item in items:
-        try:
-            out.append(option_int(key, item, **bounds))
-        except ValueError as exc:
-            raise _fail(key, value, f"entry {item!r} {str(exc).split(': ', 1)[-1]}") from None
-    return tuple(out)
+    return _option_list(key, value, option_int, "integer", allow_empty, bounds)
 
 
 def option_choice(key: str, value: Any, choices: Sequence[str]) -> str:
