@@ -16,7 +16,8 @@ examples (the root: all B) has its ``[M, d]`` block read once and its gradient w
   softmax: ``d log p / d logit_m = onehot(child)_m - softmax_m`` per pair;
 * :func:`top1_search`: the exact most likely label per example (greedy descent for a bound, then a
   depth-first branch and bound, ICML §11.1), one example at a time;
-* :func:`adagrad_rows`: the row-sparse Adagrad update (one pass over the touched rows).
+* :func:`adagrad_rows`: the row-sparse Adagrad update (one pass over the touched rows);
+  :func:`adagrad_dense` the same update for a dense gradient (one pass instead of torch's four).
 
 Every kernel is checked against the plain PyTorch reference in ``tests/test_kernels.py`` and
 ``tests/test_layers.py`` (values, gradients, the arg max of ``log_prob``).
@@ -48,8 +49,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["batch_plan", "path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "accumulate_statistics",
-           "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows"]
+__all__ = ["batch_plan", "path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "adagrad_dense", "accumulate_statistics",
+           "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows",
+           "run_adagrad_dense"]
 
 #: multiply-adds below which a batch runs on one thread (a hand-off to the pool costs ~20 us)
 MIN_WORK_PER_THREAD = 250_000
@@ -564,6 +566,17 @@ def adagrad_rows(param, state, rows, grad, clr, eps, r_lo, r_hi):  # pragma: no 
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def adagrad_dense(param, state, grad, clr, eps, lo, hi):  # pragma: no cover - compiled
+    """Adagrad on elements ``lo..hi-1`` of flat (1-D) arrays: :func:`adagrad_rows`' update for a
+    dense gradient, in one pass where torch's takes four (``addcmul_``, ``sqrt``, ``add_``,
+    ``addcdiv_``, each reading and writing a whole parameter-sized tensor)."""
+    for j in range(lo, hi):
+        total = state[j] + grad[j] * grad[j]
+        state[j] = total
+        param[j] -= clr * grad[j] / (np.sqrt(total) + eps)
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def accumulate_statistics(sum_probas, path_counts, label_counts, target, example, depth, node_prob):  # pragma: no cover - compiled
     """Algorithm 1's NodeCompute for one batch (:meth:`hsm.statistics.NodeStatistics.accumulate`):
     for every pair, ``sum_probas[y, depth] += softmax`` and ``path_counts[y, depth] += 1``; for
@@ -797,6 +810,20 @@ def run_top1_search(h, weight, bias, penalty, child_node, child_label, max_depth
 
     _run_claiming(lambda: top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited, cursor), threads)
     return labels, values, visited
+
+
+def run_adagrad_dense(param, state, grad, clr, eps) -> None:
+    """:func:`adagrad_dense` over all elements of the flat arrays, split over threads in blocks
+    of whole cache lines (a thread never writes a line another one writes)."""
+    size = param.shape[0]
+    parts = int(min(torch.get_num_threads(), max(1, size // (4 * MIN_WORK_PER_THREAD))))
+    step = max(16, -(-(-(-size // parts)) // 16) * 16)  # ceil(size / parts), rounded up to 16 elements
+    shares = [(lo, min(size, lo + step)) for lo in range(0, size, step)] or [(0, 0)]
+
+    def task(i: int, lo: int, hi: int) -> None:
+        adagrad_dense(param, state, grad, clr, eps, lo, hi)
+
+    _run(task, shares)
 
 
 def run_adagrad_rows(param, state, rows, grad, clr, eps) -> None:

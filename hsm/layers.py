@@ -1170,7 +1170,8 @@ class RowSparseAdagrad(_RowSparseOptimizer):
     ``HierarchicalSoftmax(sparse=True)`` produces) only the touched rows are read and written, in
     one fused pass (a numba kernel on CPU; torch ``index_select`` / ``index_copy_`` /
     ``index_add_`` elsewhere), where ``torch.optim.Adagrad``'s sparse path builds several sparse
-    temporaries and takes several times as long. Dense gradients get the ordinary update.
+    temporaries and takes several times as long. Dense gradients get the same update, in one
+    compiled pass for contiguous float32 / float64 CPU tensors (torch's in-place ops elsewhere).
     tests/test_layers.py checks it against ``torch.optim.Adagrad`` step by step.
 
     Raises ValueError (naming the setting) unless ``lr`` is finite and > 0 and ``lr_decay``,
@@ -1205,6 +1206,13 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         total = state["sum"]
         if grad.is_sparse:
             self._sparse_step(param, total, grad, clr, group["eps"])
+        elif (param.device.type == "cpu" and param.dtype in (torch.float32, torch.float64) and grad.dtype == param.dtype
+              and param.is_contiguous() and total.is_contiguous() and grad.is_contiguous()):
+            # one compiled pass (torch's update reads and writes parameter-sized tensors four times:
+            # 0.19 ms for the LM's 160k-element R against about 0.04 ms, development measurement)
+            dtype = np.float32 if param.dtype == torch.float32 else np.float64
+            kernels.run_adagrad_dense(param.view(-1).numpy(), total.view(-1).numpy(), grad.view(-1).numpy(),
+                                      dtype(clr), dtype(group["eps"]))
         else:
             total.addcmul_(grad, grad, value=1)
             param.addcdiv_(grad, total.sqrt().add_(group["eps"]), value=-clr)

@@ -321,3 +321,25 @@ def test_kernel_statistics_fallback_when_the_statistics_are_not_plain_cpu_tensor
     for name in ("sum_probas", "path_counts", "label_counts"):
         torch.testing.assert_close(getattr(results[0], name), getattr(results[1], name))
     assert float(results[0].path_counts.sum()) == 40 * 3
+
+
+@pytest.mark.parametrize("size", [0, 1, 37, 3 * kernels.MIN_WORK_PER_THREAD * 4 + 5])
+def test_adagrad_dense_kernel_equals_torch_adagrad(threads, size):
+    """The dense one-pass update against torch.optim.Adagrad's own (one step from a non-zero state,
+    sizes that split over threads unevenly), float32 and float64."""
+    for dtype in (torch.float32, torch.float64):
+        gen = torch.Generator().manual_seed(size)
+        param = torch.randn(size, generator=gen, dtype=dtype)
+        grad = torch.randn(size, generator=gen, dtype=dtype)
+        state = torch.rand(size, generator=gen, dtype=dtype)
+        want = torch.nn.Parameter(param.clone())
+        opt = torch.optim.Adagrad([want], lr=0.3, eps=1e-10)
+        opt.state[want]["sum"].copy_(state)
+        want.grad = grad.clone()
+        opt.step()
+        np_dtype = np.float32 if dtype == torch.float32 else np.float64
+        got_state = state.clone()
+        kernels.run_adagrad_dense(param.numpy(), got_state.numpy(), grad.numpy(), np_dtype(0.3), np_dtype(1e-10))
+        tol = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-13, atol=1e-14)
+        torch.testing.assert_close(got_state, opt.state[want]["sum"], **tol)
+        torch.testing.assert_close(param, want.detach(), **tol)

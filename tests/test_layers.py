@@ -361,3 +361,26 @@ def test_inference_path_reuses_buffers_correctly(tree):
             got = layer(h, y)
         torch.testing.assert_close(got.output, layer.forward_reference(h, y).output.detach())
         assert not got.output.requires_grad
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_row_sparse_adagrad_dense_parameters_match_torch_adagrad(dtype):
+    """Dense gradients (the compiled one-pass update for contiguous CPU tensors; a non-contiguous
+    gradient takes torch's ops) give torch.optim.Adagrad's parameters and state, step by step."""
+    from hsm.layers import RowSparseAdagrad
+
+    torch.manual_seed(0)
+    start = [torch.randn(7, 5, dtype=dtype), torch.randn(3, dtype=dtype)]
+    params = [[torch.nn.Parameter(p.clone()) for p in start] for _ in range(2)]
+    opts = [RowSparseAdagrad(params[0], lr=0.2, lr_decay=0.05, initial_accumulator_value=0.1),
+            torch.optim.Adagrad(params[1], lr=0.2, lr_decay=0.05, initial_accumulator_value=0.1)]
+    for step in range(5):
+        grads = [torch.randn(7, 5, dtype=dtype), torch.randn(3, dtype=dtype)]
+        for group, opt in zip(params, opts):
+            group[0].grad = grads[0].clone() if step % 2 else grads[0].t().contiguous().t()  # non-contiguous too
+            group[1].grad = grads[1].clone()
+            opt.step()
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else {}
+    for got, want in zip(params[0], params[1]):
+        torch.testing.assert_close(got, want, **tol)
+        torch.testing.assert_close(opts[0].state[got]["sum"], opts[1].state[want]["sum"], **tol)
