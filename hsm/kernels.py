@@ -17,7 +17,11 @@ examples (the root: all B) has its ``[M, d]`` block read once and its gradient w
 * :func:`top1_search`: the exact most likely label per example (greedy descent for a bound, then a
   depth-first branch and bound, ICML §11.1), one example at a time;
 * :func:`adagrad_rows`: the row-sparse Adagrad update (one pass over the touched rows);
-  :func:`adagrad_dense` the same update for a dense gradient (one pass instead of torch's four).
+  :func:`adagrad_dense` the same update for a dense gradient (one pass instead of torch's four);
+* :func:`lbl_forward`, :func:`lbl_backward`, :func:`sum_rows_by_id`: the log-bilinear language
+  model's representation and gradients (:class:`hsm.models.LogBilinearLM`), so that a whole LM
+  training step runs on these threads and BLAS at one thread each, never waking torch's OpenMP
+  workers (whose spinning after a parallel region slows the kernels that follow: see below).
 
 Every kernel is checked against the plain PyTorch reference in ``tests/test_kernels.py`` and
 ``tests/test_layers.py`` (values, gradients, the arg max of ``log_prob``).
@@ -50,6 +54,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = ["batch_plan", "path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "adagrad_dense", "accumulate_statistics",
+           "lbl_forward", "lbl_backward", "sum_rows_by_id", "run_lbl_forward", "run_lbl_backward",
            "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows",
            "run_adagrad_dense"]
 
@@ -593,6 +598,83 @@ def accumulate_statistics(sum_probas, path_counts, label_counts, target, example
             sum_probas[label, level, m] += node_prob[p, m]
 
 
+# ------------------------------------------------------------------ the log-bilinear model
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def lbl_forward(weight, ids, context_weight, gathered, out, chunk, cursor):  # pragma: no cover - compiled
+    """The log-bilinear representation ``out[b] = sum_k R_k U[w_{t-k}]`` (:class:`hsm.models.LogBilinearLM`).
+
+    ``weight`` [V, d] (U), ``ids`` [T * B] position-major (entry ``k * B + b`` is the word ``k + 1``
+    back of example b), ``context_weight`` [T, d, d] (``R_{k+1}`` at k). Writes ``gathered``
+    [T, B, d] (the context rows, kept for the backward) and ``out`` [B, d]. Examples are taken
+    ``chunk`` at a time from ``cursor``; a chunk's rows are gathered, then ``T`` matrix products
+    with ``R_k^T`` (BLAS reads the transposed block in place) are summed in order of k, so a row's
+    result does not depend on how the batch was shared."""
+    context = context_weight.shape[0]
+    batch = out.shape[0]
+    chunks = (batch + chunk - 1) // chunk
+    scratch = np.empty((chunk, out.shape[1]), dtype=out.dtype)
+    while True:
+        c = _claim(cursor)
+        if c >= chunks:
+            break
+        lo = c * chunk
+        hi = min(batch, lo + chunk)
+        for k in range(context):
+            for b in range(lo, hi):
+                gathered[k, b, :] = weight[ids[k * batch + b]]
+        np.dot(gathered[0, lo:hi], context_weight[0].T, out[lo:hi])
+        for k in range(1, context):
+            part = scratch[: hi - lo]
+            np.dot(gathered[k, lo:hi], context_weight[k].T, part)
+            for b in range(hi - lo):
+                for j in range(out.shape[1]):
+                    out[lo + b, j] += part[b, j]
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def lbl_backward(grad_out, gathered, context_weight, grad_context, rows, need_context, need_rows,
+                 cursor):  # pragma: no cover - compiled
+    """Gradients of :func:`lbl_forward`: ``grad_context[k] = g^T gathered[k]`` (dL/dR_{k+1}) and
+    ``rows[k] = g R_k`` (the gradient of each context row, position-major like ``ids``). The 2T
+    products (T of each kind, all the same size) are claimed one at a time from ``cursor``."""
+    context = context_weight.shape[0]
+    while True:
+        task = _claim(cursor)
+        if task >= 2 * context:
+            break
+        if task < context:
+            if need_context:
+                np.dot(grad_out.T, gathered[task], grad_context[task])
+        elif need_rows:
+            k = task - context
+            np.dot(grad_out, context_weight[k], rows[k])
+
+
+@numba.njit(cache=True, nogil=True)
+def sum_rows_by_id(ids, rows):  # pragma: no cover - compiled
+    """The rows of equal ids summed: ``(unique ids, increasing; their summed rows)``. A word that
+    occurs several times in a batch's contexts gets one gradient row (as ``Tensor.coalesce``
+    gives, without a sparse tensor's sort and temporaries); duplicates are added in the order
+    they occur (a stable sort), so the result is deterministic."""
+    n = ids.shape[0]
+    order = np.argsort(ids, kind="mergesort")
+    count = 0
+    for i in range(n):
+        if i == 0 or ids[order[i]] != ids[order[i - 1]]:
+            count += 1
+    unique = np.empty(count, dtype=np.int64)
+    out = np.zeros((count, rows.shape[1]), dtype=rows.dtype)
+    u = -1
+    for i in range(n):
+        r = order[i]
+        if i == 0 or ids[r] != ids[order[i - 1]]:
+            u += 1
+            unique[u] = ids[r]
+        for j in range(rows.shape[1]):
+            out[u, j] += rows[r, j]
+    return unique, out
+
+
 # ------------------------------------------------------------------ thread shares
 class _Worker:
     """A pool thread with the lightest hand-off Python has: two bare locks (a futex each way).
@@ -810,6 +892,32 @@ def run_top1_search(h, weight, bias, penalty, child_node, child_label, max_depth
 
     _run_claiming(lambda: top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited, cursor), threads)
     return labels, values, visited
+
+
+def run_lbl_forward(weight, ids, context_weight, batch: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`lbl_forward` shared by the threads: returns ``(out [B, d], gathered [T, B, d])``."""
+    context, dim = context_weight.shape[0], weight.shape[1]
+    gathered = np.empty((context, batch, dim), dtype=weight.dtype)
+    out = np.empty((batch, dim), dtype=weight.dtype)
+    threads = max(1, _threads_for(2.0 * batch * context * dim * dim, batch))
+    chunk = max(1, -(-batch // threads))
+    cursor = np.zeros(1, dtype=np.int64)
+    _run_claiming(lambda: lbl_forward(weight, ids, context_weight, gathered, out, chunk, cursor), threads)
+    return out, gathered
+
+
+def run_lbl_backward(grad_out, gathered, context_weight, need_context: bool,
+                     need_rows: bool) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`lbl_backward` shared by the threads: ``(grad_context [T, d, d], rows [T, B, d])``
+    (either with 0 entries when not needed)."""
+    context, batch, dim = gathered.shape
+    grad_context = np.empty(context_weight.shape if need_context else (0, dim, dim), dtype=gathered.dtype)
+    rows = np.empty((context if need_rows else 0, batch, dim), dtype=gathered.dtype)
+    threads = max(1, _threads_for(2.0 * batch * context * dim * dim * (need_context + need_rows), 2 * context))
+    cursor = np.zeros(1, dtype=np.int64)
+    _run_claiming(lambda: lbl_backward(grad_out, gathered, context_weight, grad_context, rows, need_context,
+                                       need_rows, cursor), threads)
+    return grad_context, rows
 
 
 def run_adagrad_dense(param, state, grad, clr, eps) -> None:

@@ -17,11 +17,31 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from . import kernels
+
 __all__ = ["LogBilinearLM"]
+
+#: the compiled path (:func:`hsm.kernels.run_lbl_forward`) is used for float32 CPU parameters
+#: unless this is False (tests compare both paths)
+USE_KERNELS = True
+
+
+def _compiled_applies(weight: Tensor, context_weight: Tensor) -> bool:
+    return (USE_KERNELS and weight.device.type == "cpu" and context_weight.device.type == "cpu"
+            and weight.dtype == torch.float32 and context_weight.dtype == torch.float32
+            and weight.is_contiguous() and context_weight.is_contiguous())
 
 
 class _LogBilinear(torch.autograd.Function):
     """``r_x = sum_k U[w_{t-k}] R_k^T`` and its gradients, as plain matrix products on views.
+
+    float32 CPU parameters: the same products in the compiled kernels of :mod:`hsm.kernels`
+    (:func:`~hsm.kernels.lbl_forward`, :func:`~hsm.kernels.lbl_backward`), on the threads the
+    output layer's kernels use and with BLAS at one thread, and the context rows' gradient summed
+    per word (:func:`~hsm.kernels.sum_rows_by_id`: a coalesced sparse gradient). The point is not
+    the products themselves (MKL is as fast) but that a training step then never wakes torch's
+    OpenMP threads, whose spinning after each parallel region took the cores the layer's kernels
+    need (see :meth:`LogBilinearLM.forward`). Elsewhere (other dtypes, devices), torch's ops:
 
     Forward: the context rows are gathered once, position-major ([T, B, d], so each position's
     block is contiguous), and ``r_x`` is accumulated with one ``addmm`` per position against
@@ -36,10 +56,16 @@ class _LogBilinear(torch.autograd.Function):
         batch, context = contexts.shape
         # ids position-major, newest first: row k * B + b is w_{t-1-k} of example b, which gets R_{k+1}
         ids = contexts.flip(1).t().reshape(-1).long()
-        gathered = weight.index_select(0, ids).view(context, batch, weight.shape[1])
-        out = torch.mm(gathered[0], context_weight[0].t())
-        for k in range(1, context):
-            out.addmm_(gathered[k], context_weight[k].t())
+        ctx.compiled = _compiled_applies(weight, context_weight)
+        if ctx.compiled:
+            out, gathered = kernels.run_lbl_forward(weight.detach().numpy(), ids.numpy(),
+                                                    context_weight.detach().numpy(), batch)
+            out, gathered = torch.from_numpy(out), torch.from_numpy(gathered)
+        else:
+            gathered = weight.index_select(0, ids).view(context, batch, weight.shape[1])
+            out = torch.mm(gathered[0], context_weight[0].t())
+            for k in range(1, context):
+                out.addmm_(gathered[k], context_weight[k].t())
         ctx.save_for_backward(ids, gathered, context_weight)
         ctx.sparse = sparse
         ctx.vocab_size = weight.shape[0]
@@ -50,16 +76,33 @@ class _LogBilinear(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         ids, gathered, context_weight = ctx.saved_tensors
         context, batch, dim = gathered.shape
+        need_weight, need_context = ctx.needs_input_grad[1], ctx.needs_input_grad[2]
         grad_weight = grad_context = None
-        if ctx.needs_input_grad[2]:
-            grad_context = torch.empty_like(context_weight)
-            grad_t = grad_out.t()
-            for k in range(context):
-                torch.mm(grad_t, gathered[k], out=grad_context[k])
-        if ctx.needs_input_grad[1]:
-            rows = grad_out.new_empty(context, batch, dim)
-            for k in range(context):
-                torch.mm(grad_out, context_weight[k], out=rows[k])
+        if ctx.compiled:
+            grad_np = grad_out.detach().to(gathered.dtype).contiguous().numpy()
+            grad_context_np, rows_np = kernels.run_lbl_backward(grad_np, gathered.numpy(), context_weight.detach().numpy(),
+                                                                need_context, need_weight)
+            if need_context:
+                grad_context = torch.from_numpy(grad_context_np)
+            if need_weight and ctx.sparse:
+                # repeated words summed here (deterministically), rows in increasing order: the
+                # optimiser takes it as it is (RowSparseAdagrad checks the order instead of sorting)
+                unique, summed = kernels.sum_rows_by_id(ids.numpy(), rows_np.reshape(context * batch, dim))
+                return None, torch.sparse_coo_tensor(torch.from_numpy(unique)[None], torch.from_numpy(summed),
+                                                     (ctx.vocab_size, dim), check_invariants=False,
+                                                     is_coalesced=True), grad_context, None
+            rows = torch.from_numpy(rows_np)
+        else:
+            if need_context:
+                grad_context = torch.empty_like(context_weight)
+                grad_t = grad_out.t()
+                for k in range(context):
+                    torch.mm(grad_t, gathered[k], out=grad_context[k])
+            if need_weight:
+                rows = grad_out.new_empty(context, batch, dim)
+                for k in range(context):
+                    torch.mm(grad_out, context_weight[k], out=rows[k])
+        if need_weight:
             rows = rows.view(context * batch, dim)
             if ctx.sparse:
                 grad_weight = torch.sparse_coo_tensor(ids[None], rows, (ctx.vocab_size, dim),

@@ -343,3 +343,28 @@ def test_adagrad_dense_kernel_equals_torch_adagrad(threads, size):
         tol = dict(rtol=1e-6, atol=1e-7) if dtype == torch.float32 else dict(rtol=1e-13, atol=1e-14)
         torch.testing.assert_close(got_state, opt.state[want]["sum"], **tol)
         torch.testing.assert_close(param, want.detach(), **tol)
+
+
+def test_lbl_kernels_equal_the_products_and_sum_rows_by_id_equals_add_at(threads):
+    """The log-bilinear kernels against numpy's products (float64 reference), and the per-word sum
+    of gradient rows against np.add.at: ids unique and increasing, every id present."""
+    rng = np.random.default_rng(1)
+    vocab, dim, context, batch = 30, 6, 3, 13
+    weight = rng.standard_normal((vocab, dim)).astype(np.float32)
+    context_weight = rng.standard_normal((context, dim, dim)).astype(np.float32)
+    ids = rng.integers(0, 8, context * batch).astype(np.int64)  # few words: many repeats
+    out, gathered = kernels.run_lbl_forward(weight, ids, context_weight, batch)
+    w64, r64 = weight.astype(np.float64), context_weight.astype(np.float64)
+    want = sum(w64[ids[k * batch:(k + 1) * batch]] @ r64[k].T for k in range(context))
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
+    grad_out = rng.standard_normal((batch, dim)).astype(np.float32)
+    grad_context, rows = kernels.run_lbl_backward(grad_out, gathered, context_weight, True, True)
+    for k in range(context):
+        np.testing.assert_allclose(grad_context[k], grad_out.T.astype(np.float64) @ w64[ids[k * batch:(k + 1) * batch]],
+                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(rows[k], grad_out.astype(np.float64) @ r64[k], rtol=1e-5, atol=1e-5)
+    unique, summed = kernels.sum_rows_by_id(ids, rows.reshape(-1, dim))
+    dense = np.zeros((vocab, dim), dtype=np.float64)
+    np.add.at(dense, ids, rows.reshape(-1, dim).astype(np.float64))
+    assert unique.tolist() == sorted(set(ids.tolist()))
+    np.testing.assert_allclose(summed, dense[unique], rtol=1e-5, atol=1e-5)

@@ -104,10 +104,24 @@ def _grads(model: LogBilinearLM, contexts: torch.Tensor, weights: torch.Tensor, 
     return out.detach(), (grad_u.to_dense() if grad_u.is_sparse else grad_u), model.context_weight.grad
 
 
+@pytest.fixture(params=["compiled-1-thread", "compiled-2-threads", "torch"])
+def path(request, monkeypatch):
+    """The compiled kernels (float32 CPU; on one thread and on two, tiny work split anyway) or
+    torch's ops (USE_KERNELS off: what other devices run)."""
+    from hsm import kernels, models
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2 if request.param == "compiled-2-threads" else 1)
+    monkeypatch.setattr(kernels, "MIN_WORK_PER_THREAD", 1)
+    monkeypatch.setattr(models, "USE_KERNELS", request.param != "torch")
+    yield request.param
+    torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("sparse", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("context", [1, 4])
-def test_fast_path_matches_autograd_reference(sparse, dtype, context) -> None:
+def test_fast_path_matches_autograd_reference(sparse, dtype, context, path) -> None:
     """Values, the embedding gradient (repeated words: rows summed) and the R_k gradients equal
     those autograd computes through F.embedding + einsum (forward_reference)."""
     torch.manual_seed(context)
@@ -136,7 +150,7 @@ def test_fast_path_gradcheck_and_int32_contexts() -> None:
     torch.testing.assert_close(model(contexts.int()), model(contexts))
 
 
-def test_fast_path_sparse_gradient_trains_like_the_reference_with_adagrad() -> None:
+def test_fast_path_sparse_gradient_trains_like_the_reference_with_adagrad(path) -> None:
     """Five Adagrad steps (hsm.RowSparseAdagrad and torch.optim.Adagrad) on the sparse fast path
     reach the parameters the reference path reaches, within float32 rounding."""
     torch.manual_seed(1)
@@ -158,7 +172,7 @@ def test_fast_path_sparse_gradient_trains_like_the_reference_with_adagrad() -> N
         torch.testing.assert_close(m.context_weight, models[2].context_weight, rtol=1e-5, atol=1e-6)
 
 
-def test_fast_path_empty_batch_and_no_grad() -> None:
+def test_fast_path_empty_batch_and_no_grad(path) -> None:
     model = LogBilinearLM(10, 4, 2, sparse=True)
     empty = torch.zeros(0, 2, dtype=torch.long)
     out = model(empty)
@@ -168,3 +182,29 @@ def test_fast_path_empty_batch_and_no_grad() -> None:
     assert model.context_weight.grad.abs().sum() == 0
     with torch.no_grad():
         assert not model(torch.tensor([[1, 2]])).requires_grad
+
+
+def test_compiled_sparse_gradient_is_coalesced_and_the_same_on_one_or_two_threads(monkeypatch) -> None:
+    """The compiled path's embedding gradient lists each word once, in increasing order (what
+    RowSparseAdagrad checks before skipping its sort), and one or two threads give the same bits."""
+    from hsm import kernels
+
+    monkeypatch.setattr(kernels, "MIN_WORK_PER_THREAD", 1)
+    torch.manual_seed(3)
+    model = LogBilinearLM(40, 16, 4, sparse=True)
+    contexts = torch.randint(0, 10, (33, 4))
+    weights = torch.randn(33, 16)
+    results = []
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            results.append(_grads(model, contexts, weights, reference=False))
+            grad = model.embedding.weight.grad
+            rows = grad._indices()[0]
+            assert bool((rows[1:] > rows[:-1]).all())
+            assert set(rows.tolist()) == set(contexts.flatten().tolist())
+    finally:
+        torch.set_num_threads(before)
+    for one, two in zip(*results):
+        assert torch.equal(one, two)
