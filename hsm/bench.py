@@ -14,8 +14,10 @@ softmax's frequency-sorted cutoffs are meaningful):
 * ``predict``: the exact arg max (``layer.predict``; branch and bound for the tree).
 
 Methods: ``flat`` (:class:`hsm.FlatSoftmax`: ``nn.Linear`` + log-softmax, the O(V d) baseline),
-``adaptive`` (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, cutoffs 2k/10k/50k/200k below V,
-``div_value=4``, at most as many tail clusters as keep every tail projection >= 1 dimension), ``tree-d2`` / ``tree-d3`` (:class:`hsm.HierarchicalSoftmax` on a random
+``adaptive`` (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, cutoffs 2k/20k/100k below V,
+``div_value=4``, at most as many tail clusters as keep every tail projection >= 1 dimension: the
+fastest configuration of Grave et al.'s shape we measured, :data:`ADAPTIVE_CUTOFFS`; ``adaptive-x5``
+is the same with the cutoffs 2k/10k/50k/200k used before issue 18), ``tree-d2`` / ``tree-d3`` (:class:`hsm.HierarchicalSoftmax` on a random
 fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``; on CPU in float32 the compiled kernels
 of :mod:`hsm.kernels`), ``torch-d3`` (the same layer with ``use_kernels = False``: pairs grouped
 by node in PyTorch ops, the path a GPU takes), and ``naive-d3`` (the same tree through
@@ -56,10 +58,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["METHODS", "BenchConfig", "adaptive_cutoffs", "machine_limits", "main", "run_benchmark", "run_one",
+__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "BenchConfig", "adaptive_cutoffs", "machine_limits", "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
 
-METHODS = ("flat", "adaptive", "tree-d2", "tree-d3", "torch-d3", "naive-d3")
+METHODS = ("flat", "adaptive", "tree-d2", "tree-d3", "torch-d3", "naive-d3", "adaptive-x5")
 METRICS = ("train", "train_sgd", "train_adagrad", "logprob", "predict")
 _POOL = 16  # distinct batches cycled through by every timing loop
 
@@ -78,12 +80,29 @@ def tree_arity(num_labels: int, depth: int) -> int:
     return arity
 
 
-def adaptive_cutoffs(num_labels: int, dim: int = 200, div_value: float = 4.0) -> list[int]:
-    """Cutoffs for AdaptiveLogSoftmaxWithLoss: 2k / 10k / 50k / 200k (a factor 5 per cluster, as in
-    Grave et al.'s setups), those below V, and no more clusters than leave every tail a projection
-    of at least one dimension (torch gives tail i the size ``dim // div_value**(i + 1)``: with
-    d = 200 and ``div_value=4`` a fourth tail would get 0 dimensions, a degenerate model)."""
-    cutoffs = [c for c in (2_000, 10_000, 50_000, 200_000) if c < num_labels]
+#: the adaptive softmax's cutoffs (those below V are used): a head of the 2,000 most frequent
+#: words and tails growing about fivefold, the shape of Grave et al.'s large-vocabulary setups;
+#: of the configurations of that shape timed at V = 250k, d = 200, B = 128 (head 1k-5k words,
+#: two or three tails, ``div_value`` 2 or 4: ``results/bench/adaptive.json``), the fastest
+ADAPTIVE_CUTOFFS = (2_000, 20_000, 100_000)
+#: the cutoffs this benchmark used before issue 18 (method ``adaptive-x5``): smaller tail clusters,
+#: about 2.5 times slower at V = 250k
+ADAPTIVE_CUTOFFS_X5 = (2_000, 10_000, 50_000, 200_000)
+
+
+def adaptive_cutoffs(num_labels: int, dim: int = 200, div_value: float = 4.0,
+                     base: Sequence[int] = ADAPTIVE_CUTOFFS_X5) -> list[int]:
+    """Cutoffs for AdaptiveLogSoftmaxWithLoss: those of ``base`` below V (the benchmark's
+    ``adaptive`` passes :data:`ADAPTIVE_CUTOFFS`; the default, :data:`ADAPTIVE_CUTOFFS_X5`, is
+    what this function returned before issue 18), and no more clusters than leave every tail a
+    projection of at least one dimension (torch gives tail i the size ``dim // div_value**(i + 1)``:
+    with d = 200 and ``div_value=4`` a fourth tail would get 0 dimensions, a degenerate model).
+    A vocabulary at or below the first cutoff gets one cutoff at V / 4. ValueError unless ``base``
+    is increasing positive integers."""
+    base = [int(c) for c in base]
+    if not base or base[0] < 1 or any(b <= a for a, b in zip(base, base[1:])):
+        raise ValueError(f"base must be increasing positive cutoffs, got {base}")
+    cutoffs = [c for c in base if c < num_labels]
     while cutoffs and int(dim // div_value ** len(cutoffs)) < 1:
         cutoffs.pop()
     return cutoffs or [max(1, num_labels // 4)]
@@ -188,7 +207,7 @@ def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | 
         out["train_sgd"] = {"bytes": train_bytes + 3 * opt_rows, "flops": 3 * fwd_flops}
         out["train_adagrad"] = {"bytes": train_bytes + 5 * opt_rows, "flops": 3 * fwd_flops}
         out["predict"] = {"bytes": fwd_bytes, "flops": fwd_flops}
-    elif method == "adaptive":
+    elif method.startswith("adaptive"):
         weight = parameters * f32
         logits = batch * (num_labels // 50) * f32  # head-sized logits; small next to the weights
         out["logprob"] = {"bytes": weight + 2 * logits, "flops": 0.0}
@@ -243,8 +262,9 @@ def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: i
     torch.manual_seed(seed)
     if method == "flat":
         return FlatSoftmax(dim, num_labels).to(device), None
-    if method == "adaptive":
-        layer = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, num_labels, adaptive_cutoffs(num_labels, dim), div_value=4.0)
+    if method.startswith("adaptive"):
+        cutoffs = adaptive_cutoffs(num_labels, dim, base=ADAPTIVE_CUTOFFS_X5 if method == "adaptive-x5" else ADAPTIVE_CUTOFFS)
+        layer = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, num_labels, cutoffs, div_value=4.0)
         return layer.to(device), None
     depth = int(method.rsplit("-d", 1)[1])
     arity = tree_arity(num_labels, depth)
@@ -293,8 +313,8 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
         unique = [np.unique(tree.path_nodes[y.cpu().numpy()]).size for y in targets]
         row["unique_nodes"] = float(np.mean(unique))
         row["pairs"] = float(batch * tree.max_depth)
-    elif method == "adaptive":
-        row["cutoffs"] = adaptive_cutoffs(num_labels, dim)
+    elif method.startswith("adaptive"):
+        row["cutoffs"] = list(layer.cutoffs[:-1])
     params = sum(p.numel() for p in layer.parameters())
     row["parameters"] = params
     ms: dict[str, float] = {}
