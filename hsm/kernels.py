@@ -324,8 +324,30 @@ def path_forward(h, weight, bias, penalty, example, node, child, order, starts, 
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, need_weight, clr, eps):  # pragma: no cover - compiled
+    """:func:`adagrad_rows` on node n's weight row (``grad_w[0]``) and bias row (``grad_b[0]``)."""
+    if need_weight:
+        p = weight[n]
+        s = state_weight[n]
+        g = grad_w[0]
+        for j in range(g.shape[0]):
+            total = s[j] + g[j] * g[j]
+            s[j] = total
+            p[j] -= clr * g[j] / (np.sqrt(total) + eps)
+    if bias.shape[0] > 0:
+        p = bias[n]
+        s = state_bias[n]
+        g = grad_b[0]
+        for j in range(g.shape[0]):
+            total = s[j] + g[j] * g[j]
+            s[j] = total
+            p[j] -= clr * g[j] / (np.sqrt(total) + eps)
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output,
-                  grad_pair_h, grad_weight, grad_bias, need_h, need_weight, cursor):  # pragma: no cover - compiled
+                  grad_pair_h, grad_weight, grad_bias, need_h, need_weight, cursor,
+                  bias, state_weight, state_bias, clr, eps):  # pragma: no cover - compiled
     """Gradients of ``sum_b grad_output[b] * log p(y_b | h_b)`` from the saved node softmax.
 
     Per pair, ``d/d logit_m = g_b (onehot(child)_m - softmax_m)``. Writes ``grad_pair_h`` [P, d]
@@ -333,22 +355,36 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
     ``grad_weight`` [G, M*d] (one row per unique node, in ``starts`` order) and ``grad_bias``
     [G, M]. Both products are blocked by four (four pairs per weight-gradient row, four weight
     rows per input gradient) so each load and store serves four multiply-adds. Groups are
-    claimed from ``cursor`` as in :func:`path_forward`."""
+    claimed from ``cursor`` as in :func:`path_forward`.
+
+    Fused Adagrad (``state_weight`` with rows; :meth:`hsm.RowSparseAdagrad.fuse`): once a node's
+    input-gradient share is done (the last read of its old weights), its gradient row goes
+    straight into :func:`adagrad_rows`' update of ``weight[n]`` (and ``bias[n]`` with
+    ``state_bias``, when ``bias`` has rows) with ``clr``, ``eps``: the row is computed in a
+    per-thread scratch row and consumed while in cache, instead of being written to
+    ``grad_weight`` and read back by the optimiser (two passes over the batch's node blocks
+    saved); ``grad_weight`` and ``grad_bias`` are then not written. The same arithmetic, so the
+    same bits as the optimiser's update of the gradient this kernel would otherwise return."""
     dim = h.shape[1]
     arity = node_prob.shape[1]
     count = node_prob.shape[0]
+    fused = state_weight.shape[0] > 0
     pair_grad = np.empty((count, arity), dtype=h.dtype)  # rows of this thread's pairs only
     groups = starts.shape[0] - 1
     _, scratch = _largest_group(starts)
     group_grad = np.empty((scratch, arity), dtype=h.dtype)
     rows = np.empty((scratch, dim), dtype=h.dtype)
     rows_grad = np.empty((scratch, dim), dtype=h.dtype)
+    # fused: this thread's gradient rows (one node at a time) instead of the batch's [G, M*d]
+    grad_w = np.empty((1, arity * dim), dtype=h.dtype) if fused else grad_weight
+    grad_b = np.empty((1, arity), dtype=h.dtype) if fused else grad_bias
     while True:
         g = _claim(cursor)
         if g >= groups:
             break
         first, last = starts[g], starts[g + 1]
         n = node[order[first]]
+        gi = 0 if fused else g
         for q in range(first, last):
             p = order[q]
             scale = grad_output[example[p]]
@@ -359,7 +395,7 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
             acc = np.float32(0.0)
             for q in range(first, last):
                 acc += pair_grad[order[q], m]
-            grad_bias[g, m] = acc
+            grad_b[gi, m] = acc
         if last - first >= BLAS_MIN_PAIRS:
             # the node's two products as matrix products: grad W_n = S_n^T H_n, grad H_n = S_n W_n
             size = last - first
@@ -368,11 +404,13 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
             block = weight[n].reshape(arity, dim)
             if need_weight:
                 np.dot(group_grad[:size].T, _gather_rows(h, example, order, first, last, rows),
-                       grad_weight[g].reshape(arity, dim))
+                       grad_w[gi].reshape(arity, dim))
             if need_h:
                 np.dot(group_grad[:size], block, rows_grad[:size])
                 for q in range(first, last):
                     grad_pair_h[order[q], :] = rows_grad[q - first]
+            if fused:
+                _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, need_weight, clr, eps)
             continue
         if need_weight:
             # grad W_n[m] = sum over the node's pairs of s_pm h_b
@@ -384,24 +422,24 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
                     s0, s1, s2, s3 = pair_grad[p0, m], pair_grad[p1, m], pair_grad[p2, m], pair_grad[p3, m]
                     e0, e1, e2, e3 = example[p0], example[p1], example[p2], example[p3]
                     for k in range(dim):
-                        grad_weight[g, base + k] = s0 * h[e0, k] + s1 * h[e1, k] + s2 * h[e2, k] + s3 * h[e3, k]
+                        grad_w[gi, base + k] = s0 * h[e0, k] + s1 * h[e1, k] + s2 * h[e2, k] + s3 * h[e3, k]
                     q += 4
                 else:
                     for k in range(dim):
-                        grad_weight[g, base + k] = 0.0
+                        grad_w[gi, base + k] = 0.0
                 while q + 4 <= last:
                     p0, p1, p2, p3 = order[q], order[q + 1], order[q + 2], order[q + 3]
                     s0, s1, s2, s3 = pair_grad[p0, m], pair_grad[p1, m], pair_grad[p2, m], pair_grad[p3, m]
                     e0, e1, e2, e3 = example[p0], example[p1], example[p2], example[p3]
                     for k in range(dim):
-                        grad_weight[g, base + k] += s0 * h[e0, k] + s1 * h[e1, k] + s2 * h[e2, k] + s3 * h[e3, k]
+                        grad_w[gi, base + k] += s0 * h[e0, k] + s1 * h[e1, k] + s2 * h[e2, k] + s3 * h[e3, k]
                     q += 4
                 while q < last:
                     p = order[q]
                     s = pair_grad[p, m]
                     e = example[p]
                     for k in range(dim):
-                        grad_weight[g, base + k] += s * h[e, k]
+                        grad_w[gi, base + k] += s * h[e, k]
                     q += 1
         if need_h:
             # grad h_b += sum_m s_pm W_n[m], two pairs at a time sharing the loads of W_n
@@ -451,6 +489,8 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
                     for k in range(dim):
                         grad_pair_h[p, k] += s * weight[n, base + k]
                     m += 1
+        if fused:
+            _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, need_weight, clr, eps)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
@@ -871,14 +911,21 @@ def run_path_forward(h, weight, bias, penalty, example, node, child, order, star
 
 
 def run_path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output,
-                      grad_weight, grad_bias, need_h, need_weight) -> np.ndarray:
-    """:func:`path_backward` on all groups, shared by the threads; returns ``grad_h`` [B, d]."""
+                      grad_weight, grad_bias, need_h, need_weight, adagrad=None) -> np.ndarray:
+    """:func:`path_backward` on all groups, shared by the threads; returns ``grad_h`` [B, d].
+    ``adagrad``: ``(bias, state_weight, state_bias, clr, eps)`` for the fused update (``bias``
+    and ``state_bias`` with 0 rows when the layer has no bias), else None."""
     threads = _threads_for(2.0 * node.shape[0] * node_prob.shape[1] * h.shape[1], starts.shape[0] - 1)
     cursor = np.zeros(1, dtype=np.int64)
     grad_pair_h = np.empty((node.shape[0] if need_h else 0, h.shape[1]), dtype=h.dtype)
+    if adagrad is None:
+        none = np.empty((0, node_prob.shape[1]), dtype=h.dtype)
+        adagrad = (none, np.empty((0, weight.shape[1]), dtype=h.dtype), none, h.dtype.type(0), h.dtype.type(0))
+    bias, state_weight, state_bias, clr, eps = adagrad
 
     _run_claiming(lambda: path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output, grad_pair_h,
-                      grad_weight, grad_bias, need_h, need_weight, cursor), threads)
+                      grad_weight, grad_bias, need_h, need_weight, cursor, bias, state_weight, state_bias, clr, eps),
+                  threads)
     grad_h = np.zeros(h.shape, dtype=h.dtype)
     if need_h:
         sum_rows_by_example(grad_pair_h, example, grad_h)

@@ -368,7 +368,8 @@ class _TreePathLogProbKernel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, penalty: np.ndarray,
-                plan: _KernelPlan, sparse: bool, arity: int):  # type: ignore[override]
+                plan: _KernelPlan, sparse: bool, arity: int, fused=None):  # type: ignore[override]
+        ctx.fused, ctx.bias = fused, bias  # fused: a RowSparseAdagrad (RowSparseAdagrad.fuse)
         h = _np(input)
         node_prob = np.empty((plan.node.shape[0], arity), dtype=np.float32)
         bias_np = _np(bias) if bias is not None else np.empty((0, arity), dtype=np.float32)
@@ -392,11 +393,20 @@ class _TreePathLogProbKernel(torch.autograd.Function):
         need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
         arity = probs.shape[1]
         groups = plan.starts.shape[0] - 1
-        values = np.empty((groups if need_weight else 0, weight.shape[1]), dtype=np.float32)
-        bias_values = np.empty((groups, arity), dtype=np.float32)
-        grad_h = kernels.run_path_backward(_np(input), _np(weight), plan.example, plan.node, plan.child, plan.order,
-                                           plan.starts, _np(probs), _np(grad_output.float()), values,
-                                           bias_values, need_input, need_weight)
+        adagrad = None
+        if ctx.fused is not None and need_weight and (need_bias or not ctx.has_bias):
+            adagrad = ctx.fused._fused_settings(weight, ctx.bias)
+        if adagrad is not None:  # the update is applied in the kernel: no gradient rows
+            values = np.empty((0, weight.shape[1]), dtype=np.float32)
+            bias_values = np.empty((0, arity), dtype=np.float32)
+        else:
+            values = np.empty((groups if need_weight else 0, weight.shape[1]), dtype=np.float32)
+            bias_values = np.empty((groups, arity), dtype=np.float32)
+        grad_h = kernels.run_path_backward(_np(input), weight.detach().numpy(), plan.example, plan.node, plan.child,
+                                           plan.order, plan.starts, _np(probs), _np(grad_output.float()), values,
+                                           bias_values, need_input, need_weight, adagrad)
+        if adagrad is not None:
+            return (torch.from_numpy(grad_h) if need_input else None), None, None, None, None, None, None, None
         # unique nodes in increasing order (a stable sort by node): the sparse gradients are coalesced
         rows = torch.from_numpy(plan.node[plan.order[plan.starts[:-1]]]).unsqueeze(0)
         grad_input = torch.from_numpy(grad_h) if need_input else None
@@ -405,7 +415,7 @@ class _TreePathLogProbKernel(torch.autograd.Function):
             grad_weight = _row_gradient(rows, torch.from_numpy(values), ctx.weight_shape, ctx.sparse)
         if need_bias and ctx.has_bias:
             grad_bias = _row_gradient(rows, torch.from_numpy(bias_values), (ctx.weight_shape[0], arity), ctx.sparse)
-        return grad_input, grad_weight, grad_bias, None, None, None, None
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None
 
 
 def _row_gradient(rows: Tensor, values: Tensor, shape, sparse: bool) -> Tensor:
@@ -521,6 +531,9 @@ class HierarchicalSoftmax(nn.Module):
         self.weight = nn.Parameter(torch.empty(tree.num_nodes, tree.arity * in_features))
         self.bias = nn.Parameter(torch.zeros(tree.num_nodes, tree.arity)) if bias else None
         self.statistics = None  # a NodeStatistics, attached by TreeLearner (Algorithm 1)
+        #: a RowSparseAdagrad whose update of this layer's parameters runs inside the compiled
+        #: backward (RowSparseAdagrad.fuse), or None
+        self.fused_optimizer = None
         self.reset_parameters()
         self.tree: Tree
         self.set_tree(tree)
@@ -607,6 +620,7 @@ class HierarchicalSoftmax(nn.Module):
         state = self.__dict__.copy()
         state.pop("_thread_local", None)
         state.pop("_pending_tree", None)
+        state["fused_optimizer"] = None  # a copy is not updated by the original's optimiser
         return state
 
     def _workspace(self) -> list:
@@ -667,7 +681,8 @@ class HierarchicalSoftmax(nn.Module):
             # the mean in numpy: two torch calls would cost a tenth of this whole pass
             return HSMOutput(torch.from_numpy(output), _mean_loss(output))
         output, pair_probs, loss = _TreePathLogProbKernel.apply(input, self.weight, self.bias, penalty,
-                                                                plan, self.sparse, self.arity)
+                                                                plan, self.sparse, self.arity,
+                                                                getattr(self, "fused_optimizer", None))
         if collect and not self.statistics.accumulate_pairs(labels, plan.example, plan.depth, pair_probs.numpy()):
             self._collect_statistics(target, pair_probs, plan.full)
         return HSMOutput(output, loss)
@@ -1198,6 +1213,55 @@ class RowSparseAdagrad(_RowSparseOptimizer):
                 # the constructor's value, not the group's: torch.optim.Adagrad does the same
                 self.state[param]["sum"] = torch.full_like(param, initial_accumulator_value,
                                                            memory_format=torch.preserve_format)
+
+    def fuse(self, layer: "HierarchicalSoftmax") -> None:
+        """Apply this optimiser's update of ``layer``'s weight and bias inside the layer's
+        compiled backward (float32 CPU), node by node, while each node's gradient row is in
+        cache: the same update bit for bit, without writing the batch's gradient rows and
+        reading them back (two of the seven passes over the touched node blocks that a step with
+        a separate ``step()`` makes; tests/test_layers.py compares parameters and state with the
+        unfused optimiser and with ``torch.optim.Adagrad``).
+
+        The layer's parameters then get no ``.grad`` from such a backward, and ``step()`` (which
+        skips parameters without a gradient) does not touch them again; their step count advances
+        in the backward. Fuse only where nothing reads or changes the gradients between
+        ``backward()`` and ``step()`` (an L2 term added to them, clipping, averaging across
+        processes), call ``zero_grad(set_to_none=True)`` (torch's default), and do not run two
+        backward passes per step. Other paths (the layer's PyTorch path, float64, other
+        devices) produce gradients as usual. ``layer.fused_optimizer = None`` undoes it.
+
+        Raises TypeError unless ``layer`` is an :class:`HierarchicalSoftmax`; ValueError unless
+        its weight (and bias) are parameters of this optimiser, in one parameter group."""
+        if not isinstance(layer, HierarchicalSoftmax):
+            raise TypeError(f"layer must be an hsm.HierarchicalSoftmax, got {type(layer).__name__}")
+        groups = [self._group_of(p) for p in (layer.weight, layer.bias) if p is not None]
+        if any(g is None for g in groups):
+            raise ValueError("the layer's weight and bias must be parameters of this optimiser to fuse its update")
+        if any(g is not groups[0] for g in groups):
+            raise ValueError("the layer's weight and bias must be in one parameter group to fuse their update")
+        layer.fused_optimizer = self
+
+    def _group_of(self, param: Tensor) -> dict | None:
+        return next((g for g in self.param_groups if any(p is param for p in g["params"])), None)
+
+    def _fused_settings(self, weight: Tensor, bias: Tensor | None):
+        """For :meth:`fuse`'s backward: count the step of ``weight`` (and ``bias``) and return the
+        kernel's ``(bias, state_weight, state_bias, clr, eps)`` as numpy views, or None (nothing
+        counted) where the compiled update does not apply (then the gradients are returned)."""
+        params = [p for p in (weight, bias) if p is not None]
+        group = self._group_of(weight)
+        if (group is None or any(self._group_of(p) is not group for p in params)
+                or any(p.device.type != "cpu" or p.dtype != torch.float32 or not p.is_contiguous() for p in params)
+                or any(not self.state[p]["sum"].is_contiguous() for p in params)
+                or len({self.state[p]["step"] for p in params}) != 1):
+            return None
+        for p in params:
+            self.state[p]["step"] += 1
+        step = self.state[weight]["step"]
+        clr = np.float32(group["lr"] / (1 + (step - 1) * group["lr_decay"]))  # as _update computes it
+        no_bias = np.empty((0, 1), dtype=np.float32)
+        return (bias.detach().numpy() if bias is not None else no_bias, self.state[weight]["sum"].numpy(),
+                self.state[bias]["sum"].numpy() if bias is not None else no_bias, clr, np.float32(group["eps"]))
 
     def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:
         state = self.state[param]

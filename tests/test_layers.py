@@ -384,3 +384,66 @@ def test_row_sparse_adagrad_dense_parameters_match_torch_adagrad(dtype):
     for got, want in zip(params[0], params[1]):
         torch.testing.assert_close(got, want, **tol)
         torch.testing.assert_close(opts[0].state[got]["sum"], opts[1].state[want]["sum"], **tol)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("bias", [True, False])
+def test_fused_adagrad_is_the_unfused_update_bit_for_bit(threads, bias, monkeypatch):
+    """RowSparseAdagrad.fuse(layer): the update applied inside the compiled backward gives the
+    parameters and the Adagrad state of the unfused optimiser exactly (and torch.optim.Adagrad's
+    within float32 rounding), on one thread and on two, with node groups large enough for the
+    BLAS branch (the root: all 40 examples) and small ones; the fused layer gets no gradient."""
+    from hsm import kernels
+    from hsm.layers import RowSparseAdagrad
+
+    monkeypatch.setattr(kernels, "MIN_WORK_PER_THREAD", 1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        tree = Tree.random(300, 7, 3, seed=1)
+        layers = [HierarchicalSoftmax(6, tree, bias=bias, sparse=True) for _ in range(3)]
+        for layer in layers[1:]:
+            layer.load_state_dict(layers[0].state_dict())
+        opts = [RowSparseAdagrad(layers[0].parameters(), lr=0.2, lr_decay=0.01, initial_accumulator_value=0.1),
+                RowSparseAdagrad(layers[1].parameters(), lr=0.2, lr_decay=0.01, initial_accumulator_value=0.1),
+                torch.optim.Adagrad(layers[2].parameters(), lr=0.2, lr_decay=0.01, initial_accumulator_value=0.1)]
+        opts[0].fuse(layers[0])
+        for step in range(4):
+            h = torch.randn(40, 6)
+            y = _duplicate_heavy_targets(tree, 40, step)
+            for layer, opt in zip(layers, opts):
+                opt.zero_grad(set_to_none=True)
+                x = h.clone().requires_grad_()
+                layer(x, y).loss.backward()
+                if layer is layers[0]:
+                    assert layer.weight.grad is None and x.grad is not None
+                opt.step()
+        for name in ("weight",) + (("bias",) if bias else ()):
+            fused, plain, reference = (getattr(layer, name) for layer in layers)
+            assert torch.equal(fused, plain)
+            assert torch.equal(opts[0].state[fused]["sum"], opts[1].state[plain]["sum"])
+            assert opts[0].state[fused]["step"] == opts[1].state[plain]["step"] == 4
+            torch.testing.assert_close(fused, reference, rtol=1e-5, atol=1e-6)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_fuse_checks_the_layer_and_the_parameters():
+    from hsm.layers import RowSparseAdagrad
+
+    layer = HierarchicalSoftmax(4, Tree.random(20, 3, 3, seed=0), sparse=True)
+    with pytest.raises(ValueError, match="parameters of this optimiser"):
+        RowSparseAdagrad([layer.weight], lr=0.1).fuse(layer)
+    with pytest.raises(ValueError, match="one parameter group"):
+        RowSparseAdagrad([{"params": [layer.weight]}, {"params": [layer.bias]}], lr=0.1).fuse(layer)
+    with pytest.raises(TypeError, match="HierarchicalSoftmax"):
+        RowSparseAdagrad(layer.parameters(), lr=0.1).fuse(torch.nn.Linear(2, 2))
+    # a float64 layer keeps its gradients (the compiled update is float32 only) and step() applies them
+    layer64 = HierarchicalSoftmax(4, Tree.random(20, 3, 3, seed=0), sparse=True).double()
+    opt = RowSparseAdagrad(layer64.parameters(), lr=0.1)
+    opt.fuse(layer64)
+    start = layer64.weight.detach().clone()
+    layer64(torch.randn(5, 4, dtype=torch.double), torch.tensor([0, 1, 2, 3, 4])).loss.backward()
+    assert layer64.weight.grad is not None
+    opt.step()
+    assert not torch.equal(layer64.weight, start)

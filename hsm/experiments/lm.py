@@ -475,6 +475,10 @@ def train_lm(
     output = _make_output(cfg, corpus.vocab_size, tree, corpus.counts).to(device)
     parameters = list(model.parameters()) + list(output.parameters())
     optimizer = RowSparseAdagrad(parameters, lr=cfg.lr)  # torch.optim.Adagrad's update, one pass over touched rows
+    if isinstance(output, HierarchicalSoftmax) and cfg.l2 == 0:
+        # the tree's update inside its compiled backward, bit for bit the same (with an L2 term the
+        # gradients are changed between backward and step, so the update stays in step())
+        optimizer.fuse(output)
     x_train, y_train = (t.to(device) for t in corpus.windows("train", cfg.context))
     x_valid, y_valid = (t.contiguous().to(device) for t in corpus.windows("valid", cfg.context))
     x_test, y_test = (t.contiguous().to(device) for t in corpus.windows("test", cfg.context))

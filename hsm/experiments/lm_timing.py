@@ -10,7 +10,8 @@ per batch. This experiment measures, for each output layer,
 
 * ``train_ms_per_batch``: the median wall time of a full training step (log-bilinear
   representation, output layer, backward, Adagrad on all parameters: the papers' optimiser, as
-  :class:`hsm.RowSparseAdagrad`), and for the learned tree also Algorithm 1's statistics in
+  :class:`hsm.RowSparseAdagrad`, for the trees fused into the layer's backward as
+  :func:`hsm.experiments.lm.train_lm` runs it, :meth:`hsm.RowSparseAdagrad.fuse`), and for the learned tree also Algorithm 1's statistics in
   every step plus one re-assignment (timed) amortised over the papers' schedule (50 per epoch
   in ICML, 20 in arXiv);
 * ``test_ms_per_batch``: the median wall time of ``log p(target)`` for a batch of test windows
@@ -79,7 +80,7 @@ SCALES: dict[str, dict[str, Any]] = {
     # full: the papers' vocabularies (PTB 10k, Gutenberg 250k), a few hundred steps each
     "full": dict(tables=("icml-gutenberg", "arxiv-gutenberg", "arxiv-ptb"), vocab_size=None,
                  train_tokens=2_000_000, eval_tokens=200_000, steps=200, warmup=20, test_batches=100,
-                 phase_steps=100),
+                 phase_steps=50),
 }
 
 
@@ -186,6 +187,8 @@ def time_language_model(corpus, output: str, arity: int, context: int, reassign_
     model = LogBilinearLM(vocab, dim, context, sparse=True).to(device)
     layer = layer.to(device)
     optimizer = RowSparseAdagrad(list(model.parameters()) + list(layer.parameters()), lr=lr)
+    if tree is not None:  # the tree's Adagrad inside its compiled backward: the same update, fewer passes
+        optimizer.fuse(layer)
     steps_per_epoch = max(1, epoch_tokens // batch_size)
     reassign_every = max(1, steps_per_epoch // reassign_per_epoch)
     learner = TreeLearner(layer, reassign_every=10**15, wrt="logp", algorithm="depth",
