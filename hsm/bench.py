@@ -81,9 +81,9 @@ def tree_arity(num_labels: int, depth: int) -> int:
 
 
 #: the adaptive softmax's cutoffs (those below V are used): a head of the 2,000 most frequent
-#: words and tails growing about fivefold, the shape of Grave et al.'s large-vocabulary setups;
-#: of the configurations of that shape timed at V = 250k, d = 200, B = 128 (head 1k-5k words,
-#: two or three tails, ``div_value`` 2 or 4: ``results/bench/adaptive.json``), the fastest
+#: words and tails of growing size, the shape of Grave et al.'s large-vocabulary setups; among
+#: the configurations of that shape timed at V = 250k, d = 200, B = 128 (head 1k-5k words, two or
+#: three tails, ``div_value`` 2 or 4; the performance chapter), the fastest with Adagrad
 ADAPTIVE_CUTOFFS = (2_000, 20_000, 100_000)
 #: the cutoffs this benchmark used before issue 18 (method ``adaptive-x5``): smaller tail clusters,
 #: about 2.5 times slower at V = 250k
