@@ -26,8 +26,8 @@ __all__ = ["LogBilinearLM"]
 USE_KERNELS = True
 
 
-def _compiled_applies(weight: Tensor, context_weight: Tensor) -> bool:
-    return (USE_KERNELS and weight.device.type == "cpu" and context_weight.device.type == "cpu"
+def _compiled_applies(weight: Tensor, context_weight: Tensor, use_kernels: bool = True) -> bool:
+    return (USE_KERNELS and use_kernels and weight.device.type == "cpu" and context_weight.device.type == "cpu"
             and weight.dtype == torch.float32 and context_weight.dtype == torch.float32
             and weight.is_contiguous() and context_weight.is_contiguous())
 
@@ -52,11 +52,12 @@ class _LogBilinear(torch.autograd.Function):
     the optimiser sums them, as for ``F.embedding``'s) or added into a dense one."""
 
     @staticmethod
-    def forward(ctx, contexts: Tensor, weight: Tensor, context_weight: Tensor, sparse: bool) -> Tensor:
+    def forward(ctx, contexts: Tensor, weight: Tensor, context_weight: Tensor, sparse: bool,
+                use_kernels: bool = True) -> Tensor:
         batch, context = contexts.shape
         # ids position-major, newest first: row k * B + b is w_{t-1-k} of example b, which gets R_{k+1}
         ids = contexts.flip(1).t().reshape(-1).long()
-        ctx.compiled = _compiled_applies(weight, context_weight)
+        ctx.compiled = _compiled_applies(weight, context_weight, use_kernels)
         if ctx.compiled:
             out, gathered = kernels.run_lbl_forward(weight.detach().numpy(), ids.numpy(),
                                                     context_weight.detach().numpy(), batch)
@@ -90,7 +91,7 @@ class _LogBilinear(torch.autograd.Function):
                 unique, summed = kernels.sum_rows_by_id(ids.numpy(), rows_np.reshape(context * batch, dim))
                 return None, torch.sparse_coo_tensor(torch.from_numpy(unique)[None], torch.from_numpy(summed),
                                                      (ctx.vocab_size, dim), check_invariants=False,
-                                                     is_coalesced=True), grad_context, None
+                                                     is_coalesced=True), grad_context, None, None
             rows = torch.from_numpy(rows_np)
         else:
             if need_context:
@@ -109,7 +110,7 @@ class _LogBilinear(torch.autograd.Function):
                                                       check_invariants=False)
             else:
                 grad_weight = rows.new_zeros(ctx.vocab_size, dim).index_add_(0, ids, rows)
-        return None, grad_weight, grad_context, None
+        return None, grad_weight, grad_context, None, None
 
 
 class LogBilinearLM(nn.Module):
@@ -146,6 +147,9 @@ class LogBilinearLM(nn.Module):
         self.dim = dim
         self.context = context
         self.sparse = sparse
+        #: float32 CPU parameters run the compiled kernels unless this is False (then torch's
+        #: products; e.g. next to an output layer that runs on torch's OpenMP threads itself)
+        self.use_kernels = True
         self.embedding = nn.Embedding(vocab_size, dim, sparse=sparse)  # U
         # R[k - 1] = R_k, the matrix applied to the word k positions back
         self.context_weight = nn.Parameter(torch.empty(context, dim, dim))
@@ -184,7 +188,8 @@ class LogBilinearLM(nn.Module):
             low, high = (int(v) for v in torch.aminmax(contexts))  # one pass (a host sync on a GPU)
             if low < 0 or high >= self.vocab_size:
                 raise ValueError(f"word ids must lie in 0..{self.vocab_size - 1}, got {low}..{high}")
-        return _LogBilinear.apply(contexts, self.embedding.weight, self.context_weight, self.sparse)
+        return _LogBilinear.apply(contexts, self.embedding.weight, self.context_weight, self.sparse,
+                                  getattr(self, "use_kernels", True))
 
     def forward_reference(self, contexts: Tensor) -> Tensor:
         """The plain autograd computation of :meth:`forward` (``F.embedding`` and one ``einsum``),

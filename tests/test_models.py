@@ -208,3 +208,21 @@ def test_compiled_sparse_gradient_is_coalesced_and_the_same_on_one_or_two_thread
         torch.set_num_threads(before)
     for one, two in zip(*results):
         assert torch.equal(one, two)
+
+
+def test_use_kernels_false_takes_torch_products_with_the_same_result() -> None:
+    """model.use_kernels = False: torch's products (no compiled kernels), same values and gradients."""
+    from unittest import mock
+
+    from hsm import kernels
+
+    torch.manual_seed(5)
+    model = LogBilinearLM(20, 6, 3, sparse=True)
+    contexts = torch.randint(0, 20, (9, 3))
+    weights = torch.randn(9, 6)
+    compiled = _grads(model, contexts, weights, reference=False)
+    model.use_kernels = False
+    with mock.patch.object(kernels, "run_lbl_forward", side_effect=AssertionError("compiled path used")):
+        plain = _grads(model, contexts, weights, reference=False)
+    for a, b in zip(compiled, plain):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

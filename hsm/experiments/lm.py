@@ -473,6 +473,9 @@ def train_lm(
     hsm_config.seed_everything(cfg.seed)
     model = LogBilinearLM(corpus.vocab_size, cfg.dim, cfg.context, sparse=True).to(device)
     output = _make_output(cfg, corpus.vocab_size, tree, corpus.counts).to(device)
+    # compiled model kernels beside the tree's; torch's products beside outputs that run on
+    # torch's OpenMP threads (mixing the two pools loses time to OpenMP's spinning)
+    model.use_kernels = isinstance(output, HierarchicalSoftmax)
     parameters = list(model.parameters()) + list(output.parameters())
     optimizer = RowSparseAdagrad(parameters, lr=cfg.lr)  # torch.optim.Adagrad's update, one pass over touched rows
     if isinstance(output, HierarchicalSoftmax) and cfg.l2 == 0:

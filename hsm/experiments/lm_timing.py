@@ -185,6 +185,10 @@ def time_language_model(corpus, output: str, arity: int, context: int, reassign_
     depth = 3
     layer, tree = _make_output(output, vocab, dim, arity, depth, seed)
     model = LogBilinearLM(vocab, dim, context, sparse=True).to(device)
+    # the model's compiled kernels next to the tree's (one thread pool, torch's OpenMP never woken);
+    # torch's products next to the flat and adaptive softmax, which run on torch's OpenMP threads
+    # themselves (compiled kernels after their parallel regions would lose time to the spinning)
+    model.use_kernels = tree is not None
     layer = layer.to(device)
     optimizer = RowSparseAdagrad(list(model.parameters()) + list(layer.parameters()), lr=lr)
     if tree is not None:  # the tree's Adagrad inside its compiled backward: the same update, fewer passes
