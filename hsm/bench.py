@@ -15,9 +15,10 @@ softmax's frequency-sorted cutoffs are meaningful):
 
 Methods: ``flat`` (:class:`hsm.FlatSoftmax`: ``nn.Linear`` + log-softmax, the O(V d) baseline),
 ``adaptive`` (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, cutoffs 2k/20k/100k below V,
-``div_value=4``, at most as many tail clusters as keep every tail projection >= 1 dimension: the
-fastest configuration of Grave et al.'s shape we measured, :data:`ADAPTIVE_CUTOFFS`; ``adaptive-x5``
-is the same with the cutoffs 2k/10k/50k/200k used before issue 18), ``tree-d2`` / ``tree-d3`` (:class:`hsm.HierarchicalSoftmax` on a random
+``div_value=4``, at most as many tail clusters as keep every tail projection >= 1 dimension: among
+the fastest configurations of Grave et al.'s shape we measured, :data:`ADAPTIVE_CUTOFFS`; ``adaptive-x5``
+is the same with the cutoffs 2k/10k/50k/200k used before issue 18), ``tree-d2`` / ``tree-d3``
+(:class:`hsm.HierarchicalSoftmax` on a random
 fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``; on CPU in float32 the compiled kernels
 of :mod:`hsm.kernels`), ``torch-d3`` (the same layer with ``use_kernels = False``: pairs grouped
 by node in PyTorch ops, the path a GPU takes), and ``naive-d3`` (the same tree through
@@ -58,7 +59,8 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "BenchConfig", "adaptive_cutoffs", "machine_limits", "main", "run_benchmark", "run_one",
+__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "BenchConfig", "adaptive_cutoffs", "machine_limits",
+           "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
 
 METHODS = ("flat", "adaptive", "tree-d2", "tree-d3", "torch-d3", "naive-d3", "adaptive-x5")
@@ -83,7 +85,8 @@ def tree_arity(num_labels: int, depth: int) -> int:
 #: the adaptive softmax's cutoffs (those below V are used): a head of the 2,000 most frequent
 #: words and tails of growing size, the shape of Grave et al.'s large-vocabulary setups; among
 #: the configurations of that shape timed at V = 250k, d = 200, B = 128 (head 1k-5k words, two or
-#: three tails, ``div_value`` 2 or 4; the performance chapter), the fastest with Adagrad
+#: three tails, ``div_value`` 2 or 4; the performance chapter), among the fastest (three tails with
+#: ``div_value=4`` and a head of 1k-2k words were equally fast within this machine's noise)
 ADAPTIVE_CUTOFFS = (2_000, 20_000, 100_000)
 #: the cutoffs this benchmark used before issue 18 (method ``adaptive-x5``): smaller tail clusters,
 #: about 2.5 times slower at V = 250k

@@ -53,7 +53,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["batch_plan", "path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows", "adagrad_dense", "accumulate_statistics",
+__all__ = ["batch_plan", "path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows",
+           "adagrad_dense", "accumulate_statistics",
            "lbl_forward", "lbl_backward", "sum_rows_by_id", "run_lbl_forward", "run_lbl_backward",
            "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows",
            "run_adagrad_dense"]
@@ -324,7 +325,8 @@ def path_forward(h, weight, bias, penalty, example, node, child, order, starts, 
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
-def _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, need_weight, clr, eps):  # pragma: no cover - compiled
+def _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, need_weight, clr,
+                   eps):  # pragma: no cover - compiled
     """:func:`adagrad_rows` on node n's weight row (``grad_w[0]``) and bias row (``grad_b[0]``)."""
     if need_weight:
         p = weight[n]

@@ -81,8 +81,9 @@ class _LogBilinear(torch.autograd.Function):
         grad_weight = grad_context = None
         if ctx.compiled:
             grad_np = grad_out.detach().to(gathered.dtype).contiguous().numpy()
-            grad_context_np, rows_np = kernels.run_lbl_backward(grad_np, gathered.numpy(), context_weight.detach().numpy(),
-                                                                need_context, need_weight)
+            grad_context_np, rows_np = kernels.run_lbl_backward(grad_np, gathered.numpy(),
+                                                                context_weight.detach().numpy(), need_context,
+                                                                need_weight)
             if need_context:
                 grad_context = torch.from_numpy(grad_context_np)
             if need_weight and ctx.sparse:
