@@ -324,6 +324,16 @@ def path_forward(h, weight, bias, penalty, example, node, child, order, starts, 
             pair_log_prob[p] = row[child[p]] - top - np.log(total)
 
 
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
+def _adagrad_update(p, s, g, clr, eps):  # pragma: no cover - compiled
+    """torch.optim.Adagrad's update of one row, in place: per element ``s += g**2``;
+    ``p -= clr * g / (sqrt(s) + eps)`` (the one copy every Adagrad kernel here calls)."""
+    for j in range(g.shape[0]):
+        total = s[j] + g[j] * g[j]
+        s[j] = total
+        p[j] -= clr * g[j] / (np.sqrt(total) + eps)
+
+
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, need_weight, clr,
                    eps):  # pragma: no cover - compiled
@@ -332,18 +342,12 @@ def _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, ne
         p = weight[n]
         s = state_weight[n]
         g = grad_w[0]
-        for j in range(g.shape[0]):
-            total = s[j] + g[j] * g[j]
-            s[j] = total
-            p[j] -= clr * g[j] / (np.sqrt(total) + eps)
+        _adagrad_update(p, s, g, clr, eps)
     if bias.shape[0] > 0:
         p = bias[n]
         s = state_bias[n]
         g = grad_b[0]
-        for j in range(g.shape[0]):
-            total = s[j] + g[j] * g[j]
-            s[j] = total
-            p[j] -= clr * g[j] / (np.sqrt(total) + eps)
+        _adagrad_update(p, s, g, clr, eps)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
@@ -600,16 +604,11 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
 def adagrad_rows(param, state, rows, grad, clr, eps, r_lo, r_hi):  # pragma: no cover - compiled
     """Row-sparse Adagrad (torch.optim.Adagrad's update on the touched rows): per element
     ``state += g**2``; ``param -= clr * g / (sqrt(state) + eps)``. ``rows`` must be distinct."""
-    width = grad.shape[1]
     for r in range(r_lo, r_hi):
         row = rows[r]
         p = param[row]
         s = state[row]
-        g = grad[r]
-        for j in range(width):
-            total = s[j] + g[j] * g[j]
-            s[j] = total
-            p[j] -= clr * g[j] / (np.sqrt(total) + eps)
+        _adagrad_update(p, s, grad[r], clr, eps)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
@@ -618,13 +617,7 @@ def adagrad_dense(param, state, grad, clr, eps, lo, hi):  # pragma: no cover - c
     dense gradient, in one pass where torch's takes four (``addcmul_``, ``sqrt``, ``add_``,
     ``addcdiv_``, each reading and writing a whole parameter-sized tensor)."""
     # on slices: indexing the whole arrays at lo + j kept LLVM from vectorising the loop (7x slower)
-    p = param[lo:hi]
-    s = state[lo:hi]
-    g = grad[lo:hi]
-    for j in range(p.shape[0]):
-        total = s[j] + g[j] * g[j]
-        s[j] = total
-        p[j] -= clr * g[j] / (np.sqrt(total) + eps)
+    _adagrad_update(param[lo:hi], state[lo:hi], grad[lo:hi], clr, eps)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
