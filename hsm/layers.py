@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import kernels
-from .tree import Tree
+from .tree import Tree, check_integer
 
 __all__ = ["FlatSoftmax", "HierarchicalSoftmax", "HSMOutput", "NonFiniteInputError", "RowSparseAdagrad", "RowSparseSGD",
            "TopK"]
@@ -86,20 +86,13 @@ def _check_input(input: Tensor, in_features: int, parameter: Tensor | None = Non
                                       f"rows (rows {rows}{', ...' if bad.numel() > 5 else ''})")
 
 
-def _check_size(value: Any, name: str) -> int:
-    """An integer argument (Python or NumPy; bool and float refused with TypeError) as an int."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
-    return int(value)
-
-
 def _check_k(k: int, num_labels: int, method: str, beam: int | None) -> None:
     """topk's arguments: k in 1..K and beam None or >= 1 (integers, not bools), method known."""
-    if _check_size(k, "k") < 1 or k > num_labels:
+    if check_integer(k, "k") < 1 or k > num_labels:
         raise ValueError(f"k must be in 1..{num_labels}, got {k}")
     if method not in ("exact", "beam"):
         raise ValueError(f"method must be 'exact' or 'beam', got {method!r}")
-    if beam is not None and _check_size(beam, "beam") < 1:
+    if beam is not None and check_integer(beam, "beam") < 1:
         raise ValueError(f"beam must be >= 1 (the beam search's width) or None, got {beam}")
 
 
@@ -519,7 +512,7 @@ class HierarchicalSoftmax(nn.Module):
 
     def __init__(self, in_features: int, tree: Tree, bias: bool = True, sparse: bool = False) -> None:
         super().__init__()
-        in_features = _check_size(in_features, "in_features")
+        in_features = check_integer(in_features, "in_features")
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
         if not isinstance(tree, Tree):
@@ -781,7 +774,7 @@ class HierarchicalSoftmax(nn.Module):
         an empty batch gives a [0, K] tensor. ``batch_chunk`` (rows evaluated at once, >= 1) bounds
         the temporary memory."""
         _check_input(input, self.in_features, self.weight)
-        if _check_size(batch_chunk, "batch_chunk") < 1:
+        if check_integer(batch_chunk, "batch_chunk") < 1:
             raise ValueError(f"batch_chunk must be >= 1, got {batch_chunk}")
         num_labels = self.num_labels
         index = (self.path_nodes[:num_labels] * self.arity + self.path_children[:num_labels])  # [K, L]
@@ -1072,7 +1065,7 @@ class FlatSoftmax(nn.Module):
 
     def __init__(self, in_features: int, num_labels: int, bias: bool = True) -> None:
         super().__init__()
-        in_features, num_labels = _check_size(in_features, "in_features"), _check_size(num_labels, "num_labels")
+        in_features, num_labels = check_integer(in_features, "in_features"), check_integer(num_labels, "num_labels")
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
         if num_labels < 2:

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .assign import Reassignment, assign_labels_depth_constrained, assign_labels_well_formed
 from .layers import HierarchicalSoftmax, NonFiniteInputError
+from .tree import check_integer
 from .statistics import NodeStatistics, node_objectives
 
 __all__ = ["ReassignRecord", "TreeLearner", "evaluate", "train_epoch"]
@@ -86,9 +87,7 @@ class TreeLearner:
     ) -> None:
         if not isinstance(layer, HierarchicalSoftmax):
             raise TypeError("TreeLearner needs an hsm.HierarchicalSoftmax layer")
-        if isinstance(reassign_every, (bool, np.bool_)) or not isinstance(reassign_every, (int, np.integer)):
-            raise TypeError(f"reassign_every must be an integer (optimiser steps), got {reassign_every!r}")
-        if reassign_every < 1:
+        if check_integer(reassign_every, "reassign_every") < 1:
             raise ValueError(f"reassign_every must be >= 1, got {reassign_every}")
         if wrt not in ("p", "logp"):
             raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}")

@@ -48,7 +48,7 @@ def _as_int_array(values: Any, name: str) -> np.ndarray:
     return array.astype(np.int64, copy=False)
 
 
-def _check_int(value: Any, name: str) -> int:
+def check_integer(value: Any, name: str) -> int:
     """``value`` as a Python int: Python and NumPy integers pass; bool (a flag, not a count), floats
     (even 10.0: a size given as a float is usually a computation gone wrong) and anything else
     raise TypeError naming the argument."""
@@ -95,10 +95,10 @@ class Tree:
             raise ValueError("a tree needs at least one internal node (the root)")
         if arity < 2:
             raise ValueError(f"arity M must be >= 2, got {arity}")
-        num_labels = _check_int(num_labels, "num_labels")
+        num_labels = check_integer(num_labels, "num_labels")
         if num_labels < 1:
             raise ValueError(f"num_labels must be >= 1, got {num_labels}")
-        if depth_limit is not None and _check_int(depth_limit, "depth_limit") < 1:
+        if depth_limit is not None and check_integer(depth_limit, "depth_limit") < 1:
             raise ValueError(f"depth_limit must be >= 1 or None, got {depth_limit}")
         both = (child_node >= 0) & (child_label >= 0)
         if both.any():
@@ -330,7 +330,7 @@ class Tree:
             raise ValueError("cannot build a tree over zero labels")
         if np.unique(order).size != num_labels or order.min() < 0 or order.max() >= num_labels:
             raise ValueError("order must be a permutation of 0..K-1")
-        arity = _check_int(arity, "arity")
+        arity = check_integer(arity, "arity")
         depth = _min_depth(num_labels, arity) if depth is None else depth
         _check_arity_depth(num_labels, arity, depth)
         # rank r of the ordering goes to a position whose digits split ranks evenly at each level
@@ -363,11 +363,11 @@ class Tree:
     ) -> "Tree":
         """A random fixed-depth tree: a uniformly random ordering filled by :meth:`balanced`
         (the papers' "random tree" baseline)."""
-        num_labels = _check_int(num_labels, "num_labels")
+        num_labels = check_integer(num_labels, "num_labels")
         if num_labels < 2:
             raise ValueError(f"a label tree needs K >= 2 labels, got {num_labels}")
-        arity = _check_int(arity, "arity")
-        depth = None if depth is None else _check_int(depth, "depth")
+        arity = check_integer(arity, "arity")
+        depth = None if depth is None else check_integer(depth, "depth")
         rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
         return cls.balanced(rng.permutation(num_labels), arity, depth, label_names=label_names)
 
@@ -389,7 +389,7 @@ class Tree:
             raise ValueError(f"Huffman needs a 1-D array of K >= 2 label counts, got shape {counts.shape}")
         if (counts < 0).any() or not np.isfinite(counts).all():
             raise ValueError("label counts must be finite and non-negative")
-        arity = _check_int(arity, "arity")
+        arity = check_integer(arity, "arity")
         if arity < 2:
             raise ValueError(f"arity M must be >= 2, got {arity}")
         num_labels = counts.size
@@ -445,7 +445,7 @@ class Tree:
 
         if isinstance(nested, (int, np.integer)) or len(nested) == 0:
             raise ValueError("the root must be a non-empty list")
-        arity = max(2, width(nested)) if arity is None else _check_int(arity, "arity")
+        arity = max(2, width(nested)) if arity is None else check_integer(arity, "arity")
         if arity < 2:
             raise ValueError(f"arity M must be >= 2, got {arity}")
         if width(nested) > arity:
@@ -468,7 +468,7 @@ class Tree:
                     nodes_row[slot] = len(queue) - 1
             child_node.append(nodes_row)
             child_label.append(labels_row)
-        num_labels = max(labels_seen) + 1 if num_labels is None else _check_int(num_labels, "num_labels")
+        num_labels = max(labels_seen) + 1 if num_labels is None else check_integer(num_labels, "num_labels")
         return cls(np.array(child_node), np.array(child_label), num_labels, label_names=label_names)
 
     @classmethod
@@ -586,7 +586,7 @@ class Tree:
         missing = [key for key in ("num_labels", "arity", "child_node", "child_label") if key not in data]
         if missing:
             raise ValueError(f"the hsm tree description lacks {', '.join(map(repr, missing))}")
-        arity = _check_int(data["arity"], "arity")
+        arity = check_integer(data["arity"], "arity")
         if arity < 2:
             raise ValueError(f"arity M must be >= 2, got {arity}")
         arrays = []
@@ -730,7 +730,7 @@ def _min_depth(num_labels: int, arity: int) -> int:
 def _check_arity_depth(num_labels: int, arity: int, depth: int) -> None:
     """Raises TypeError when ``arity`` or ``depth`` is not an integer, ValueError when the labels
     cannot fit (the messages name the argument and its value)."""
-    arity, depth = _check_int(arity, "arity"), _check_int(depth, "depth")
+    arity, depth = check_integer(arity, "arity"), check_integer(depth, "depth")
     if num_labels < 1:
         raise ValueError("cannot build a tree over zero labels")
     if arity < 2:
