@@ -397,3 +397,75 @@ def test_lm_ptb_tiny_with_l2_says_so(tmp_path) -> None:
     assert "l2=1e-4" in payload["provenance"]["hsm_scale"]
     notes = {r["scale_note"] for r in payload["records"] if r.get("measure") == "test_perplexity"}
     assert notes and all("L2 0.0001" in note for note in notes)
+
+
+# ---------------------------------------------------------------------------- a table in parts
+@needs_mirror
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")
+def test_a_table_runs_in_parts_each_saying_which(tmp_path) -> None:
+    common = dict(TINY, max_books="3", lr_grid="0.05,0.1", select_steps="5", select_eval_tokens="200")
+    selection = lm.run_lm_gutenberg_65(scale="quick", out=tmp_path / "sel.json", runs="selection", **common)
+    payload = results.load_results(selection)
+    assert payload["provenance"]["config"]["runs"] == []
+    assert [r["measure"] for r in payload["records"]] == ["selection"]
+    trials = payload["records"][0]["selection"]["tree_trials"]
+    assert [t["lr"] for t in trials] == [0.05, 0.1]
+    # the second part reuses the trials (same folder), trains seed 1 only, and says so
+    part = lm.run_lm_gutenberg_65(scale="quick", out=tmp_path / "random1.json", runs="random",
+                                  first_random_seed="1", **common)
+    payload = _check_result_file(part, {"random"})
+    chosen = [r for r in payload["records"] if r["measure"] == "selection"][0]["selection"]
+    assert chosen["random_seeds"] == [1] and chosen["random_best_seed"] == 1
+    assert chosen["tree_trials"] == trials
+    random_record = [r for r in payload["records"] if r.get("run") == "random"][0]
+    assert "first_random_seed=1" in payload["provenance"]["hsm_scale"]
+    assert random_record["per_epoch"]
+
+
+def test_runs_option_is_checked() -> None:
+    with pytest.raises(ValueError, match="runs.*unknown bogus"):
+        lm.run_lm_gutenberg_65(scale="quick", out=None, runs="bogus")
+    with pytest.raises(ValueError, match="stands alone"):
+        lm.run_lm_gutenberg_65(scale="quick", out=None, runs="selection,learned")
+    with pytest.raises(ValueError, match="clustering_embeddings"):
+        lm.run_lm_gutenberg_65(scale="quick", out=None, clustering_embeddings="glove")
+
+
+def test_learning_rate_trials_scored_on_a_validation_slice_keep_their_own_folder(tmp_path) -> None:
+    corpus = _toy_corpus()
+    sc = replace(lm.SCALES["lm-ptb"]["quick"], lr_grid=(0.05, 0.1), select_steps=5, select_eval_tokens=100)
+    base = lm.LMRunConfig(output="random", context=2, arity=7, epochs=1)
+    tree = lm.Tree.random(corpus.vocab_size, 7, 3, seed=0)
+    lr, trials = lm._select_lr(corpus, base, tree, sc, "cpu", tmp_path, lambda message: None)
+    assert lr in (0.05, 0.1) and len(trials) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["select-eval100"]
+    # scored on all validation tokens, the same trials are trained again beside (not mixed up)
+    lr_all, trials_all = lm._select_lr(corpus, base, tree, replace(sc, select_eval_tokens=None), "cpu", tmp_path,
+                                       lambda message: None)
+    assert len(list(tmp_path.glob("random-*.json"))) == 2
+    assert [t["valid_perplexity"] for t in trials_all] != [t["valid_perplexity"] for t in trials]
+
+
+def test_fasttext_embeddings_one_row_per_word_and_cached(monkeypatch) -> None:
+    fasttext = pytest.importorskip("fasttext")
+    corpus = _toy_corpus(vocab=30, tokens=4000)
+    vectors = lm.fasttext_embeddings(corpus, dim=8, epochs=1, threads=1)
+    assert vectors.shape == (30, 8) and vectors.dtype == np.float32 and np.isfinite(vectors).all()
+    # bigram structure: w -> 7w+noise; vectors differ between words
+    assert np.linalg.matrix_rank(vectors) > 1
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained again although the vectors are cached")
+
+    monkeypatch.setattr(fasttext, "train_unsupervised", no_training)
+    np.testing.assert_array_equal(lm.fasttext_embeddings(corpus, dim=8, epochs=1, threads=1), vectors)
+    tree = lm.clustering_tree(vectors, 4, 3, seed=0)
+    assert tree.num_labels == 30
+
+
+def test_fasttext_embeddings_refuse_words_fasttext_would_split() -> None:
+    pytest.importorskip("fasttext")
+    corpus = _toy_corpus(vocab=30, tokens=500)
+    corpus.vocab[5] = "two words"
+    with pytest.raises(ValueError, match="white space"):
+        lm.fasttext_embeddings(corpus, dim=4, epochs=1, threads=1)

@@ -68,8 +68,8 @@ import torch
 
 from hsm import config as hsm_config
 from hsm.data.lm import UNK, LMCorpus
-from hsm.experiments import (check_device, check_scale, experiment, option_choice, option_float, option_floats,
-                             option_int)
+from hsm.experiments import (check_device, check_scale, experiment, option_choice, option_choices, option_float,
+                             option_floats, option_int)
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError, RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.sampling import SampledSoftmax
@@ -608,6 +608,11 @@ def train_lm(
                 result.seconds = time.perf_counter() - t_start
                 save_checkpoint(step + 1, total, order_state)
                 last_save = time.perf_counter()
+                done = step + 1 - first_step
+                ms = 1000 * float(np.mean(step_times[-done:]))
+                log(f"{cfg.output} lr={cfg.lr} epoch {epoch + 1}: step {step + 1:,}/{steps_per_epoch:,}, "
+                    f"train nll {total / (step + 1):.4f}, {ms:.2f} ms/step, "
+                    f"epoch ends in {(steps_per_epoch - step - 1) * ms / 60000:.0f} min (checkpoint saved)")
         record: dict[str, float] = {"epoch": epoch + 1, "train_nll": total / steps_per_epoch}
         last = epoch == cfg.epochs - 1
         if cfg.eval_per_epoch or last:
@@ -670,6 +675,63 @@ def learn_embeddings(corpus: LMCorpus, cfg: LMRunConfig, dim: int = 50, epochs: 
     return model.embedding.weight.detach().cpu().numpy()
 
 
+def fasttext_embeddings(corpus: LMCorpus, dim: int = 50, epochs: int = 5, loss: str = "hs",
+                        threads: int | None = None) -> np.ndarray:
+    """Word vectors of dimension ``dim`` from fastText (``fasttext-wheel``) trained on the
+    training split, one row per vocabulary word: the clustering tree's embeddings as ICML §7.2
+    builds them ("FastTree", 5 epochs, hierarchical-softmax loss).
+
+    The paper does not say which fastText model; we use skip-gram (fastText's unsupervised
+    default) on whole words (no character n-grams: the tree clusters words, and the n-grams
+    would triple the cost), every word kept (``minCount=1``, the vocabulary is already capped).
+    The vectors are cached under ``hsm.config.cache_dir()`` like any derived data. fastText
+    (``fasttext-wheel`` 0.9.2 takes no seed) with several threads is not deterministic.
+    Raises ImportError with the install command when fastText is missing."""
+    try:
+        import fasttext
+    except ImportError as exc:
+        raise ImportError("the paper's clustering tree needs fastText: pip install 'fasttext-wheel>=0.9.2' "
+                          "(or the hsm[baselines] extra); the option clustering_embeddings=lbl uses our own "
+                          "log-bilinear embeddings instead") from exc
+    from hsm.data.fetch import atomic_write as write_file
+
+    if loss not in ("hs", "ns", "softmax"):
+        raise ValueError(f"loss must be 'hs', 'ns' or 'softmax', got {loss!r}")
+    threads = threads or hsm_config.configure_threads()
+    folder = hsm_config.cache_dir() / "derived" / "fasttext"
+    stem = f"{corpus.name}-{corpus.train.numel()}-V{corpus.vocab_size}-d{dim}-e{epochs}-{loss}"
+    vectors_path = folder / f"{stem}.npy"
+    if vectors_path.exists():
+        try:
+            vectors = np.load(vectors_path)
+            if vectors.shape == (corpus.vocab_size, dim) and np.isfinite(vectors).all():
+                return vectors
+        except (OSError, ValueError):
+            pass
+        warnings.warn(f"{vectors_path}: unreadable or wrong shape, training the vectors again", stacklevel=2)
+    words = np.asarray(corpus.vocab, dtype=object)
+    bad = [w for w in corpus.vocab if not w or any(ch.isspace() for ch in w)]
+    if bad:
+        raise ValueError(f"{len(bad)} vocabulary words are empty or contain white space (e.g. {bad[0]!r}): "
+                         "fastText splits on white space")
+    text_path = folder / f"{corpus.name}-{corpus.train.numel()}-V{corpus.vocab_size}-train.txt"
+    if not text_path.exists():
+        # lines of 1,000 tokens (fastText reads at most 1,024 words a line)
+        ids = corpus.train.numpy()
+
+        def write(tmp: Path) -> None:
+            with open(tmp, "w", encoding="utf-8") as handle:
+                for start in range(0, len(ids), 1000):
+                    handle.write(" ".join(words[ids[start:start + 1000]]) + "\n")
+
+        write_file(text_path, write)
+    model = fasttext.train_unsupervised(str(text_path), model="skipgram", dim=dim, epoch=epochs, loss=loss,
+                                        minCount=1, minn=0, maxn=0, thread=threads, verbose=0)
+    vectors = np.stack([model.get_word_vector(w) for w in corpus.vocab]).astype(np.float32)
+    write_file(vectors_path, lambda tmp: np.save(open(tmp, "wb"), vectors))
+    return vectors
+
+
 # ============================================================================ experiments
 @dataclass
 class LMScale:
@@ -694,6 +756,15 @@ class LMScale:
     l2: float = 0.0  #: L2 penalty of every run (LMRunConfig.l2); the arXiv paper's PTB setting is 5e-5
     #: learned trees only: NodeStatistics decay per rebuild (ours 0.5; 1 = never, the released code)
     decay: float = 0.5
+    #: learning-rate trials: score on the first this many validation tokens (None: all of them;
+    #: a Gutenberg validation pass over 4.4M tokens costs more than the trial's training)
+    select_eval_tokens: int | None = None
+    #: the random-tree row trains seeds first_random_seed, ..., first_random_seed + random_seeds - 1
+    #: (so the seeds of a long table can run as separate parts); the learned tree starts from seed 0
+    first_random_seed: int = 0
+    #: the clustering tree's 50-dim word vectors: "fasttext" (the paper's: fastText skip-gram,
+    #: hs loss, 5 epochs) or "lbl" (ours: a log-bilinear LM with a random-tree HSM, embed_epochs)
+    clustering_embeddings: str = "fasttext"
 
 
 def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -713,6 +784,8 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
             out[key] = option_choice(key, value, ("ptb", "gutenberg"))
         elif key == "description":
             out[key] = str(value)
+        elif key == "clustering_embeddings":
+            out[key] = option_choice(key, value, ("fasttext", "lbl"))
         elif key == "l2":
             out[key] = option_float(key, value, minimum=0.0)
         elif key == "decay":
@@ -728,9 +801,9 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 #: LMScale fields that may be None ("none": the whole corpus / vocabulary), with their minimum
-_OPTIONAL_COUNTS = {"max_books": 1, "vocab_size": 2, "train_tokens": 1, "eval_tokens": 1}
+_OPTIONAL_COUNTS = {"max_books": 1, "vocab_size": 2, "train_tokens": 1, "eval_tokens": 1, "select_eval_tokens": 1}
 #: integer LMScale fields whose minimum is not 1
-_COUNT_MINIMUM = {"arity": 2, "select_steps": 0}
+_COUNT_MINIMUM = {"arity": 2, "select_steps": 0, "first_random_seed": 0}
 
 
 def _select_lr(corpus: LMCorpus, base: LMRunConfig, tree: Tree | None, sc: LMScale, device, run_dir: Path,
@@ -739,6 +812,10 @@ def _select_lr(corpus: LMCorpus, base: LMRunConfig, tree: Tree | None, sc: LMSca
     ``sc.select_steps`` steps (one grid per output family)."""
     if len(sc.lr_grid) == 1:
         return sc.lr_grid[0], []
+    if sc.select_eval_tokens is not None:
+        corpus = _slice(corpus, None, sc.select_eval_tokens)
+        # their own folder: a trial scored on a slice must not be taken for one scored on all of it
+        run_dir = run_dir / f"select-eval{sc.select_eval_tokens}"
     trials = []
     for lr in sc.lr_grid:
         cfg = replace(base, lr=lr, epochs=1, learn_epochs=0, max_steps_per_epoch=sc.select_steps,
@@ -785,10 +862,12 @@ def run_table(
     base = LMRunConfig(output="random", context=sc.context, arity=sc.arity, depth=3, batch_size=sc.batch_size,
                        epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch,
                        l2=sc.l2)
-    random_trees = [Tree.random(V, sc.arity, 3, seed=s, label_names=corpus.vocab) for s in range(sc.random_seeds)]
+    seeds = range(sc.first_random_seed, sc.first_random_seed + sc.random_seeds)
+    random_trees = {s: Tree.random(V, sc.arity, 3, seed=s, label_names=corpus.vocab) for s in seeds}
+    first_tree = random_trees[0] if 0 in random_trees else Tree.random(V, sc.arity, 3, seed=0, label_names=corpus.vocab)
     runs: dict[str, Any] = {}
     selection: dict[str, Any] = {}
-    tree_lr, trials = _select_lr(corpus, base, random_trees[0], sc, device, run_dir, log)
+    tree_lr, trials = _select_lr(corpus, base, first_tree, sc, device, run_dir, log)
     selection["tree_lr"], selection["tree_trials"] = tree_lr, trials
     if "flat" in outputs:
         flat_lr, trials = _select_lr(corpus, replace(base, output="flat"), None, sc, device, run_dir, log)
@@ -797,25 +876,29 @@ def run_table(
                                 checkpoint_dir=run_dir, log=log)
     if "random" in outputs:
         candidates = [train_lm(corpus, replace(base, output="random", lr=tree_lr, tree_seed=s), tree=t, device=device,
-                               checkpoint_dir=run_dir, log=log) for s, t in enumerate(random_trees)]
+                               checkpoint_dir=run_dir, log=log) for s, t in random_trees.items()]
         best = min(range(len(candidates)), key=lambda i: candidates[i].valid_perplexity)
         runs["random"] = candidates[best]
         selection["random_seed_valid"] = [c.valid_perplexity for c in candidates]
         selection["random_seed_test"] = [c.test_perplexity for c in candidates]
-        selection["random_best_seed"] = best
+        selection["random_best_seed"] = list(seeds)[best]
+        selection["random_seeds"] = list(seeds)
         selection["random_seed_seconds"] = [c.seconds for c in candidates]
     if "clustering" in outputs:
-        emb = learn_embeddings(corpus, replace(base, lr=tree_lr), dim=50, epochs=sc.embed_epochs, device=device)
+        if sc.clustering_embeddings == "fasttext":
+            emb = fasttext_embeddings(corpus, dim=50, epochs=5, loss="hs")
+        else:
+            emb = learn_embeddings(corpus, replace(base, lr=tree_lr), dim=50, epochs=sc.embed_epochs, device=device)
         tree = clustering_tree(emb, sc.arity, 3, seed=0, label_names=corpus.vocab)
         runs["clustering"] = train_lm(corpus, replace(base, output="clustering", lr=tree_lr), tree=tree,
                                       device=device, checkpoint_dir=run_dir, log=log)
     if "learned" in outputs:
         runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, decay=sc.decay),
-                                   tree=random_trees[0], device=device, checkpoint_dir=run_dir, log=log)
+                                   tree=first_tree, device=device, checkpoint_dir=run_dir, log=log)
     for label, learn_epochs in schedules or ():
         runs[label] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, learn_epochs=learn_epochs,
                                                decay=sc.decay),
-                               tree=random_trees[0], device=device, checkpoint_dir=run_dir, log=log)
+                               tree=first_tree, device=device, checkpoint_dir=run_dir, log=log)
     return {"corpus": corpus, "runs": runs, "selection": selection}
 
 
@@ -891,6 +974,10 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
     return records
 
 
+_EMBEDDINGS = {"fasttext": "fastText skip-gram (fasttext-wheel), d=50, hs loss, 5 epochs, whole words",
+               "lbl": "our log-bilinear LM, d=50, random-tree HSM"}
+
+
 def _out_path(out: Path | None, default: str) -> Path:
     """``out``, else ``default`` under :func:`hsm.results.output_root` (not the committed results)."""
     return output_path(default, out)
@@ -909,7 +996,7 @@ def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scal
         atomic_write(path.with_name(f"{path.stem}-{kind}-tree.json"), json.dumps(payload))
     prov = provenance(config={"experiment": name, "scale": scale, "device": device, **asdict(sc),
                               "optimizer": "Adagrad", "initial_learned_tree": "random (seed 0)",
-                              "clustering_embeddings": "our log-bilinear LM, d=50, random-tree HSM"},
+                              "clustering_embeddings": _EMBEDDINGS[sc.clustering_embeddings]},
                       wall_time_s=seconds, scale=scale)
     # a run whose preset was overridden says so in its scale label (the landing page shows it)
     overrides = {k: v for k, v in (options or {}).items() if k != "description"}
@@ -936,6 +1023,7 @@ SCALES: dict[str, dict[str, LMScale]] = {
         "quick": LMScale("ptb", context=3, arity=13, epochs=2, reassign_per_epoch=20, lr_grid=(0.05,),
                          select_steps=0, random_seeds=1, learn_epochs=1, vocab_size=2000, train_tokens=150_000,
                          eval_tokens=20_000,
+                         clustering_embeddings="lbl",  # fastText is an optional extra (hsm[baselines])
                          description="quick: first 150k PTB training tokens, first 20k valid/test tokens, "
                                      "vocabulary capped at 2,000 (13-ary depth-3 trees), 2 epochs "
                                      "(learned tree: 1 epoch learned + 1 fine-tuned), one random tree"),
@@ -948,11 +1036,12 @@ SCALES: dict[str, dict[str, LMScale]] = {
         "quick": LMScale("gutenberg", context=4, arity=13, epochs=2, reassign_per_epoch=50, lr_grid=(0.05,),
                          select_steps=0, random_seeds=1, learn_epochs=1, max_books=10, vocab_size=2000,
                          train_tokens=300_000, eval_tokens=20_000,
+                         clustering_embeddings="lbl",  # fastText is an optional extra (hsm[baselines])
                          description="quick: 10 books (8 train), first 300k training tokens, vocabulary 2,000 "
                                      "(13-ary depth-3 trees), 2 epochs (learned: 1 + 1 fine-tuned), one random tree"),
         "full": LMScale("gutenberg", context=4, arity=65, epochs=4, reassign_per_epoch=50,
-                        lr_grid=(0.01, 0.02, 0.05, 0.1, 0.25, 0.5), select_steps=3000, random_seeds=5,
-                        learn_epochs=2,
+                        lr_grid=(0.01, 0.02, 0.05, 0.1, 0.25, 0.5), select_steps=10_000, random_seeds=5,
+                        learn_epochs=2, select_eval_tokens=500_000,
                         description="full: all 678 books (542 train, ~50M tokens), 250k vocabulary, 65-ary "
                                     "depth-3 trees (needs a GPU for the flat softmax)"),
     },
@@ -960,7 +1049,8 @@ SCALES: dict[str, dict[str, LMScale]] = {
         # the same slice as lm-gutenberg-65's quick preset, with the arXiv rebuild rate
         "quick": None,
         "full": LMScale("gutenberg", context=4, arity=75, epochs=4, reassign_per_epoch=20,
-                        lr_grid=(0.025, 0.05, 0.1), select_steps=3000, random_seeds=5, learn_epochs=2,
+                        lr_grid=(0.025, 0.05, 0.1), select_steps=10_000, random_seeds=5, learn_epochs=2,
+                        select_eval_tokens=500_000,
                         description="full: all 678 books (542 train, ~50M tokens), 250k vocabulary, 75-ary "
                                     "depth-3 trees (needs a GPU for the flat softmax)"),
     },
@@ -989,6 +1079,17 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
     Everything is checked before training starts (ValueError): the scale, the device, the
     options, and that ``out`` does not hold a larger-scale result (unless ``force``)."""
     start = time.perf_counter()
+    options = dict(options)
+    runs = options.pop("runs", None)
+    if runs is not None:
+        # a table too long for one sitting, split into parts (each its own result file, --out);
+        # "selection" alone picks the learning rate and trains nothing
+        chosen = option_choices("runs", runs, tuple(outputs) + ("selection",))
+        if "selection" in chosen and len(chosen) > 1:
+            raise ValueError(f"option runs={runs!r}: 'selection' trains nothing, so it stands alone")
+        outputs = tuple(kind for kind in outputs if kind in chosen)
+        if schedules is not None and "learned" not in chosen:
+            schedules = None
     sc = _scale_for(name, scale, options)
     device = check_device(device)
     check_replace(_out_path(out, DEFAULT_OUT[name]), scale, force)
@@ -1007,7 +1108,7 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
     records = _records(table, sc, claim_prefix if scale == "full" and paper_data else None, claim_kind, scale,
                        trees, _out_path(out, DEFAULT_OUT[name]).stem)
     return _write(name, out, DEFAULT_OUT[name], records, sc, scale, device, time.perf_counter() - start, trees,
-                  options, training_seconds, force=force)
+                  options, training_seconds, extra_config={"runs": list(outputs)}, force=force)
 
 
 def _ptb_schedules(sc: LMScale) -> list[tuple[str, int]]:
@@ -1188,6 +1289,7 @@ def _ablation_records(table: dict[str, Any], sc: LMScale, scale: str) -> list[di
 SCALES["lm-ptb-ablation"] = {
     "quick": LMScale("ptb", context=3, arity=13, epochs=2, reassign_per_epoch=20, lr_grid=(0.05,), select_steps=0,
                      random_seeds=2, learn_epochs=1, vocab_size=2000, train_tokens=60_000, eval_tokens=10_000,
+                     clustering_embeddings="lbl",  # fastText is an optional extra (hsm[baselines])
                      description="quick: first 60k PTB training tokens, first 10k valid/test tokens, vocabulary "
                                  "2,000 (13-ary trees), 2 epochs (learned: 1 learning + 1 fine-tuning), lr 0.05"),
     # full PTB data, but 2 epochs: on a slice (250k tokens) the trees over-fit after one epoch (no
