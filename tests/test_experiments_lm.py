@@ -95,10 +95,10 @@ def test_clustering_tree_groups_nearby_words() -> None:
 
 
 # ---------------------------------------------------------------------------- training
-@pytest.mark.parametrize("output", ["flat", "random", "learned"])
+@pytest.mark.parametrize("output", ["flat", "random", "learned", "adaptive"])
 def test_train_lm_records_every_epoch(output) -> None:
     corpus = _toy_corpus()
-    tree = None if output == "flat" else lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
+    tree = None if output in ("flat", "adaptive") else lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output=output, context=2, dim=16, arity=4, batch_size=64, lr=0.2, epochs=2, learn_epochs=1,
                          reassign_per_epoch=5)
     res = lm.train_lm(corpus, cfg, tree=tree)
@@ -253,7 +253,7 @@ def test_lm_ptb_schedules_tiny(tmp_path) -> None:
 @pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")
 def test_lm_gutenberg_65_tiny(tmp_path) -> None:
     out = lm.run_lm_gutenberg_65(scale="quick", out=tmp_path / "g.json", max_books="3", **TINY)
-    payload = _check_result_file(out, {"clustering", "random", "flat", "learned"})
+    payload = _check_result_file(out, {"clustering", "random", "flat", "learned", "adaptive"})
     speed = [r for r in payload["records"] if r.get("measure") == "train_speedup"]
     assert speed and speed[0]["value"] > 0
 
@@ -469,3 +469,47 @@ def test_fasttext_embeddings_refuse_words_fasttext_would_split() -> None:
     corpus.vocab[5] = "two words"
     with pytest.raises(ValueError, match="white space"):
         lm.fasttext_embeddings(corpus, dim=4, epochs=1, threads=1)
+
+
+def test_ranked_adaptive_softmax_is_a_distribution_over_the_original_ids() -> None:
+    counts = np.array([5, 40, 1, 300, 7, 0, 22, 90, 3, 11], dtype=np.int64)
+    layer = lm.RankedAdaptiveSoftmax(8, counts)
+    # the most frequent word (id 3) is rank 0, the head of the adaptive softmax
+    assert layer.rank[3] == 0 and layer.rank[1] == 2 and layer.rank[5] == 9
+    hidden = torch.randn(6, 8)
+    full = layer.adaptive.log_prob(hidden)  # [B, V] over ranks
+    for word in range(len(counts)):
+        target = torch.full((6,), word)
+        out = layer(hidden, target).output
+        torch.testing.assert_close(out, full[:, layer.rank[word]])
+    torch.testing.assert_close(full.exp().sum(1), torch.ones(6))
+
+
+def _part(rows: dict[str, tuple[float, float]], seeds: list[int] | None = None, tokens: int = 100) -> dict:
+    records = []
+    for run, (valid, test) in rows.items():
+        common = dict(run=run, model=run, vocab_size=10, train_tokens=tokens, context=4, per_epoch=[])
+        records.append(dict(common, measure="test_perplexity", value=test, valid_perplexity=valid))
+        records.append(dict(common, measure="train_ms_per_batch", value=1.0))
+        records.append(dict(common, measure="test_ms_per_batch", value=0.5))
+    if seeds is not None:
+        valid, test = rows["random"]
+        records.append(dict(measure="selection", value=0.05, selection={
+            "random_seeds": seeds, "random_seed_valid": [valid], "random_seed_test": [test]}))
+    return {"records": records, "provenance": {"hsm_scale": "full"}}
+
+
+def test_combine_parts_takes_the_best_random_seed_on_validation() -> None:
+    parts = [_part({"learned": (150.0, 149.0)}), _part({"random": (170.0, 160.0)}, seeds=[0]),
+             _part({"random": (165.0, 168.0)}, seeds=[1]), _part({"clustering": (220.0, 212.0)})]
+    table = lm.combine_parts(parts)
+    runs = lm.runs_of(table)
+    assert set(runs) == {"learned", "random", "clustering"}
+    assert runs["random"]["test_perplexity"]["value"] == 168.0  # seed 1: better on validation, worse on test
+    assert table["random_seeds"] == {0: {"valid": 170.0, "test": 160.0}, 1: {"valid": 165.0, "test": 168.0}}
+    markdown = lm.table_markdown(table, "icml2017.table2", delta=True)
+    assert "ours - paper" in markdown and "| +8.0 |" in markdown  # random: 168 against the paper's 160
+    with pytest.raises(ValueError, match="row 'learned' is in parts 0 and 1"):
+        lm.combine_parts([parts[0], parts[0]])
+    with pytest.raises(ValueError, match="other data"):
+        lm.combine_parts([parts[0], _part({"random": (1.0, 1.0)}, seeds=[0], tokens=5)])

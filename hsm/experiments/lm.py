@@ -95,7 +95,7 @@ __all__ = [
     "SAMPLED_KINDS",
 ]
 
-OUTPUT_KINDS = ("flat", "random", "clustering", "learned")
+OUTPUT_KINDS = ("flat", "random", "clustering", "learned", "adaptive")
 #: flat softmax trained with a sampling approximation of the normaliser (seed 004,
 #: :class:`hsm.sampling.SampledSoftmax`); exact at evaluation, so perplexities compare directly
 SAMPLED_KINDS = ("importance", "bernoulli", "ranking", "blackout", "nce", "negative_sampling")
@@ -331,10 +331,39 @@ def _add_l2(parameters: Sequence[torch.nn.Parameter], l2: float) -> None:
             grad.add_(param, alpha=l2)
 
 
+class RankedAdaptiveSoftmax(torch.nn.Module):
+    """:class:`torch.nn.AdaptiveLogSoftmaxWithLoss` over words renumbered by frequency rank (its
+    cutoffs split the ids into a head of frequent words and tails of rarer ones, so the ids must
+    be ranks), with the benchmark's cutoffs (:data:`hsm.bench.ADAPTIVE_CUTOFFS`, 2k/20k/100k
+    below V, ``div_value=4``: Grave et al.'s setting for large vocabularies).
+
+    forward(h [B, d], y [B]) -> (output [B] log-probabilities of the targets, loss []): the same
+    interface as the tree and flat layers."""
+
+    def __init__(self, dim: int, counts: np.ndarray) -> None:
+        super().__init__()
+        from hsm.bench import ADAPTIVE_CUTOFFS, adaptive_cutoffs
+
+        counts = np.asarray(counts)
+        order = np.argsort(-counts, kind="stable")  # word ids by decreasing count
+        rank = np.empty(len(counts), dtype=np.int64)
+        rank[order] = np.arange(len(counts))
+        self.register_buffer("rank", torch.from_numpy(rank))
+        self.adaptive = torch.nn.AdaptiveLogSoftmaxWithLoss(
+            dim, len(counts), adaptive_cutoffs(len(counts), dim, base=ADAPTIVE_CUTOFFS), div_value=4.0)
+
+    def forward(self, hidden: torch.Tensor, target: torch.Tensor):
+        return self.adaptive(hidden, self.rank[target])
+
+
 def _make_output(cfg: LMRunConfig, vocab_size: int, tree: Tree | None,
                  counts: np.ndarray | None = None) -> torch.nn.Module:
     if cfg.output == "flat":
         return FlatSoftmax(cfg.dim, vocab_size)
+    if cfg.output == "adaptive":
+        if counts is None:
+            raise ValueError("output 'adaptive' needs the training counts (its cutoffs follow frequency ranks)")
+        return RankedAdaptiveSoftmax(cfg.dim, counts)
     if cfg.output in SAMPLED_KINDS:
         if counts is None:
             raise ValueError(f"output {cfg.output!r} needs the training counts (its proposal distribution)")
@@ -819,7 +848,7 @@ def _select_lr(corpus: LMCorpus, base: LMRunConfig, tree: Tree | None, sc: LMSca
     trials = []
     for lr in sc.lr_grid:
         cfg = replace(base, lr=lr, epochs=1, learn_epochs=0, max_steps_per_epoch=sc.select_steps,
-                      output="flat" if base.output == "flat" else "random")
+                      output=base.output if base.output in ("flat", "adaptive") else "random")
         try:
             res = train_lm(corpus, cfg, tree=tree, device=device, checkpoint_dir=run_dir, log=log)
             ppl, seconds = res.valid_perplexity, res.seconds
@@ -874,6 +903,11 @@ def run_table(
         selection["flat_lr"], selection["flat_trials"] = flat_lr, trials
         runs["flat"] = train_lm(corpus, replace(base, output="flat", lr=flat_lr), device=device,
                                 checkpoint_dir=run_dir, log=log)
+    if "adaptive" in outputs:
+        adaptive_lr, trials = _select_lr(corpus, replace(base, output="adaptive"), None, sc, device, run_dir, log)
+        selection["adaptive_lr"], selection["adaptive_trials"] = adaptive_lr, trials
+        runs["adaptive"] = train_lm(corpus, replace(base, output="adaptive", lr=adaptive_lr), device=device,
+                                    checkpoint_dir=run_dir, log=log)
     if "random" in outputs:
         candidates = [train_lm(corpus, replace(base, output="random", lr=tree_lr, tree_seed=s), tree=t, device=device,
                                checkpoint_dir=run_dir, log=log) for s, t in random_trees.items()]
@@ -903,7 +937,7 @@ def run_table(
 
 
 _MODEL_NAMES = {"flat": "Flat soft-max", "random": "Random Tree", "clustering": "Clustering Tree",
-                "learned": "Learned Tree"}
+                "learned": "Learned Tree", "adaptive": "Adaptive softmax (torch, 2k/20k/100k, div 4; not in the paper)"}
 _SLUGS = {"flat": "flat_soft_max", "random": "random_tree", "clustering": "clustering_tree",
           "learned": "learned_tree"}
 
@@ -931,7 +965,7 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
         fields = dict(common, model=model, run=kind, lr=run.config["lr"], batch_size=run.config["batch_size"],
                       epochs=run.config["epochs"], learn_epochs=run.config.get("learn_epochs"),
                       per_epoch=run.epochs, wall_time_s=run.seconds, trained_on=run.device)
-        if kind == "flat":
+        if kind in ("flat", "adaptive"):
             fields.update(arity=None, depth=None)
         claim = lambda measure: (f"{claim_prefix}.{slug}.{measure}"  # noqa: E731
                                  if claim_prefix and slug else None)
@@ -1103,7 +1137,8 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
     # run folder, so this invocation's wall time can be much shorter)
     training_seconds = (sum(run.seconds for kind, run in table["runs"].items() if kind != "random")
                         + sum(selection.get("random_seed_seconds", []))
-                        + sum(t["seconds"] for key in ("tree_trials", "flat_trials") for t in selection.get(key, [])))
+                        + sum(t["seconds"] for key in ("tree_trials", "flat_trials", "adaptive_trials")
+                              for t in selection.get(key, [])))
     trees: dict[str, Any] = {}
     records = _records(table, sc, claim_prefix if scale == "full" and paper_data else None, claim_kind, scale,
                        trees, _out_path(out, DEFAULT_OUT[name]).stem)
@@ -1141,7 +1176,8 @@ def run_lm_gutenberg_65(scale: str = "quick", device: str = "cpu", out: Path | N
                         **options: Any) -> Path:
     """ICML Table 2 and Fig. 2."""
     return _run_experiment("lm-gutenberg-65", scale, device, out, options,
-                           ("clustering", "random", "flat", "learned"), "icml2017.table2", "icml", force=force)
+                           ("clustering", "random", "flat", "learned", "adaptive"), "icml2017.table2", "icml",
+                           force=force)
 
 
 @experiment("lm-gutenberg-75", "arXiv Table 1 (Gutenberg columns): flat, random, learned; 75-ary depth 3, T=4",
@@ -1342,9 +1378,51 @@ def runs_of(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def table_markdown(payload: dict[str, Any], paper_prefix: str | None = None, timing: str = "icml") -> str:
+def combine_parts(payloads: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One table from a table run in parts (``-o runs=...``, one result file each).
+
+    Returns ``{"records": ..., "parts": [...], "random_seeds": {seed: {"valid": .., "test": ..}}}``:
+    every part's rows, with the random row the random part whose seed has the best validation
+    perplexity (as :func:`run_table` picks it), and every random seed's perplexities for the
+    spread. ValueError when two parts hold the same other row, or when the parts were trained on
+    different data (vocabulary, training tokens, context)."""
+    records: list[dict[str, Any]] = []
+    seeds: dict[int, dict[str, float]] = {}
+    best_random: tuple[float, list[dict[str, Any]]] | None = None
+    seen: dict[str, int] = {}
+    data = None
+    for index, payload in enumerate(payloads):
+        runs = runs_of(payload)
+        for record in payload["records"]:
+            if record.get("measure") == "selection" and "random_seeds" in record.get("selection", {}):
+                sel = record["selection"]
+                for seed, valid, test in zip(sel["random_seeds"], sel["random_seed_valid"], sel["random_seed_test"]):
+                    seeds[int(seed)] = {"valid": valid, "test": test}
+        for run, measures in runs.items():
+            ppl = measures["test_perplexity"]
+            setting = (ppl["vocab_size"], ppl["train_tokens"], ppl["context"])
+            if data is not None and setting != data:
+                raise ValueError(f"part {index} was trained on other data (vocabulary, tokens, context) {setting} "
+                                 f"than the first part {data}")
+            data = setting
+            if run == "random":
+                if best_random is None or ppl["valid_perplexity"] < best_random[0]:
+                    best_random = (ppl["valid_perplexity"], list(measures.values()))
+                continue
+            if run in seen:
+                raise ValueError(f"row {run!r} is in parts {seen[run]} and {index}")
+            seen[run] = index
+            records.extend(measures.values())
+    if best_random is not None:
+        records.extend(best_random[1])
+    return {"records": records, "random_seeds": seeds, "parts": [p.get("provenance", {}) for p in payloads]}
+
+
+def table_markdown(payload: dict[str, Any], paper_prefix: str | None = None, timing: str = "icml",
+                   delta: bool = False) -> str:
     """Our rows (test perplexity, train and test ms/batch) with the paper's numbers beside them,
-    labelled as the paper's; ``paper_prefix`` e.g. ``icml2017.table2`` or ``arxiv2016.table1.ptb``."""
+    labelled as the paper's; ``paper_prefix`` e.g. ``icml2017.table2`` or ``arxiv2016.table1.ptb``;
+    ``delta`` adds ours minus the paper's perplexity."""
     from hsm import paper
 
     rows = runs_of(payload)
@@ -1352,8 +1430,8 @@ def table_markdown(payload: dict[str, Any], paper_prefix: str | None = None, tim
     sep = "|---|---|---|---|"
     if paper_prefix:
         paper_ms = "train / test ms/batch (paper)" if timing == "icml" else "ms/batch (paper)"
-        head += f" perplexity (paper) | {paper_ms} |"
-        sep += "---|---|"
+        head += f" perplexity (paper) | {paper_ms} |" + (" perplexity, ours - paper |" if delta else "")
+        sep += "---|---|" + ("---|" if delta else "")
     lines = [head, sep]
     for run, measures in rows.items():
         ppl = measures["test_perplexity"]
@@ -1368,9 +1446,9 @@ def table_markdown(payload: dict[str, Any], paper_prefix: str | None = None, tim
                             f"{paper.get(f'{paper_prefix}.{slug}.test_ms_per_batch').value:g}")
                 else:
                     p_ms = f"{paper.get(f'{paper_prefix}.{slug}.ms_per_batch').value:g}"
-                line += f" {p_ppl:g} | {p_ms} |"
+                line += f" {p_ppl:g} | {p_ms} |" + (f" {ppl['value'] - p_ppl:+.1f} |" if delta else "")
             else:
-                line += " - | - |"
+                line += " - | - |" + (" - |" if delta else "")
         lines.append(line)
     return "\n".join(lines) + "\n"
 
