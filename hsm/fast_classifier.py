@@ -1,0 +1,906 @@
+"""A fast compiled CPU trainer for the bag-of-words classifier of ICML §7.1 (issue 13, part 1).
+
+:class:`FastBowClassifier` trains the model of :mod:`hsm.text_models` (``f(x)`` = sum or mean of
+the word embeddings) with a flat softmax, an M-ary Huffman tree or a learned tree (Algorithm 1
+with AssignLabels = Algorithm 2) as its output layer, the way fastText and the authors' fork
+(github yjernite/fastTextLearnTree, ``src/model.cc``, ``src/fasttext.cc``, ``src/lomtree.cc``)
+train it, and is used like fastText::
+
+    from hsm.fast_classifier import FastBowClassifier
+    clf = FastBowClassifier(dim=50, output="learned", arity=5, lr=0.1, epochs=5)
+    clf.fit(docs, labels)                   # docs: list of int arrays of word ids, or (values, offsets)
+    labels, log_probs = clf.predict(docs, k=1)
+    clf.test(docs, gold)                    # {'examples': n, 'precision_at_1': ..., 'recall_at_1': ...}
+
+How it trains (what the PyTorch path of :func:`hsm.experiments.classification.train_bow` does with a
+batch of one, in one compiled pass per example, no Python per example):
+
+* **Per-example SGD** (fastText's ``Model::update``): ``h`` = sum / mean of the document's
+  embedding rows; for every node of the label's path (eq. 5; the flat softmax is one node with K
+  children), the node softmax ``p``, ``alpha_m = lr_t (1[m = c] - p_m)``, the input gradient
+  ``g += alpha_m W_{n,m}`` (old weights), the update ``W_{n,m} += alpha_m h``, ``b_{n,m} += alpha_m``;
+  then every word row of the document gets ``g`` (divided by the length for the mean). That is
+  exactly one step of plain SGD on ``-log p(y | x)`` at rate ``lr_t`` (the path's nodes are
+  distinct rows, so updating one before computing the next changes nothing): the tests check the
+  parameters and per-example losses against PyTorch (BagOfWordsClassifier + HierarchicalSoftmax /
+  FlatSoftmax + ``torch.optim.SGD``).
+* **Rate**: ``lr_t = lr (1 - t / T)`` (fastText's linear decay; ``t`` examples done of ``T``), or
+  for the learned tree ``lr min(1, 2 (1 - t / T))`` (constant for the first half, then linear: the
+  released fork's ``lr *= 2; lr = min(lr, args.lr)`` for ``-loss lom``, and ``train_bow``'s).
+* **Hogwild** (fastText's threads, Recht et al. 2011): ``threads`` threads each run the kernel on a
+  contiguous slice of the (shuffled) examples, reading and writing the shared parameters with no
+  locks; with ``threads=1`` training is deterministic. A thread's k-th example is given progress
+  ``t = start + k * threads + thread_index``: the threads advance together, as in fastText, so the
+  rate schedule is the same as one thread's. The threads are :mod:`hsm.kernels`' pool (nogil kernels).
+* **Algorithm 1**: during tree learning the kernel also accumulates the node statistics
+  SumProbas / Counts (from the node softmax computed *before* the update, NodeCompute) per
+  (label, depth), the layout of :class:`hsm.NodeStatistics`; between two chunks of examples (once
+  per rebuild, never per example) Python runs :func:`hsm.assign.assign_labels_well_formed`
+  (Algorithm 2) on them and installs the new tree.
+
+Options the paper leaves open (issue 13, point 2):
+
+* ``statistics="ours"``: :class:`hsm.NodeStatistics` (keyed by (label, depth), sums dropped when
+  the label's node changes, decayed by ``decay`` at every rebuild, a pseudo-count ``prior`` read
+  with ``prior_mode``); ``statistics="released"``: :class:`ReleasedStatistics`, the fork's policy
+  (keyed by (node, label), never decayed nor reset, kept when a label moves away and found again
+  when it comes back; a new pair starts with one pseudo-example of ``0.5 / M`` on every child plus
+  ``0.5`` on child ``position mod M``).
+* ``schedule="first_half"``: ``rebuilds`` AssignLabels calls evenly spread over the first half of
+  training (every ``half // rebuilds`` examples), then the tree is frozen (ICML §11.1,
+  ``train_bow``); ``schedule="every_tokens"``: the fork's schedule (``FastText::trainThread``): a
+  check every ``rebuild_tokens`` training tokens (fastText's ``lrUpdateRate``, 100,000), a rebuild
+  at a check once the tokens seen reach ``next``, then ``next += period`` (``period = tokens of
+  training / 2 / rebuilds``) while ``next + 1 < tokens of training / 2``: at most one rebuild per
+  check, so on a small data set rebuilds go on to near the end of training.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+import numba
+import numpy as np
+import torch
+
+from .assign import assign_labels_well_formed
+from .kernels import _FASTMATH, _run
+from .layers import FlatSoftmax, HierarchicalSoftmax
+from .statistics import NodeStatistics
+from .text_models import BagOfWordsClassifier, make_bags
+from .training import ReassignRecord
+from .tree import Tree, check_integer
+
+__all__ = ["FastBowClassifier", "FitHistory", "Prediction", "ReleasedStatistics", "as_ragged"]
+
+_SCHEDULE_LINEAR, _SCHEDULE_CONSTANT_THEN_LINEAR = 0, 1
+_NEG_INF = np.float32(-np.inf)
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _sgd_examples(values, offsets, order, targets, mean, embedding, weight, bias, penalty, path_nodes,
+                  path_children, path_mask, lr, schedule, start, stride, phase, total, collect, sum_probas,
+                  path_counts, label_counts, losses):  # pragma: no cover - compiled
+    """One SGD step per example ``order[k]`` (k = 0, 1, ...), in place; ``losses[k]`` gets its NLL.
+
+    ``values`` / ``offsets``: the ragged documents (word ids); ``targets[i]`` example i's label;
+    ``embedding`` [V, d]; ``weight`` [N, M*d], ``bias`` [N, M] (0 rows: none), ``penalty`` [N, M]
+    (-inf on slots holding no real label; 0 rows: none) and the label paths ``path_*`` [K', L] of
+    the tree (the flat softmax: one node, M = K). The k-th example's rate uses progress
+    ``(start + k * stride + phase) / total``. With ``collect``, SumProbas / Counts of Algorithm 1
+    are added per (label, depth) (:class:`hsm.NodeStatistics`' layout). Returns -1, or the k of
+    the first example whose loss is not finite (it stops there).
+    """
+    dim = embedding.shape[1]
+    arity = weight.shape[1] // dim
+    has_bias = bias.shape[0] > 0
+    has_penalty = penalty.shape[0] > 0
+    length = path_nodes.shape[1]
+    h = np.empty(dim, dtype=np.float32)
+    grad = np.empty(dim, dtype=np.float32)
+    logit = np.empty(arity, dtype=np.float32)
+    one = np.float32(1.0)
+    for k in range(order.shape[0]):
+        i = order[k]
+        progress = (start + k * stride + phase) / total
+        if schedule == 0:
+            rate = np.float32(lr * (1.0 - progress))
+        else:
+            rate = np.float32(lr * min(1.0, 2.0 * (1.0 - progress)))
+        first, last = offsets[i], offsets[i + 1]
+        for j in range(dim):
+            h[j] = 0.0
+            grad[j] = 0.0
+        for t in range(first, last):
+            row = values[t]
+            for j in range(dim):
+                h[j] += embedding[row, j]
+        count = last - first
+        if mean and count > 0:
+            for j in range(dim):
+                h[j] /= np.float32(count)  # EmbeddingBag's mean: the sum, then a division
+        y = targets[i]
+        loss = 0.0
+        for depth in range(length):
+            if not path_mask[y, depth]:
+                break  # paths are padded at the end
+            n = path_nodes[y, depth]
+            c = path_children[y, depth]
+            top = _NEG_INF
+            for m in range(arity):
+                if has_penalty and penalty[n, m] == _NEG_INF:
+                    logit[m] = _NEG_INF  # a slot holding no real label: probability 0
+                    continue
+                base = m * dim
+                acc = np.float32(0.0)
+                for j in range(dim):
+                    acc += weight[n, base + j] * h[j]
+                if has_bias:
+                    acc += bias[n, m]
+                logit[m] = acc
+                top = max(top, acc)
+            norm = np.float32(0.0)
+            for m in range(arity):
+                norm += np.exp(logit[m] - top)
+            loss += np.log(norm) + top - logit[c]
+            inverse = one / norm
+            for m in range(arity):
+                p = np.exp(logit[m] - top) * inverse
+                if collect:
+                    sum_probas[y, depth, m] += p
+                alpha = rate * ((one if m == c else np.float32(0.0)) - p)
+                if alpha == 0.0:
+                    continue  # masked slots (p = 0, m != c): nothing to add
+                base = m * dim
+                for j in range(dim):
+                    w = weight[n, base + j]
+                    grad[j] += alpha * w  # the input gradient uses the weights before this update
+                    weight[n, base + j] = w + alpha * h[j]
+                if has_bias:
+                    bias[n, m] += alpha
+            if collect:
+                path_counts[y, depth] += 1.0
+        if collect:
+            label_counts[y] += 1.0
+        losses[k] = loss
+        if not np.isfinite(loss):
+            return k
+        if mean and count > 0:
+            for j in range(dim):
+                grad[j] /= np.float32(count)
+        for t in range(first, last):
+            row = values[t]
+            for j in range(dim):
+                embedding[row, j] += grad[j]
+    return -1
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _representations(values, offsets, embedding, mean, out):  # pragma: no cover - compiled
+    """``out[b]`` = sum (or mean) of document b's embedding rows (:class:`BagOfWordsClassifier`)."""
+    dim = embedding.shape[1]
+    for b in range(offsets.shape[0] - 1):
+        first, last = offsets[b], offsets[b + 1]
+        for j in range(dim):
+            out[b, j] = 0.0
+        for t in range(first, last):
+            for j in range(dim):
+                out[b, j] += embedding[values[t], j]
+        if mean and last > first:
+            for j in range(dim):
+                out[b, j] /= np.float32(last - first)
+
+
+@numba.njit(cache=True)
+def _token_checks(lengths, local, rate):  # pragma: no cover - compiled
+    """fastText's ``lrUpdateRate`` checks over one epoch: after example k (in visiting order)
+    the local token count ``local`` (carried over from the previous epoch) grows by
+    ``lengths[k]``; a check happens when it exceeds ``rate``, and it restarts from 0. Returns
+    (positions: examples done at each check, tokens added since the previous check, the local
+    count left at the end)."""
+    positions = np.empty(lengths.shape[0], dtype=np.int64)
+    added = np.empty(lengths.shape[0], dtype=np.int64)
+    count = 0
+    for k in range(lengths.shape[0]):
+        local += lengths[k]
+        if local > rate:
+            positions[count] = k + 1
+            added[count] = local
+            count += 1
+            local = 0
+    return positions[:count].copy(), added[:count].copy(), local
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+def as_ragged(docs: Any, name: str = "docs") -> tuple[np.ndarray, np.ndarray]:
+    """``(values, offsets)`` int64 arrays of a list of documents (each a sequence of int word ids)
+    or of a ``(values, offsets)`` tuple (``offsets`` from 0 to ``len(values)``, non-decreasing).
+
+    Only a *tuple* of two is read as ``(values, offsets)``; a list is always a list of documents.
+    Raises TypeError for non-integer ids and ValueError for an empty list, negative ids or bad
+    offsets, naming the document."""
+    if isinstance(docs, tuple) and len(docs) == 2:
+        values, offsets = (np.asarray(part) for part in docs)
+        if values.ndim != 1 or offsets.ndim != 1:
+            raise ValueError(f"{name}: (values, offsets) must be two 1-D arrays, got shapes {values.shape} and "
+                             f"{offsets.shape}")
+        for part, what in ((values, "values"), (offsets, "offsets")):
+            if part.size and part.dtype.kind not in "iu":
+                raise TypeError(f"{name}: {what} must hold integers, got dtype {part.dtype}")
+        values = values.astype(np.int64, copy=False)
+        offsets = offsets.astype(np.int64, copy=False)
+        if offsets.size < 2:
+            raise ValueError(f"{name} is empty (offsets must hold at least [0, len(values)])")
+        if offsets[0] != 0 or offsets[-1] != values.size or (np.diff(offsets) < 0).any():
+            raise ValueError(f"{name}: offsets must start at 0, be non-decreasing and end at len(values) = "
+                             f"{values.size}")
+    else:
+        if isinstance(docs, (str, bytes)) or not isinstance(docs, Sequence):
+            raise TypeError(f"{name} must be a list of int arrays (word ids) or a (values, offsets) tuple, got "
+                            f"{type(docs).__name__}")
+        if len(docs) == 0:
+            raise ValueError(f"{name} is empty: no documents")
+        parts = []
+        for index, doc in enumerate(docs):
+            array = np.asarray(doc)
+            if array.ndim != 1:
+                raise ValueError(f"{name}[{index}] must be a 1-D sequence of word ids, got shape {array.shape}")
+            if array.size and array.dtype.kind not in "iu":
+                raise TypeError(f"{name}[{index}] must hold integer word ids, got dtype {array.dtype}")
+            parts.append(array.astype(np.int64, copy=False))
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([p.size for p in parts], out=offsets[1:])
+        values = np.concatenate(parts) if offsets[-1] else np.zeros(0, dtype=np.int64)
+    if values.size and values.min() < 0:
+        doc = int(np.searchsorted(offsets, int(np.argmax(values < 0)), side="right")) - 1
+        raise ValueError(f"{name}[{doc}] holds a negative word id ({int(values.min())})")
+    return np.ascontiguousarray(values), np.ascontiguousarray(offsets)
+
+
+def _as_labels(labels: Any, count: int, name: str = "labels") -> tuple[np.ndarray, np.ndarray]:
+    """Ragged ``(values, offsets)`` of one label per example (a 1-D int array) or of a sequence of
+    label sets (multi-label: each a non-empty int sequence)."""
+    if isinstance(labels, (str, bytes)):
+        raise TypeError(f"{name} must be an int array or a list of int arrays, got a string")
+    array = None
+    try:
+        array = np.asarray(labels)
+    except ValueError:  # ragged: a list of label sets
+        pass
+    if array is not None and array.dtype != object and array.ndim == 1:
+        if array.size and array.dtype.kind not in "iu":
+            raise TypeError(f"{name} must hold integer label ids, got dtype {array.dtype}")
+        values = array.astype(np.int64, copy=False)
+        offsets = np.arange(values.size + 1, dtype=np.int64)
+    else:
+        if not isinstance(labels, Sequence):
+            raise TypeError(f"{name} must be an int array or a list of int arrays, got {type(labels).__name__}")
+        parts = []
+        for index, item in enumerate(labels):
+            part = np.atleast_1d(np.asarray(item))
+            if part.ndim != 1 or part.size == 0:
+                raise ValueError(f"{name}[{index}] must be a label id or a non-empty 1-D set of label ids")
+            if part.dtype.kind not in "iu":
+                raise TypeError(f"{name}[{index}] must hold integer label ids, got dtype {part.dtype}")
+            parts.append(part.astype(np.int64, copy=False))
+        offsets = np.zeros(len(parts) + 1, dtype=np.int64)
+        np.cumsum([p.size for p in parts], out=offsets[1:])
+        values = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+    if offsets.size - 1 != count:
+        raise ValueError(f"{offsets.size - 1} {name} for {count} documents")
+    if values.size and values.min() < 0:
+        raise ValueError(f"unknown label {int(values.min())} in {name}: label ids are >= 0")
+    return np.ascontiguousarray(values), offsets
+
+
+def _check_positive(value: Any, name: str) -> float:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return float(value)
+
+
+# ---------------------------------------------------------------------------------------------- statistics
+class ReleasedStatistics:
+    """The node statistics of the authors' released code (``src/lomtree.cc``), as a
+    :class:`hsm.assign.StatisticsSource` for :func:`hsm.assign.assign_labels_well_formed`.
+
+    The fork keeps ``acc_probas[(node, label)]`` (SumProbas, an M-vector) and
+    ``acc_counts[(node, label)]`` (Counts) in hash maps (``LOMtree::updateStats``). A pair is
+    created, the first time the label reaches the node, with one pseudo-example (``initNodeStats``:
+    count 1, ``0.5 / M`` on every child plus ``0.5`` on child ``position mod M``, ``position`` being
+    the label's place in the node's label list); it is never decayed, never reset, and survives
+    the label's moving away (it is found again if the label comes back).
+
+    Here: between two rebuilds the tree is fixed, so (label, depth) names the same pair as (node,
+    label); the training kernel adds to the current period's ``sum_probas`` [K', L, M],
+    ``path_counts`` [K', L] and ``label_counts`` [K'] (the :class:`hsm.NodeStatistics` layout), and
+    :meth:`flush` (called by :meth:`p_cond` and :meth:`on_reassign`) adds them to the store keyed
+    by (node, label) (sorted int64 keys ``node * K' + label``, merged with NumPy, no per-pair Python).
+
+    Differences from the fork, for reasons of interface: ``position`` is the label's rank by id
+    among the node's real labels (the fork lists them in the order they arrived: child by child at
+    the start, in the greedy's order later); a label that Algorithm 2 sends to a node that has no id
+    yet during the rebuild (a new internal node) is read with the prior (the fork knows which freed
+    id the node will get); and q_i uses the label's count over all of training plus the
+    pseudo-count (``label_weights``: the :class:`~hsm.assign.StatisticsSource` protocol has one
+    weight per label), where the fork uses ``acc_counts[(node, label)]`` (the examples seen at
+    that node), which differs only for a label that moved. ``prior`` scales the pseudo-example
+    (1 in the fork).
+    """
+
+    def __init__(self, tree: Tree, prior: float = 1.0) -> None:
+        if not isinstance(tree, Tree):
+            raise TypeError(f"tree must be an hsm.Tree, got {type(tree).__name__}")
+        self.prior = _check_positive(prior, "prior")
+        self.arity = tree.arity
+        self.num_labels = tree.num_labels
+        self.num_leaves = tree.num_leaves
+        self.keys = np.zeros(0, dtype=np.int64)
+        self.sums = np.zeros((0, self.arity))
+        self.counts = np.zeros(0)
+        self.total_label_counts = np.zeros(self.num_leaves)
+        self.label_counts = np.zeros(self.num_leaves, dtype=np.float32)
+        self._install(tree)
+
+    def _install(self, tree: Tree) -> None:
+        self.tree = tree
+        self.sum_probas = np.zeros((self.num_leaves, tree.max_depth, self.arity), dtype=np.float32)
+        self.path_counts = np.zeros((self.num_leaves, tree.max_depth), dtype=np.float32)
+        labels, depths = np.nonzero(tree.path_mask[: self.num_labels])
+        nodes = tree.path_nodes[labels, depths]
+        self._create(nodes, labels)
+
+    def _prior_rows(self, nodes: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """The pseudo-example of each (node, label) pair: ``prior`` x (0.5/M + 0.5 on child
+        ``rank mod M``), rank = the label's rank by id among the pairs of the same node."""
+        order = np.lexsort((labels, nodes))
+        sorted_nodes = nodes[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(sorted_nodes)) + 1] if order.size else np.zeros(0, np.int64)
+        first_of = np.repeat(starts, np.diff(np.r_[starts, order.size]))
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[order] = np.arange(order.size) - first_of
+        rows = np.full((labels.size, self.arity), 0.5 / self.arity)
+        rows[np.arange(labels.size), rank % self.arity] += 0.5
+        return rows * self.prior
+
+    def _create(self, nodes: np.ndarray, labels: np.ndarray) -> None:
+        """Add the pairs not in the store yet, each with its pseudo-example (``initNodeStats``)."""
+        keys = nodes * self.num_leaves + labels
+        found = self._find(keys) >= 0
+        if found.all():
+            return
+        new_keys = keys[~found]
+        rows = self._prior_rows(nodes, labels)[~found]
+        keys = np.concatenate([self.keys, new_keys])
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.sums = np.concatenate([self.sums, rows])[order]
+        self.counts = np.concatenate([self.counts, np.full(new_keys.size, self.prior)])[order]
+
+    def _find(self, keys: np.ndarray) -> np.ndarray:
+        """Index of each key in the store, -1 where absent."""
+        if self.keys.size == 0:
+            return np.full(keys.shape, -1, dtype=np.int64)
+        where = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+        return np.where(self.keys[where] == keys, where, -1)
+
+    def flush(self) -> None:
+        """Add the current period's sums (collected on :attr:`tree`) to the (node, label) store."""
+        tree = self.tree
+        labels, depths = np.nonzero(tree.path_mask[: self.num_labels] & (self.path_counts[: self.num_labels] > 0))
+        if labels.size:
+            where = self._find(tree.path_nodes[labels, depths] * self.num_leaves + labels)
+            assert (where >= 0).all(), "every pair of the tree in place was created when it was installed"
+            self.sums[where] += self.sum_probas[labels, depths]
+            self.counts[where] += self.path_counts[labels, depths]
+        self.total_label_counts += self.label_counts
+        self.sum_probas[:] = 0.0
+        self.path_counts[:] = 0.0
+        self.label_counts[:] = 0.0
+
+    # -------------------------------------------------------------- StatisticsSource
+    def label_weights(self) -> np.ndarray:
+        """Examples per label (all of training) plus the pseudo-count; 0 for dummy leaves."""
+        self.flush()
+        weights = self.total_label_counts + self.prior
+        weights[self.num_labels :] = 0.0
+        return weights
+
+    def p_cond(self, depth: int, labels: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """SumProbas / Counts of each (node, label) pair; a pair never seen gets the pseudo-example
+        it would be created with (its rank among the same node's real labels in this query, which
+        are the labels the rebuild sends to that node); dummy leaves get the uniform 1/M."""
+        self.flush()
+        labels = np.asarray(labels, dtype=np.int64)
+        nodes = np.asarray(nodes, dtype=np.int64)
+        out = np.full((labels.size, self.arity), 1.0 / self.arity)
+        real = labels < self.num_labels
+        where = np.where(real & (nodes >= 0), self._find(nodes * self.num_leaves + labels), -1)
+        seen = where >= 0
+        out[seen] = self.sums[where[seen]] / self.counts[where[seen], None]
+        fresh = real & ~seen
+        if fresh.any():
+            real_rows = np.flatnonzero(real)
+            priors = self._prior_rows(nodes[real_rows], labels[real_rows]) / self.prior
+            pick = fresh[real_rows]
+            out[real_rows[pick]] = priors[pick]
+        return out
+
+    def on_reassign(self, new_tree: Tree, reset_nodes: Any = None, apply_decay: bool = True) -> None:
+        """After a rebuild: flush, create the new tree's new pairs; nothing decays or is reset
+        (``reset_nodes`` and ``apply_decay`` are accepted for :class:`hsm.NodeStatistics`' interface)."""
+        self.flush()
+        self._install(new_tree)
+
+
+# ---------------------------------------------------------------------------------------------- the classifier
+class Prediction(NamedTuple):
+    """``labels`` [n, k] (most likely first) and their ``log_probs`` [n, k] (natural log)."""
+
+    labels: np.ndarray
+    log_probs: np.ndarray
+
+
+@dataclass
+class FitHistory:
+    """What :meth:`FastBowClassifier.fit` did."""
+
+    #: mean training NLL (nats) of each epoch, measured on each example before its update
+    epoch_loss: list[float] = field(default_factory=list)
+    #: one record per AssignLabels call (``step`` = examples done; ``moved_labels`` = share of
+    #: labels whose path changed; ``moved_nodes`` = internal nodes placed somewhere new)
+    rebuilds: list[ReassignRecord] = field(default_factory=list)
+    #: seconds of training (the epochs, rebuilds included)
+    train_seconds: float = 0.0
+    #: examples per second of training
+    examples_per_second: float = 0.0
+    #: per-example losses in visiting order, one array per epoch (``fit(record_losses=True)``)
+    example_losses: list[np.ndarray] = field(default_factory=list)
+    #: the visiting order of every epoch (``fit(record_losses=True)``)
+    orders: list[np.ndarray] = field(default_factory=list)
+
+
+class FastBowClassifier:
+    """The bag-of-words classifier of ICML §7.1, trained by compiled per-example Hogwild SGD.
+
+    Parameters
+    ----------
+    dim: d, the embedding size (ICML: 50 and 200).
+    output: ``"flat"`` (softmax over all K labels), ``"huffman"`` (the M-ary Huffman tree of the
+        training label counts, plus one; arity 2 is fastText's ``-loss hs``), or ``"learned"``
+        (Algorithm 1, started from that Huffman tree as the released code does).
+    arity: M, children per node of the tree outputs.
+    lr: the initial learning rate (per example); ICML §7.1's grid is 0.01 ... 0.5.
+    epochs: passes over the training data.
+    threads: Hogwild threads (default ``torch.get_num_threads()``); 1 is deterministic.
+    reduce: ``"mean"`` of the embeddings (fastText, the released code) or ``"sum"`` (ICML text).
+    lr_schedule: ``"linear"`` (``lr (1 - progress)``, fastText), ``"constant_then_linear"``
+        (``lr min(1, 2 (1 - progress))``, the fork's learned-tree schedule) or ``"auto"`` (the
+        latter for ``output="learned"``, else the former).
+    rebuilds: AssignLabels calls (ICML §11.1: 50; the fork's ``-lomUpdates``).
+    schedule: when they happen: ``"first_half"`` or ``"every_tokens"`` (module docstring).
+    rebuild_tokens: tokens between two checks for ``"every_tokens"`` (fastText's ``lrUpdateRate``).
+    statistics: ``"ours"`` (:class:`hsm.NodeStatistics`) or ``"released"`` (:class:`ReleasedStatistics`).
+    decay, prior, prior_mode: the ``"ours"`` statistics' decay per rebuild (1: never; what
+        ``train_bow`` uses), pseudo-count and prior (:mod:`hsm.statistics`); ``prior`` also
+        scales :class:`ReleasedStatistics`' pseudo-example.
+    wrt: AssignLabels' score, ``"logp"`` (eq. 12, the released code's) or ``"p"`` (eq. 10).
+    reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 places somewhere new
+        (the released code keeps them; so does ``train_bow`` by default).
+    bias: a bias per child slot (our layers have one; fastText's output matrix has none).
+    shuffle: visit the examples in a new random order every epoch (``train_bow``); False keeps
+        the given order (fastText reads its file in order: shuffle the file once yourself).
+    seed: seeds the embeddings' initialisation, the orders and the labels drawn for
+        multi-label examples.
+
+    Attributes after :meth:`fit`: ``model`` (a :class:`hsm.text_models.BagOfWordsClassifier`),
+    ``layer`` (:class:`hsm.HierarchicalSoftmax` or :class:`hsm.FlatSoftmax`; the kernels train
+    their tensors in place, so they are usable with the PyTorch path, e.g.
+    :func:`hsm.experiments.classification.evaluate_bow`), ``tree`` (the tree in place, None for
+    flat), ``start_tree``, ``statistics`` and ``history`` (:class:`FitHistory`).
+
+    Word ids: ``0 .. num_words - 1``; ``num_words`` is the largest training id plus one unless
+    given to :meth:`fit`. Hashed bigrams: append them with :func:`hsm.text_models.hashed_bigrams`
+    and pass ``num_words = vocabulary + buckets``. A document without words has ``f(x) = 0``.
+    """
+
+    def __init__(
+        self,
+        dim: int = 50,
+        output: Literal["flat", "huffman", "learned"] = "learned",
+        arity: int = 5,
+        lr: float = 0.1,
+        epochs: int = 5,
+        threads: int | None = None,
+        reduce: Literal["mean", "sum"] = "mean",
+        lr_schedule: Literal["auto", "linear", "constant_then_linear"] = "auto",
+        rebuilds: int = 50,
+        schedule: Literal["first_half", "every_tokens"] = "first_half",
+        rebuild_tokens: int = 100_000,
+        statistics: Literal["ours", "released"] = "ours",
+        decay: float = 1.0,
+        prior: float = 1.0,
+        prior_mode: Literal["current_child", "uniform"] = "current_child",
+        wrt: Literal["p", "logp"] = "logp",
+        reset_moved_nodes: bool = False,
+        bias: bool = True,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        self.dim = check_integer(dim, "dim")
+        if self.dim < 1:
+            raise ValueError(f"dim must be >= 1, got {dim}")
+        if output not in ("flat", "huffman", "learned"):
+            raise ValueError(f"output must be 'flat', 'huffman' or 'learned', got {output!r}")
+        self.output = output
+        self.arity = check_integer(arity, "arity")
+        if self.arity < 2:
+            raise ValueError(f"arity M must be >= 2, got {arity}")
+        self.lr = _check_positive(lr, "lr")
+        self.epochs = check_integer(epochs, "epochs")
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        if threads is not None and check_integer(threads, "threads") < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {threads}")
+        self.threads = threads
+        if reduce not in ("mean", "sum"):
+            raise ValueError(f"reduce must be 'mean' (fastText) or 'sum' (ICML §7.1), got {reduce!r}")
+        self.reduce = reduce
+        if lr_schedule not in ("auto", "linear", "constant_then_linear"):
+            raise ValueError(f"lr_schedule must be 'auto', 'linear' or 'constant_then_linear', got {lr_schedule!r}")
+        self.lr_schedule = lr_schedule
+        self.rebuilds = check_integer(rebuilds, "rebuilds")
+        if self.rebuilds < 0:
+            raise ValueError(f"rebuilds must be >= 0, got {rebuilds}")
+        if schedule not in ("first_half", "every_tokens"):
+            raise ValueError(f"schedule must be 'first_half' or 'every_tokens', got {schedule!r}")
+        self.schedule = schedule
+        self.rebuild_tokens = check_integer(rebuild_tokens, "rebuild_tokens")
+        if self.rebuild_tokens < 1:
+            raise ValueError(f"rebuild_tokens must be >= 1, got {rebuild_tokens}")
+        if statistics not in ("ours", "released"):
+            raise ValueError(f"statistics must be 'ours' or 'released', got {statistics!r}")
+        self.statistics_policy = statistics
+        if isinstance(decay, bool) or not isinstance(decay, (int, float, np.integer, np.floating)):
+            raise TypeError(f"decay must be a real number, got {decay!r}")
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must lie in [0, 1], got {decay}")
+        self.decay = float(decay)
+        self.prior = _check_positive(prior, "prior")
+        if prior_mode not in ("current_child", "uniform"):
+            raise ValueError(f"prior_mode must be 'current_child' or 'uniform', got {prior_mode!r}")
+        self.prior_mode = prior_mode
+        if wrt not in ("p", "logp"):
+            raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}")
+        self.wrt = wrt
+        self.reset_moved_nodes = bool(reset_moved_nodes)
+        self.bias = bool(bias)
+        self.shuffle = bool(shuffle)
+        self.seed = check_integer(seed, "seed")
+        self.model: BagOfWordsClassifier | None = None
+        self.layer: HierarchicalSoftmax | FlatSoftmax | None = None
+        self.start_tree: Tree | None = None
+        self.statistics: NodeStatistics | ReleasedStatistics | None = None
+        self.history = FitHistory()
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def tree(self) -> Tree | None:
+        """The tree in place (None for the flat softmax or before :meth:`init_model`)."""
+        return getattr(self.layer, "tree", None) if isinstance(self.layer, HierarchicalSoftmax) else None
+
+    @property
+    def num_words(self) -> int:
+        self._check_fitted()
+        return self.model.num_ids
+
+    @property
+    def num_labels(self) -> int:
+        self._check_fitted()
+        return self.layer.num_labels
+
+    def init_model(self, num_words: int, label_counts: Any) -> "FastBowClassifier":
+        """Build the model and output layer afresh (what :meth:`fit` does unless ``warm_start``):
+        embeddings uniform in ``[-1/d, 1/d]`` (fastText's, seeded by ``seed``), output parameters
+        zero (fastText's output matrix; every run starts from the uniform distribution), the
+        Huffman tree of ``label_counts + 1`` (:func:`hsm.experiments.classification.build_output_layer`'s)."""
+        num_words = check_integer(num_words, "num_words")
+        if num_words < 1:
+            raise ValueError(f"num_words must be >= 1, got {num_words}")
+        counts = np.asarray(label_counts, dtype=np.float64)
+        if counts.ndim != 1 or counts.size < 2:
+            raise ValueError(f"a classifier needs K >= 2 labels, got {counts.size if counts.ndim == 1 else counts.shape}")
+        if (counts < 0).any() or not np.isfinite(counts).all():
+            raise ValueError("label_counts must be finite and non-negative")
+        model = BagOfWordsClassifier(num_words, self.dim, reduce=self.reduce, sparse=True)
+        rng = np.random.default_rng(self.seed)
+        bound = 1.0 / self.dim
+        with torch.no_grad():
+            model.embedding.weight.copy_(torch.from_numpy(rng.uniform(-bound, bound, (num_words, self.dim))))
+        if self.output == "flat":
+            layer: HierarchicalSoftmax | FlatSoftmax = FlatSoftmax(self.dim, counts.size, bias=self.bias)
+            with torch.no_grad():
+                layer.linear.weight.zero_()
+                if self.bias:
+                    layer.linear.bias.zero_()
+            self.start_tree = None
+        else:
+            self.start_tree = Tree.huffman(counts + 1.0, self.arity)
+            layer = HierarchicalSoftmax(self.dim, self.start_tree, bias=self.bias, sparse=True)
+            with torch.no_grad():
+                layer.weight.zero_()
+                if self.bias:
+                    layer.bias.zero_()
+        self.model, self.layer = model, layer
+        self.statistics = None
+        self.history = FitHistory()
+        return self
+
+    def _check_fitted(self) -> None:
+        if self.model is None or self.layer is None:
+            raise RuntimeError("the classifier has no model yet: call fit (or init_model) first")
+
+    # ------------------------------------------------------------------ the kernel's operands
+    def _output_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(weight [N, M*d], bias [N, M], penalty, path_nodes, path_children, path_mask): views of
+        the layer's tensors (the kernel writes the parameters in place); the flat softmax is one
+        node with K children."""
+        layer = self.layer
+        if isinstance(layer, FlatSoftmax):
+            k = layer.num_labels
+            weight = layer.linear.weight.data.numpy().reshape(1, k * self.dim)
+            bias = (layer.linear.bias.data.numpy().reshape(1, k) if layer.linear.bias is not None
+                    else np.zeros((0, k), dtype=np.float32))
+            penalty = np.zeros((0, k), dtype=np.float32)
+            nodes = np.zeros((k, 1), dtype=np.int64)
+            children = np.arange(k, dtype=np.int64)[:, None]
+            mask = np.ones((k, 1), dtype=bool)
+            return weight, bias, penalty, nodes, children, mask
+        tree = layer.tree
+        weight = layer.weight.data.numpy()
+        bias = layer.bias.data.numpy() if layer.bias is not None else np.zeros((0, tree.arity), dtype=np.float32)
+        penalty = (np.zeros((0, tree.arity), dtype=np.float32) if tree.slot_mask.all()
+                   else np.where(tree.slot_mask, 0.0, -np.inf).astype(np.float32))
+        return (weight, bias, penalty, np.ascontiguousarray(tree.path_nodes, dtype=np.int64),
+                np.ascontiguousarray(tree.path_children, dtype=np.int64), np.ascontiguousarray(tree.path_mask))
+
+    def _statistics_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        stats = self.statistics
+        if stats is None:
+            return np.zeros((0, 1, 1), np.float32), np.zeros((0, 1), np.float32), np.zeros(0, np.float32)
+        if isinstance(stats, NodeStatistics):
+            return stats.sum_probas.numpy(), stats.path_counts.numpy(), stats.label_counts.numpy()
+        return stats.sum_probas, stats.path_counts, stats.label_counts
+
+    # ------------------------------------------------------------------ training
+    def fit(self, docs: Any, labels: Any, num_words: int | None = None, num_labels: int | None = None,
+            warm_start: bool = False, record_losses: bool = False) -> "FastBowClassifier":
+        """Train on ``docs`` (a list of int arrays of word ids, or a ``(values, offsets)`` tuple)
+        and ``labels`` (one int per document, or a list of label sets: multi-label documents are
+        trained on one of their labels drawn uniformly per epoch, as fastText does).
+
+        ``num_words`` / ``num_labels``: sizes when the training data do not show the largest
+        id. ``warm_start``: continue from the current model, layer and tree (set up by a previous
+        fit or :meth:`init_model`) instead of building them afresh. ``record_losses``: keep every
+        example's loss and the visiting orders in :attr:`history`.
+
+        Raises ValueError for an empty ``docs``, fewer than 2 labels, a label or word id outside
+        the model's range, or mismatched lengths; TypeError for non-integer ids;
+        FloatingPointError naming the epoch and example when a loss is not finite (lower ``lr``).
+        """
+        values, offsets = as_ragged(docs)
+        num_docs = offsets.size - 1
+        label_values, label_offsets = _as_labels(labels, num_docs)
+        if warm_start:
+            self._check_fitted()
+            self._check_ids(values, offsets, "docs")
+            if label_values.size and label_values.max() >= self.num_labels:
+                raise ValueError(f"unknown label {int(label_values.max())}: the model has labels 0..{self.num_labels - 1}")
+        else:
+            seen_words = int(values.max()) + 1 if values.size else 1
+            if num_words is None:
+                num_words = seen_words
+            elif check_integer(num_words, "num_words") < seen_words:
+                raise ValueError(f"word id {seen_words - 1} is outside 0..num_words-1 = 0..{num_words - 1}")
+            seen_labels = int(label_values.max()) + 1
+            if num_labels is None:
+                num_labels = seen_labels
+            elif check_integer(num_labels, "num_labels") < seen_labels:
+                raise ValueError(f"unknown label {seen_labels - 1}: num_labels={num_labels} gives labels "
+                                 f"0..{num_labels - 1}")
+            if num_labels < 2:
+                raise ValueError(f"a classifier needs K >= 2 labels, got K = {num_labels}")
+            self.init_model(num_words, np.bincount(label_values, minlength=num_labels))
+        learned = self.output == "learned"
+        if learned and self.statistics is None:
+            tree = self.layer.tree
+            self.statistics = (NodeStatistics(tree, prior=self.prior, decay=self.decay, prior_mode=self.prior_mode)
+                               if self.statistics_policy == "ours" else ReleasedStatistics(tree, prior=self.prior))
+        self._train(values, offsets, label_values, label_offsets, record_losses)
+        return self
+
+    def _rebuild_plan(self, lengths: np.ndarray, orders: list[np.ndarray]) -> tuple[list[int], int]:
+        """(examples done at each rebuild, examples after which statistics stop being collected)."""
+        total = self.epochs * (lengths.size)
+        if self.output != "learned" or self.rebuilds == 0:
+            return [], 0
+        if self.schedule == "first_half":
+            half = total // 2
+            every = max(1, half // self.rebuilds)
+            points = [every * k for k in range(1, self.rebuilds + 1) if every * k <= half]
+            return points, min(half, points[-1] if len(points) == self.rebuilds else half)
+        # the fork's FastText::trainThread: a check every lrUpdateRate tokens, at most one rebuild per check
+        samples = int(self.epochs * lengths.sum())
+        period = samples // 2 // self.rebuilds
+        next_update, tokens, local = period, 0, 0
+        points = []
+        for epoch, order in enumerate(orders):
+            positions, added, local = _token_checks(lengths[order], local, self.rebuild_tokens)
+            for position, count in zip(positions.tolist(), added.tolist()):
+                tokens += count
+                if tokens >= next_update:
+                    points.append(epoch * lengths.size + position)
+                    next_update += period if next_update + 1 < samples // 2 else samples
+        return points, (points[-1] if points else 0)
+
+    def _train(self, values: np.ndarray, offsets: np.ndarray, label_values: np.ndarray, label_offsets: np.ndarray,
+               record_losses: bool) -> None:
+        n = offsets.size - 1
+        rng = np.random.default_rng(self.seed)
+        threads = self.threads or torch.get_num_threads()
+        schedule = self.lr_schedule
+        if schedule == "auto":
+            schedule = "constant_then_linear" if self.output == "learned" else "linear"
+        schedule_code = _SCHEDULE_CONSTANT_THEN_LINEAR if schedule == "constant_then_linear" else _SCHEDULE_LINEAR
+        orders = [rng.permutation(n) if self.shuffle else np.arange(n) for _ in range(self.epochs)]
+        lengths = np.diff(offsets)
+        label_lengths = np.diff(label_offsets)
+        rebuild_points, collect_until = self._rebuild_plan(lengths, orders)
+        total = self.epochs * n
+        mean = self.reduce == "mean"
+        embedding = self.model.embedding.weight.data.numpy()
+        history = FitHistory()
+        start_time = time.perf_counter()
+        done = 0
+        pending = list(rebuild_points)
+        for epoch in range(self.epochs):
+            order = orders[epoch]
+            if (label_lengths == 1).all():
+                targets = label_values
+            else:  # one label per multi-label example and epoch, uniformly (fastText, train_bow)
+                targets = label_values[label_offsets[:-1] + np.floor(rng.random(n) * label_lengths).astype(np.int64)]
+            losses = np.empty(n, dtype=np.float64)
+            position = 0
+            while position < n:
+                stop = n
+                if pending:
+                    stop = min(stop, pending[0] - epoch * n)
+                if done < collect_until:
+                    stop = min(stop, collect_until - epoch * n)
+                collect = done < collect_until
+                self._run_chunk(values, offsets, order[position:stop], targets, mean, embedding, schedule_code,
+                                done, total, collect, losses[position:stop], threads, epoch, position)
+                done += stop - position
+                position = stop
+                if pending and pending[0] == done:
+                    pending.pop(0)
+                    history.rebuilds.append(self._rebuild(done))
+            history.epoch_loss.append(float(losses.mean()))
+            if record_losses:
+                history.example_losses.append(losses)
+                history.orders.append(order)
+        history.train_seconds = time.perf_counter() - start_time
+        history.examples_per_second = total / max(history.train_seconds, 1e-12)
+        self.history = history
+
+    def _run_chunk(self, values, offsets, order, targets, mean, embedding, schedule_code, done, total, collect,
+                   losses, threads, epoch, position) -> None:
+        """Examples ``order`` (done: examples before them) on ``threads`` Hogwild threads."""
+        size = order.size
+        if size == 0:
+            return
+        weight, bias, penalty, nodes, children, mask = self._output_arrays()
+        sum_probas, path_counts, label_counts = self._statistics_arrays()
+        parts = max(1, min(threads, size))
+        bounds = np.linspace(0, size, parts + 1).astype(np.int64)
+        shares = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        bad = [-1] * len(shares)
+
+        def task(index: int, lo: int, hi: int) -> None:
+            bad[index] = _sgd_examples(values, offsets, order[lo:hi], targets, mean, embedding, weight, bias, penalty,
+                                       nodes, children, mask, self.lr, schedule_code, float(done), float(parts),
+                                       float(index), float(total), collect, sum_probas, path_counts, label_counts,
+                                       losses[lo:hi])
+
+        _run(task, shares)
+        for index, k in enumerate(bad):
+            if k >= 0:
+                example = int(order[shares[index][0] + k])
+                raise FloatingPointError(
+                    f"training loss is {losses[shares[index][0] + k]} at epoch {epoch}, example {example} (position "
+                    f"{position + shares[index][0] + k} of the epoch, lr={self.lr}): the rate is too high")
+
+    def _rebuild(self, done: int) -> ReassignRecord:
+        """AssignLabels (Algorithm 2) on the statistics so far; the new tree goes into the layer."""
+        start = time.perf_counter()
+        layer = self.layer
+        result = assign_labels_well_formed(layer.tree, self.statistics, wrt=self.wrt)
+        layer.set_tree(result.tree, reset_nodes=result.moved_nodes if self.reset_moved_nodes else None)
+        self.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
+        return ReassignRecord(done, time.perf_counter() - start, result.moved_labels, len(result.moved_nodes))
+
+    # ------------------------------------------------------------------ inference
+    def _check_ids(self, values: np.ndarray, offsets: np.ndarray, name: str) -> None:
+        if values.size and values.max() >= self.num_words:
+            doc = int(np.searchsorted(offsets, int(np.argmax(values >= self.num_words)), side="right")) - 1
+            raise ValueError(f"{name}[{doc}] holds word id {int(values.max())}, outside the model's 0..{self.num_words - 1}")
+
+    def representations(self, docs: Any) -> torch.Tensor:
+        """``f(x)`` [n, d] of every document (sum or mean of its embeddings)."""
+        self._check_fitted()
+        values, offsets = as_ragged(docs)
+        self._check_ids(values, offsets, "docs")
+        out = np.empty((offsets.size - 1, self.dim), dtype=np.float32)
+        _representations(values, offsets, self.model.embedding.weight.data.numpy(), self.reduce == "mean", out)
+        return torch.from_numpy(out)
+
+    @torch.no_grad()
+    def predict(self, docs: Any, k: int = 1) -> Prediction:
+        """The ``k`` most likely labels of every document and their log-probabilities, exact (the
+        layers' branch-and-bound search for trees, ICML §11.1; a full softmax for flat)."""
+        self._check_fitted()
+        k = check_integer(k, "k")
+        if not 1 <= k <= self.num_labels:
+            raise ValueError(f"k must lie in 1..K = 1..{self.num_labels}, got {k}")
+        h = self.representations(docs)
+        labels, log_probs = [], []
+        for chunk in h.split(4096):
+            top = self.layer.topk(chunk, k)
+            labels.append(top.indices.numpy())
+            log_probs.append(top.values.numpy())
+        return Prediction(np.concatenate(labels).astype(np.int64), np.concatenate(log_probs).astype(np.float64))
+
+    @torch.no_grad()
+    def log_prob(self, docs: Any, labels: Any = None) -> np.ndarray:
+        """``log p(label | doc)`` [n] for one label per document (eq. 5), or, with ``labels=None``,
+        the log-probabilities of all K labels [n, K]."""
+        self._check_fitted()
+        h = self.representations(docs)
+        if labels is None:
+            return torch.cat([self.layer.log_prob(chunk) for chunk in h.split(1024)]).double().numpy()
+        target = np.asarray(labels)
+        if target.ndim != 1 or (target.size and target.dtype.kind not in "iu"):
+            raise TypeError("labels must be a 1-D int array, one label per document")
+        if target.size != h.shape[0]:
+            raise ValueError(f"{target.size} labels for {h.shape[0]} documents")
+        if target.size and (target.min() < 0 or target.max() >= self.num_labels):
+            bad = int(target.min()) if target.min() < 0 else int(target.max())
+            raise ValueError(f"unknown label {bad}: the model has labels 0..{self.num_labels - 1}")
+        return self.layer(h, torch.from_numpy(target.astype(np.int64))).output.double().numpy()
+
+    def test(self, docs: Any, labels: Any, k: int = 1) -> dict[str, float]:
+        """fastText's ``test``: ``precision_at_k`` (correct labels among the top k, over n k) and
+        ``recall_at_k`` (correct labels among the top k, over all gold labels), as fractions, and
+        ``examples``. ``labels``: one label per document or label sets (multi-label)."""
+        self._check_fitted()
+        values, offsets = as_ragged(docs)
+        label_values, label_offsets = _as_labels(labels, offsets.size - 1)
+        if label_values.size and label_values.max() >= self.num_labels:
+            raise ValueError(f"unknown label {int(label_values.max())}: the model has labels 0..{self.num_labels - 1}")
+        predicted = self.predict((values, offsets), k).labels
+        doc = np.repeat(np.arange(offsets.size - 1), np.diff(label_offsets))
+        gold = np.zeros((offsets.size - 1, self.num_labels), dtype=bool) if self.num_labels * (offsets.size - 1) <= 5e7 else None
+        if gold is not None:
+            gold[doc, label_values] = True
+            hits = int(np.take_along_axis(gold, predicted, axis=1).sum())
+        else:  # many labels: per document
+            hits = sum(int(np.isin(predicted[i], label_values[a:b]).sum())
+                       for i, (a, b) in enumerate(zip(label_offsets[:-1], label_offsets[1:])))
+        n = offsets.size - 1
+        return {"examples": n, f"precision_at_{k}": hits / (n * k), f"recall_at_{k}": hits / label_values.size}
