@@ -195,6 +195,75 @@ def _representations(values, offsets, embedding, mean, out):  # pragma: no cover
                 out[b, j] /= np.float32(last - first)
 
 
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _topk_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, lo,
+                 hi):  # pragma: no cover - compiled
+    """The exact k most likely labels of rows ``lo..hi-1`` of ``h`` (k = ``labels.shape[1]``),
+    most likely first: fastText's ``dfsM`` with its bound (a node whose path log-probability is
+    not above the k-th best label found so far is not opened: it bounds every label below it,
+    ICML §11.1), depth first with the most likely child on top of the stack, so good labels, and so
+    a tight bound, come early. ``child_node`` / ``child_label`` [N, M]: -1 where the slot holds no
+    usable node / real label (empty slots have -inf in ``penalty``)."""
+    dim = h.shape[1]
+    arity = child_node.shape[1]
+    k = labels.shape[1]
+    has_bias = bias.shape[0] > 0
+    has_penalty = penalty.shape[0] > 0
+    lp = np.empty(arity, dtype=np.float32)
+    order = np.empty(arity, dtype=np.int64)
+    stack_node = np.empty(max_depth * arity + 1, dtype=np.int64)
+    stack_score = np.empty(max_depth * arity + 1, dtype=np.float32)
+    for b in range(lo, hi):
+        for r in range(k):
+            values[b, r] = -np.inf
+            labels[b, r] = -1
+        stack_node[0] = 0
+        stack_score[0] = 0.0
+        top = 1
+        while top > 0:
+            top -= 1
+            n = stack_node[top]
+            score = stack_score[top]
+            if score <= values[b, k - 1]:
+                continue
+            largest = -np.inf
+            for m in range(arity):
+                if has_penalty and penalty[n, m] == -np.inf:
+                    lp[m] = -np.inf
+                    continue
+                acc = np.float32(0.0)
+                for j in range(dim):
+                    acc += weight[n, m * dim + j] * h[b, j]
+                if has_bias:
+                    acc += bias[n, m]
+                lp[m] = acc
+                largest = max(largest, acc)
+            norm = np.float32(0.0)
+            for m in range(arity):
+                norm += np.exp(lp[m] - largest)
+            shift = largest + np.log(norm)
+            for m in range(arity):
+                lp[m] = lp[m] - shift
+            order[:] = np.argsort(lp)  # ascending: the most likely child is pushed last, popped first
+            for q in range(arity):
+                m = order[q]
+                v = score + lp[m]
+                if v <= values[b, k - 1]:
+                    continue
+                if child_label[n, m] >= 0:
+                    r = k - 1  # insert into the sorted top k
+                    while r > 0 and values[b, r - 1] < v:
+                        values[b, r] = values[b, r - 1]
+                        labels[b, r] = labels[b, r - 1]
+                        r -= 1
+                    values[b, r] = v
+                    labels[b, r] = child_label[n, m]
+                elif child_node[n, m] >= 0:
+                    stack_node[top] = child_node[n, m]
+                    stack_score[top] = v
+                    top += 1
+
+
 @numba.njit(cache=True)
 def _token_checks(lengths, local, rate):  # pragma: no cover - compiled
     """fastText's ``lrUpdateRate`` checks over one epoch: after example k (in visiting order)
@@ -852,19 +921,37 @@ class FastBowClassifier:
 
     @torch.no_grad()
     def predict(self, docs: Any, k: int = 1) -> Prediction:
-        """The ``k`` most likely labels of every document and their log-probabilities, exact (the
-        layers' branch-and-bound search for trees, ICML §11.1; a full softmax for flat)."""
+        """The ``k`` most likely labels of every document and their log-probabilities, exact:
+        a compiled depth-first branch and bound for trees (:func:`_topk_search`, fastText's
+        ``dfsM``), rows split over ``threads``; ``torch.topk`` of the full softmax for flat."""
         self._check_fitted()
         k = check_integer(k, "k")
         if not 1 <= k <= self.num_labels:
             raise ValueError(f"k must lie in 1..K = 1..{self.num_labels}, got {k}")
         h = self.representations(docs)
-        labels, log_probs = [], []
-        for chunk in h.split(4096):
-            top = self.layer.topk(chunk, k)
-            labels.append(top.indices.numpy())
-            log_probs.append(top.values.numpy())
-        return Prediction(np.concatenate(labels).astype(np.int64), np.concatenate(log_probs).astype(np.float64))
+        layer = self.layer
+        if isinstance(layer, FlatSoftmax):
+            labels, log_probs = [], []
+            for chunk in h.split(4096):
+                top = layer.topk(chunk, k)
+                labels.append(top.indices.numpy())
+                log_probs.append(top.values.numpy())
+            return Prediction(np.concatenate(labels).astype(np.int64), np.concatenate(log_probs).astype(np.float64))
+        tree = layer.tree
+        usable = tree.slot_mask
+        child_node = np.ascontiguousarray(np.where(usable, tree.child_node, -1), dtype=np.int64)
+        real = usable & (tree.child_label >= 0) & (tree.child_label < tree.num_labels)
+        child_label = np.ascontiguousarray(np.where(real, tree.child_label, -1), dtype=np.int64)
+        weight, bias, penalty = self._output_arrays()[:3]
+        rows = h.numpy()
+        labels = np.empty((rows.shape[0], k), dtype=np.int64)
+        values = np.empty((rows.shape[0], k), dtype=np.float32)
+        parts = max(1, min(self.threads or torch.get_num_threads(), rows.shape[0] // 64))
+        bounds = np.linspace(0, rows.shape[0], parts + 1).astype(np.int64)
+        _run(lambda index, lo, hi: _topk_search(rows, weight, bias, penalty, child_node, child_label, tree.max_depth,
+                                                labels, values, lo, hi),
+             [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])])
+        return Prediction(labels, values.astype(np.float64))
 
     @torch.no_grad()
     def log_prob(self, docs: Any, labels: Any = None) -> np.ndarray:
