@@ -687,29 +687,28 @@ class FastBowClassifier:
             raise ValueError(f"a classifier needs K >= 2 labels, got {counts.size if counts.ndim == 1 else counts.shape}")
         if (counts < 0).any() or not np.isfinite(counts).all():
             raise ValueError("label_counts must be finite and non-negative")
-        model = BagOfWordsClassifier(num_words, self.dim, reduce=self.reduce, sparse=True)
+        with torch.random.fork_rng(devices=[]):  # the layers' own initialisations, overwritten below, draw from
+            # torch's global generator: leave the caller's stream as it was
+            model, layer = self._new_modules(num_words, counts)
         rng = np.random.default_rng(self.seed)
         bound = 1.0 / self.dim
         with torch.no_grad():
             model.embedding.weight.copy_(torch.from_numpy(rng.uniform(-bound, bound, (num_words, self.dim))))
-        if self.output == "flat":
-            layer: HierarchicalSoftmax | FlatSoftmax = FlatSoftmax(self.dim, counts.size, bias=self.bias)
-            with torch.no_grad():
-                layer.linear.weight.zero_()
-                if self.bias:
-                    layer.linear.bias.zero_()
-            self.start_tree = None
-        else:
-            self.start_tree = Tree.huffman(counts + 1.0, self.arity)
-            layer = HierarchicalSoftmax(self.dim, self.start_tree, bias=self.bias, sparse=True)
-            with torch.no_grad():
-                layer.weight.zero_()
-                if self.bias:
-                    layer.bias.zero_()
+            for parameter in layer.parameters():
+                parameter.zero_()
         self.model, self.layer = model, layer
         self.statistics = None
         self.history = FitHistory()
         return self
+
+    def _new_modules(self, num_words: int, counts: np.ndarray) -> tuple[BagOfWordsClassifier, HierarchicalSoftmax | FlatSoftmax]:
+        """The model and the output layer (with :attr:`start_tree`), parameters not yet set."""
+        model = BagOfWordsClassifier(num_words, self.dim, reduce=self.reduce, sparse=True)
+        if self.output == "flat":
+            self.start_tree = None
+            return model, FlatSoftmax(self.dim, counts.size, bias=self.bias)
+        self.start_tree = Tree.huffman(counts + 1.0, self.arity)
+        return model, HierarchicalSoftmax(self.dim, self.start_tree, bias=self.bias, sparse=True)
 
     def _check_fitted(self) -> None:
         if self.model is None or self.layer is None:
@@ -981,13 +980,9 @@ class FastBowClassifier:
         if label_values.size and label_values.max() >= self.num_labels:
             raise ValueError(f"unknown label {int(label_values.max())}: the model has labels 0..{self.num_labels - 1}")
         predicted = self.predict((values, offsets), k).labels
-        doc = np.repeat(np.arange(offsets.size - 1), np.diff(label_offsets))
-        gold = np.zeros((offsets.size - 1, self.num_labels), dtype=bool) if self.num_labels * (offsets.size - 1) <= 5e7 else None
-        if gold is not None:
-            gold[doc, label_values] = True
-            hits = int(np.take_along_axis(gold, predicted, axis=1).sum())
-        else:  # many labels: per document
-            hits = sum(int(np.isin(predicted[i], label_values[a:b]).sum())
-                       for i, (a, b) in enumerate(zip(label_offsets[:-1], label_offsets[1:])))
         n = offsets.size - 1
+        # a hit is a predicted (document, label) pair among the gold pairs: compared as int64 keys
+        gold_keys = np.repeat(np.arange(n), np.diff(label_offsets)) * self.num_labels + label_values
+        predicted_keys = np.arange(n)[:, None] * self.num_labels + predicted
+        hits = int(np.isin(predicted_keys, gold_keys).sum())
         return {"examples": n, f"precision_at_{k}": hits / (n * k), f"recall_at_{k}": hits / label_values.size}

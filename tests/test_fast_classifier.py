@@ -256,6 +256,15 @@ def test_ragged_pair_input_gives_the_same_model():
     assert torch.equal(a.layer.weight, b.layer.weight)
 
 
+def test_fit_leaves_torch_random_stream_alone():
+    docs, labels = _problem(seed=15)
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    FastBowClassifier(dim=4, output="huffman", arity=3, epochs=1, threads=1).fit(docs, labels)
+    assert torch.equal(torch.rand(3), expected)
+
+
 def test_test_reports_fasttext_precision_and_recall():
     docs, labels = _problem(num_docs=30, seed=9)
     clf = FastBowClassifier(dim=4, output="flat", lr=0.5, epochs=3, threads=1).fit(docs, labels)
