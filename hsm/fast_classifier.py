@@ -400,13 +400,19 @@ class ReleasedStatistics:
     pseudo-count (``label_weights``: the :class:`~hsm.assign.StatisticsSource` protocol has one
     weight per label), where the fork uses ``acc_counts[(node, label)]`` (the examples seen at
     that node), which differs only for a label that moved. ``prior`` scales the pseudo-example
-    (1 in the fork).
+    (1 in the fork). ``decay`` (1 in the fork, the default) multiplies the whole store at every
+    rebuild, pseudo-examples included: an option that separates the keying from the decay.
     """
 
-    def __init__(self, tree: Tree, prior: float = 1.0) -> None:
+    def __init__(self, tree: Tree, prior: float = 1.0, decay: float = 1.0) -> None:
         if not isinstance(tree, Tree):
             raise TypeError(f"tree must be an hsm.Tree, got {type(tree).__name__}")
         self.prior = _check_positive(prior, "prior")
+        if isinstance(decay, bool) or not isinstance(decay, (int, float, np.integer, np.floating)):
+            raise TypeError(f"decay must be a real number, got {decay!r}")
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must lie in [0, 1], got {decay}")
+        self.decay = float(decay)
         self.arity = tree.arity
         self.num_labels = tree.num_labels
         self.num_leaves = tree.num_leaves
@@ -502,9 +508,14 @@ class ReleasedStatistics:
         return out
 
     def on_reassign(self, new_tree: Tree, reset_nodes: Any = None, apply_decay: bool = True) -> None:
-        """After a rebuild: flush, create the new tree's new pairs; nothing decays or is reset
-        (``reset_nodes`` and ``apply_decay`` are accepted for :class:`hsm.NodeStatistics`' interface)."""
+        """After a rebuild: flush, multiply the store by ``decay`` (1: the fork, nothing decays),
+        create the new tree's new pairs; nothing is reset (``reset_nodes`` is accepted for
+        :class:`hsm.NodeStatistics`' interface)."""
         self.flush()
+        if apply_decay and self.decay != 1.0:
+            self.sums *= self.decay
+            self.counts *= self.decay
+            self.total_label_counts *= self.decay
         self._install(new_tree)
 
 
@@ -556,9 +567,10 @@ class FastBowClassifier:
     schedule: when they happen: ``"first_half"`` or ``"every_tokens"`` (module docstring).
     rebuild_tokens: tokens between two checks for ``"every_tokens"`` (fastText's ``lrUpdateRate``).
     statistics: ``"ours"`` (:class:`hsm.NodeStatistics`) or ``"released"`` (:class:`ReleasedStatistics`).
-    decay, prior, prior_mode: the ``"ours"`` statistics' decay per rebuild (1: never; what
-        ``train_bow`` uses), pseudo-count and prior (:mod:`hsm.statistics`); ``prior`` also
-        scales :class:`ReleasedStatistics`' pseudo-example.
+    decay, prior, prior_mode: the statistics' decay per rebuild (1: never, what ``train_bow``
+        and the fork use; applies to both policies), the ``"ours"`` pseudo-count and prior
+        (:mod:`hsm.statistics`; ``prior`` also scales :class:`ReleasedStatistics`'
+        pseudo-example; ``prior_mode`` is ``"ours"`` only).
     wrt: AssignLabels' score, ``"logp"`` (eq. 12, the released code's) or ``"p"`` (eq. 10).
     reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 places somewhere new
         (the released code keeps them; so does ``train_bow`` by default).
@@ -684,7 +696,8 @@ class FastBowClassifier:
             raise ValueError(f"num_words must be >= 1, got {num_words}")
         counts = np.asarray(label_counts, dtype=np.float64)
         if counts.ndim != 1 or counts.size < 2:
-            raise ValueError(f"a classifier needs K >= 2 labels, got {counts.size if counts.ndim == 1 else counts.shape}")
+            shown = counts.size if counts.ndim == 1 else counts.shape
+            raise ValueError(f"a classifier needs K >= 2 labels, got {shown}")
         if (counts < 0).any() or not np.isfinite(counts).all():
             raise ValueError("label_counts must be finite and non-negative")
         with torch.random.fork_rng(devices=[]):  # the layers' own initialisations, overwritten below, draw from
@@ -701,7 +714,8 @@ class FastBowClassifier:
         self.history = FitHistory()
         return self
 
-    def _new_modules(self, num_words: int, counts: np.ndarray) -> tuple[BagOfWordsClassifier, HierarchicalSoftmax | FlatSoftmax]:
+    def _new_modules(self, num_words: int,
+                     counts: np.ndarray) -> tuple[BagOfWordsClassifier, HierarchicalSoftmax | FlatSoftmax]:
         """The model and the output layer (with :attr:`start_tree`), parameters not yet set."""
         model = BagOfWordsClassifier(num_words, self.dim, reduce=self.reduce, sparse=True)
         if self.output == "flat":
@@ -769,7 +783,8 @@ class FastBowClassifier:
             self._check_fitted()
             self._check_ids(values, offsets, "docs")
             if label_values.size and label_values.max() >= self.num_labels:
-                raise ValueError(f"unknown label {int(label_values.max())}: the model has labels 0..{self.num_labels - 1}")
+                raise ValueError(f"unknown label {int(label_values.max())}: the model has labels "
+                                 f"0..{self.num_labels - 1}")
         else:
             seen_words = int(values.max()) + 1 if values.size else 1
             if num_words is None:
@@ -789,7 +804,8 @@ class FastBowClassifier:
         if learned and self.statistics is None:
             tree = self.layer.tree
             self.statistics = (NodeStatistics(tree, prior=self.prior, decay=self.decay, prior_mode=self.prior_mode)
-                               if self.statistics_policy == "ours" else ReleasedStatistics(tree, prior=self.prior))
+                               if self.statistics_policy == "ours"
+                               else ReleasedStatistics(tree, prior=self.prior, decay=self.decay))
         self._train(values, offsets, label_values, label_offsets, record_losses)
         return self
 
@@ -907,7 +923,8 @@ class FastBowClassifier:
     def _check_ids(self, values: np.ndarray, offsets: np.ndarray, name: str) -> None:
         if values.size and values.max() >= self.num_words:
             doc = int(np.searchsorted(offsets, int(np.argmax(values >= self.num_words)), side="right")) - 1
-            raise ValueError(f"{name}[{doc}] holds word id {int(values.max())}, outside the model's 0..{self.num_words - 1}")
+            raise ValueError(f"{name}[{doc}] holds word id {int(values.max())}, outside the model's "
+                             f"0..{self.num_words - 1}")
 
     def representations(self, docs: Any) -> torch.Tensor:
         """``f(x)`` [n, d] of every document (sum or mean of its embeddings)."""

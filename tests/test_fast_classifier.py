@@ -191,6 +191,21 @@ def test_released_statistics_survive_a_move_and_never_decay():
     assert released.label_weights()[:5].tolist() == [1.0] * 5 and released.label_weights().size == a.num_leaves
 
 
+def test_released_store_decays_only_when_asked():
+    a, b = _two_trees()
+    stats = ReleasedStatistics(a, decay=0.5)
+    stats.sum_probas[2, 1] += np.array([0.0, 0.0, 4.0], dtype=np.float32)
+    stats.path_counts[2, 1] += 4
+    stats.label_counts[2] += 4
+    stats.on_reassign(b)
+    # (pseudo-example + 4 examples) halved: the ratio is unchanged, the weight halves
+    expected = (ReleasedStatistics(a).p_cond(1, np.array([2]), np.array([1]))[0] + [0, 0, 4]) / 5
+    np.testing.assert_allclose(stats.p_cond(1, np.array([2]), np.array([1]))[0], expected, rtol=1e-6)
+    assert stats.label_weights()[2] == pytest.approx(4 * 0.5 + 1.0)
+    with pytest.raises(ValueError, match="decay"):
+        ReleasedStatistics(a, decay=2.0)
+
+
 def _fork_rebuild_steps(lengths, orders, epochs, rebuilds, rate):
     """FastText::trainThread's schedule, one thread, written out example by example."""
     samples = epochs * int(lengths.sum())
@@ -272,7 +287,8 @@ def test_test_reports_fasttext_precision_and_recall():
     predicted = clf.predict(docs).labels[:, 0]
     hits = sum(p in g for p, g in zip(predicted, gold))
     result = clf.test(docs, gold)
-    assert result == {"examples": 30, "precision_at_1": pytest.approx(hits / 30), "recall_at_1": pytest.approx(hits / 60)}
+    assert result == {"examples": 30, "precision_at_1": pytest.approx(hits / 30),
+                      "recall_at_1": pytest.approx(hits / 60)}
     result2 = clf.test(docs, labels, k=2)
     top2 = clf.predict(docs, k=2).labels
     assert result2["precision_at_2"] == pytest.approx(float((top2 == labels[:, None]).sum()) / 60)
@@ -303,8 +319,9 @@ def test_hogwild_two_threads_repeated_fits():
 
 # ---------------------------------------------------------------------------------------------- bad input
 @pytest.mark.parametrize("kwargs, error", [
-    ({"lr": 0.0}, ValueError), ({"lr": -1.0}, ValueError), ({"lr": float("nan")}, ValueError), ({"lr": "0.1"}, TypeError),
-    ({"output": "softmax"}, ValueError), ({"arity": 1}, ValueError), ({"arity": 2.0}, TypeError), ({"dim": 0}, ValueError),
+    ({"lr": 0.0}, ValueError), ({"lr": -1.0}, ValueError), ({"lr": float("nan")}, ValueError),
+    ({"lr": "0.1"}, TypeError), ({"output": "softmax"}, ValueError), ({"arity": 1}, ValueError),
+    ({"arity": 2.0}, TypeError), ({"dim": 0}, ValueError),
     ({"epochs": 0}, ValueError), ({"threads": 0}, ValueError), ({"statistics": "fork"}, ValueError),
     ({"schedule": "often"}, ValueError), ({"decay": 1.5}, ValueError), ({"prior": 0.0}, ValueError),
     ({"reduce": "max"}, ValueError), ({"rebuilds": -1}, ValueError), ({"lr_schedule": "cosine"}, ValueError),
