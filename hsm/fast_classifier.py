@@ -43,16 +43,22 @@ Options the paper leaves open (issue 13, point 2):
 * ``statistics="ours"``: :class:`hsm.NodeStatistics` (keyed by (label, depth), sums dropped when
   the label's node changes, decayed by ``decay`` at every rebuild, a pseudo-count ``prior`` read
   with ``prior_mode``); ``statistics="released"``: :class:`ReleasedStatistics`, the fork's policy
-  (keyed by (node, label), never decayed nor reset, kept when a label moves away and found again
-  when it comes back; a new pair starts with one pseudo-example of ``0.5 / M`` on every child plus
-  ``0.5`` on child ``position mod M``).
+  (keyed by (node, label), never reset, kept when a label moves away and found again when it
+  comes back, never decayed with the default ``decay=1``; a new pair starts with one
+  pseudo-example of ``0.5 / M`` on every child plus ``0.5`` on child ``position mod M``).
 * ``schedule="first_half"``: ``rebuilds`` AssignLabels calls evenly spread over the first half of
   training (every ``half // rebuilds`` examples), then the tree is frozen (ICML §11.1,
   ``train_bow``); ``schedule="every_tokens"``: the fork's schedule (``FastText::trainThread``): a
   check every ``rebuild_tokens`` training tokens (fastText's ``lrUpdateRate``, 100,000), a rebuild
   at a check once the tokens seen reach ``next``, then ``next += period`` (``period = tokens of
   training / 2 / rebuilds``) while ``next + 1 < tokens of training / 2``: at most one rebuild per
-  check, so on a small data set rebuilds go on to near the end of training.
+  check, so on a small data set rebuilds go on to near the end of training. Two differences from
+  the fork, so that results do not depend on the thread count: the tokens are counted over all
+  threads (the fork's thread 0 checks its own count, and rebuilds while the other threads wait),
+  and the rate's progress ``t / T`` is counted in examples (the fork's in tokens).
+
+Prediction (:meth:`FastBowClassifier.predict`) is exact: a compiled depth-first branch and bound
+over the tree (fastText's ``dfsM`` with its bound), the full softmax for flat.
 """
 from __future__ import annotations
 
@@ -70,7 +76,7 @@ from .assign import assign_labels_well_formed
 from .kernels import _FASTMATH, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
 from .statistics import NodeStatistics
-from .text_models import BagOfWordsClassifier, make_bags
+from .text_models import BagOfWordsClassifier
 from .training import ReassignRecord
 from .tree import Tree, check_integer
 
@@ -809,56 +815,67 @@ class FastBowClassifier:
         self._train(values, offsets, label_values, label_offsets, record_losses)
         return self
 
-    def _rebuild_plan(self, lengths: np.ndarray, orders: list[np.ndarray]) -> tuple[list[int], int]:
-        """(examples done at each rebuild, examples after which statistics stop being collected)."""
-        total = self.epochs * (lengths.size)
-        if self.output != "learned" or self.rebuilds == 0:
-            return [], 0
-        if self.schedule == "first_half":
-            half = total // 2
-            every = max(1, half // self.rebuilds)
-            points = [every * k for k in range(1, self.rebuilds + 1) if every * k <= half]
-            return points, min(half, points[-1] if len(points) == self.rebuilds else half)
-        # the fork's FastText::trainThread: a check every lrUpdateRate tokens, at most one rebuild per check
-        samples = int(self.epochs * lengths.sum())
-        period = samples // 2 // self.rebuilds
-        next_update, tokens, local = period, 0, 0
+    def _first_half_plan(self, total: int) -> tuple[list[int], int]:
+        """``schedule="first_half"``: (examples done at each rebuild, examples after which the
+        tree is frozen and statistics are no longer collected), as ``train_bow`` with a batch of
+        one: a rebuild every ``half // rebuilds`` examples, frozen once ``rebuilds`` are done or
+        half of training is."""
+        half = total // 2
+        every = max(1, half // self.rebuilds)
+        points = [every * k for k in range(1, self.rebuilds + 1) if every * k <= half]
+        return points, (points[-1] if len(points) == self.rebuilds else half)
+
+    def _token_plan(self, lengths_in_order: np.ndarray, state: dict[str, int], offset: int) -> list[int]:
+        """``schedule="every_tokens"`` for one epoch whose documents have ``lengths_in_order``:
+        the examples done (``offset`` + position) at its rebuilds. ``state`` carries the fork's
+        counters (``FastText::trainThread``) from epoch to epoch: ``local`` (tokens since the
+        last check), ``tokens`` (counted at the checks), ``next`` (``nextLOMupdate``)."""
+        positions, added, state["local"] = _token_checks(lengths_in_order, state["local"], self.rebuild_tokens)
         points = []
-        for epoch, order in enumerate(orders):
-            positions, added, local = _token_checks(lengths[order], local, self.rebuild_tokens)
-            for position, count in zip(positions.tolist(), added.tolist()):
-                tokens += count
-                if tokens >= next_update:
-                    points.append(epoch * lengths.size + position)
-                    next_update += period if next_update + 1 < samples // 2 else samples
-        return points, (points[-1] if points else 0)
+        for position, count in zip(positions.tolist(), added.tolist()):
+            state["tokens"] += count
+            if state["tokens"] >= state["next"]:
+                points.append(offset + position)
+                half = state["samples"] // 2
+                state["next"] += state["period"] if state["next"] + 1 < half else state["samples"]
+        return points
 
     def _train(self, values: np.ndarray, offsets: np.ndarray, label_values: np.ndarray, label_offsets: np.ndarray,
                record_losses: bool) -> None:
         n = offsets.size - 1
+        total = self.epochs * n
         rng = np.random.default_rng(self.seed)
         threads = self.threads or torch.get_num_threads()
         schedule = self.lr_schedule
         if schedule == "auto":
             schedule = "constant_then_linear" if self.output == "learned" else "linear"
         schedule_code = _SCHEDULE_CONSTANT_THEN_LINEAR if schedule == "constant_then_linear" else _SCHEDULE_LINEAR
-        orders = [rng.permutation(n) if self.shuffle else np.arange(n) for _ in range(self.epochs)]
         lengths = np.diff(offsets)
         label_lengths = np.diff(label_offsets)
-        rebuild_points, collect_until = self._rebuild_plan(lengths, orders)
-        total = self.epochs * n
+        learning = self.output == "learned" and self.rebuilds > 0
+        pending: list[int] = []
+        collect_until = 0  # statistics are collected while fewer examples than this are done
+        tokens: dict[str, int] = {}
+        if learning and self.schedule == "first_half":
+            pending, collect_until = self._first_half_plan(total)
+        elif learning:
+            samples = int(self.epochs * lengths.sum())
+            tokens = {"samples": samples, "period": samples // 2 // self.rebuilds, "local": 0, "tokens": 0}
+            tokens["next"] = tokens["period"]
         mean = self.reduce == "mean"
         embedding = self.model.embedding.weight.data.numpy()
         history = FitHistory()
         start_time = time.perf_counter()
         done = 0
-        pending = list(rebuild_points)
         for epoch in range(self.epochs):
-            order = orders[epoch]
+            order = rng.permutation(n) if self.shuffle else np.arange(n)
             if (label_lengths == 1).all():
                 targets = label_values
             else:  # one label per multi-label example and epoch, uniformly (fastText, train_bow)
                 targets = label_values[label_offsets[:-1] + np.floor(rng.random(n) * label_lengths).astype(np.int64)]
+            if tokens and tokens["next"] < tokens["samples"]:  # the fork's schedule still has rebuilds to come
+                pending += self._token_plan(lengths[order], tokens, epoch * n)
+                collect_until = pending[-1] if tokens["next"] >= tokens["samples"] else total
             losses = np.empty(n, dtype=np.float64)
             position = 0
             while position < n:

@@ -232,6 +232,15 @@ def test_every_tokens_schedule_is_the_forks():
     expected = _fork_rebuild_steps(lengths, clf.history.orders, 4, 50, 30)
     assert [r.step for r in clf.history.rebuilds] == expected
     assert max(expected) > 2 * len(docs)  # on small data, rebuilds go on past the first half
+    # checks every 10 tokens: the schedule runs out (period = samples // 2 // 50 rounds down, so a few more than
+    # 50), and statistics are collected up to the last rebuild only
+    clf = FastBowClassifier(dim=4, output="learned", arity=3, lr=0.2, epochs=4, threads=1, rebuilds=50,
+                            schedule="every_tokens", rebuild_tokens=10, statistics="released", seed=1)
+    clf.fit(docs, labels, record_losses=True)
+    expected = _fork_rebuild_steps(lengths, clf.history.orders, 4, 50, 10)
+    assert [r.step for r in clf.history.rebuilds] == expected and len(expected) >= 50
+    stats = clf.statistics
+    assert stats.total_label_counts.sum() + stats.label_counts.sum() == expected[-1]
     assert all(np.isfinite(clf.history.epoch_loss))
 
 
