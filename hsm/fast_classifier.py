@@ -292,12 +292,15 @@ def _token_checks(lengths, local, rate):  # pragma: no cover - compiled
 
 # ---------------------------------------------------------------------------------------------- inputs
 def as_ragged(docs: Any, name: str = "docs") -> tuple[np.ndarray, np.ndarray]:
-    """``(values, offsets)`` int64 arrays of a list of documents (each a sequence of int word ids)
-    or of a ``(values, offsets)`` tuple (``offsets`` from 0 to ``len(values)``, non-decreasing).
+    """``(values, offsets)`` int64 arrays of a list of documents (each a sequence of int word ids),
+    of a ``(values, offsets)`` tuple (``offsets`` from 0 to ``len(values)``, non-decreasing), or of
+    an object with ``values`` and ``offsets`` attributes (``hsm.data``'s ragged arrays).
 
     Only a *tuple* of two is read as ``(values, offsets)``; a list is always a list of documents.
     Raises TypeError for non-integer ids and ValueError for an empty list, negative ids or bad
     offsets, naming the document."""
+    if hasattr(docs, "values") and hasattr(docs, "offsets") and not isinstance(docs, dict):
+        docs = (docs.values, docs.offsets)
     if isinstance(docs, tuple) and len(docs) == 2:
         values, offsets = (np.asarray(part) for part in docs)
         if values.ndim != 1 or offsets.ndim != 1:
@@ -337,8 +340,16 @@ def as_ragged(docs: Any, name: str = "docs") -> tuple[np.ndarray, np.ndarray]:
 
 
 def _as_labels(labels: Any, count: int, name: str = "labels") -> tuple[np.ndarray, np.ndarray]:
-    """Ragged ``(values, offsets)`` of one label per example (a 1-D int array) or of a sequence of
-    label sets (multi-label: each a non-empty int sequence)."""
+    """Ragged ``(values, offsets)`` of one label per example (a 1-D int array), of a sequence of
+    label sets (multi-label: each a non-empty int sequence) or of an object with ``values`` and
+    ``offsets`` attributes (``hsm.data``'s multi-label ``Ragged``)."""
+    if hasattr(labels, "values") and hasattr(labels, "offsets") and not isinstance(labels, dict):
+        values, offsets = as_ragged(labels, name)
+        if (np.diff(offsets) == 0).any():
+            raise ValueError(f"{name}[{int(np.argmax(np.diff(offsets) == 0))}] is an empty label set")
+        if offsets.size - 1 != count:
+            raise ValueError(f"{offsets.size - 1} {name} for {count} documents")
+        return values, offsets
     if isinstance(labels, (str, bytes)):
         raise TypeError(f"{name} must be an int array or a list of int arrays, got a string")
     array = None
@@ -932,7 +943,11 @@ class FastBowClassifier:
         start = time.perf_counter()
         layer = self.layer
         result = assign_labels_well_formed(layer.tree, self.statistics, wrt=self.wrt)
-        layer.set_tree(result.tree, reset_nodes=result.moved_nodes if self.reset_moved_nodes else None)
+        # the layer re-draws moved nodes from torch's global generator: seeded here, so a run is
+        # reproducible from ``seed`` alone, and the caller's stream is left alone
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed * 1_000_003 + done)
+            layer.set_tree(result.tree, reset_nodes=result.moved_nodes if self.reset_moved_nodes else None)
         self.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
         return ReassignRecord(done, time.perf_counter() - start, result.moved_labels, len(result.moved_nodes))
 

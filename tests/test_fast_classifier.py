@@ -289,6 +289,22 @@ def test_fit_leaves_torch_random_stream_alone():
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_ragged_objects_are_read_by_their_values_and_offsets():
+    from types import SimpleNamespace
+
+    docs, labels = _problem(seed=16)
+    values, offsets = as_ragged(docs)
+    gold = [[int(y), (int(y) + 2) % 7] for y in labels]
+    gold_values, gold_offsets = as_ragged(gold)
+    a = FastBowClassifier(dim=4, output="flat", epochs=2, threads=1).fit(docs, gold)
+    b = FastBowClassifier(dim=4, output="flat", epochs=2, threads=1).fit(
+        SimpleNamespace(values=values, offsets=offsets), SimpleNamespace(values=gold_values, offsets=gold_offsets))
+    assert torch.equal(a.model.embedding.weight, b.model.embedding.weight)
+    empty_set = SimpleNamespace(values=gold_values[1:], offsets=np.r_[0, 0, gold_offsets[2:] - 1])
+    with pytest.raises(ValueError, match="empty label set"):
+        FastBowClassifier(dim=4, output="flat", epochs=1, threads=1).fit(docs, empty_set)
+
+
 def test_test_reports_fasttext_precision_and_recall():
     docs, labels = _problem(num_docs=30, seed=9)
     clf = FastBowClassifier(dim=4, output="flat", lr=0.5, epochs=3, threads=1).fit(docs, labels)
