@@ -416,7 +416,7 @@ class ReleasedStatistics:
     id the node will get); and q_i uses the label's count over all of training plus the
     pseudo-count (``label_weights``: the :class:`~hsm.assign.StatisticsSource` protocol has one
     weight per label), where the fork uses ``acc_counts[(node, label)]`` (the examples seen at
-    that node), which differs only for a label that moved. ``prior`` scales the pseudo-example
+    that node; :meth:`node_weights` gives them), which differs only for a label that moved. ``prior`` scales the pseudo-example
     (1 in the fork). ``decay`` (1 in the fork, the default) multiplies the whole store at every
     rebuild, pseudo-examples included: an option that separates the keying from the decay.
     """
@@ -522,6 +522,22 @@ class ReleasedStatistics:
             priors = self._prior_rows(nodes[real_rows], labels[real_rows]) / self.prior
             pick = fresh[real_rows]
             out[real_rows[pick]] = priors[pick]
+        return out
+
+    def node_weights(self, depth: int, labels: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """The fork's q_i weights at a node (``LOMtree::computeNodeStats``): ``acc_counts[(node,
+        label)]``, the examples of the label seen at that node plus the pseudo-example; the
+        pseudo-count for a pair never seen; 0 for dummy leaves. Not in the
+        :class:`~hsm.assign.StatisticsSource` protocol: :func:`hsm.assign.assign_labels_well_formed`
+        reads one weight per label (:meth:`label_weights`); this is for an AssignLabels that
+        takes per-node weights."""
+        self.flush()
+        labels = np.asarray(labels, dtype=np.int64)
+        nodes = np.asarray(nodes, dtype=np.int64)
+        real = labels < self.num_labels
+        where = np.where(real & (nodes >= 0), self._find(nodes * self.num_leaves + labels), -1)
+        out = np.where(real, self.prior, 0.0)
+        out[where >= 0] = self.counts[where[where >= 0]]
         return out
 
     def on_reassign(self, new_tree: Tree, reset_nodes: Any = None, apply_decay: bool = True) -> None:

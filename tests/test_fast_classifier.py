@@ -180,6 +180,7 @@ def test_released_statistics_survive_a_move_and_never_decay():
         sums[2, 1] += 3 * seen  # label 2 seen three times at node 1 (its depth-1 node in tree a)
         counts[2, 1] += 3
     before = released.p_cond(1, np.array([2]), np.array([1]))
+    np.testing.assert_allclose(released.node_weights(1, np.array([2, 0, 5]), np.array([1, 1, 1])), [4.0, 1.0, 0.0])
     prior = ReleasedStatistics(a).p_cond(1, np.array([2]), np.array([1]))
     np.testing.assert_allclose(before[0], (prior[0] + 3 * seen) / 4, rtol=1e-6)
     for stats in (released, ours):
