@@ -622,6 +622,10 @@ class FastBowClassifier:
     Word ids: ``0 .. num_words - 1``; ``num_words`` is the largest training id plus one unless
     given to :meth:`fit`. Hashed bigrams: append them with :func:`hsm.text_models.hashed_bigrams`
     and pass ``num_words = vocabulary + buckets``. A document without words has ``f(x) = 0``.
+
+    Raises TypeError for a setting of the wrong type (``arity=2.0``, ``lr="0.1"``) and ValueError
+    for one out of range (``lr <= 0``, ``arity < 2``, an unknown ``output``, ``decay`` outside
+    [0, 1], ...), naming it.
     """
 
     def __init__(
