@@ -8,6 +8,8 @@ The pieces follow the paper's concepts:
 * :class:`hsm.HierarchicalSoftmax` / :class:`hsm.FlatSoftmax`: output layers with the interface
   of ``torch.nn.AdaptiveLogSoftmaxWithLoss``;
 * :class:`hsm.TreeLearner`: Algorithm 1 (the tree learned during training);
+* :class:`hsm.FastBowClassifier`: the bag-of-words classifier of §7.1 trained like fastText
+  (compiled per-example Hogwild SGD, flat / Huffman / learned trees; ``fit``, ``predict``, ``test``);
 * :mod:`hsm.data`: the data sets, through a mirror or the canonical download.
 
 Quick start::
@@ -27,6 +29,7 @@ from .assign import (
     assign_node,
     assign_node_well_formed,
 )
+from .fast_classifier import FastBowClassifier, ReleasedStatistics
 from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, NonFiniteInputError, RowSparseAdagrad, RowSparseSGD, TopK
 from .objective import balance, max_objective, node_objective, node_objective_grad, purity
 from .statistics import NodeStatistics
@@ -38,11 +41,13 @@ __version__ = "0.1.0"
 __all__ = [
     "AssignmentDeadlock",
     "AssignmentError",
+    "FastBowClassifier",
     "FlatSoftmax",
     "HSMOutput",
     "HierarchicalSoftmax",
     "NodeStatistics",
     "NonFiniteInputError",
+    "ReleasedStatistics",
     "RowSparseAdagrad",
     "RowSparseSGD",
     "TopK",

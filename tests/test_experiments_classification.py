@@ -233,3 +233,34 @@ def test_a_fasttext_file_runs_the_real_table_and_claims_the_paper_numbers(tmp_pa
     assert rows["learned5"]["p_at_1"] > 30  # each example carries its tags' own words
     with pytest.raises(ValueError, match="data must be"):
         C.icml_table1(scale="quick", out=tmp_path / "x.json", data=str(tmp_path / "missing.txt"))
+
+
+def test_fast_trainer_through_train_bow_is_the_compiled_classifier():
+    from hsm.fast_classifier import FastBowClassifier
+
+    rng = np.random.default_rng(2)
+    labels = [[int(l)] for l in rng.integers(0, 30, 600)]
+    docs = [[l[0], int(rng.integers(30, 40))] for l in labels]
+    split = _split(labels, 30, docs)
+    trained = C.train_bow(split, "learned5", dim=8, lr=0.5, epochs=2, reassigns=10, vocab_size=40, trainer="fast",
+                          threads=1, seed=3)
+    assert len(trained.learner.history) == 10 and len(trained.reassign_moved) == 10
+    assert trained.layer.tree.is_well_formed() and trained.layer.tree.arity == 5
+    result = C.evaluate_bow(trained, split)  # the torch evaluation reads the compiled trainer's modules
+    assert result["p_at_1"] > 50
+    direct = FastBowClassifier(dim=8, output="learned", arity=5, lr=0.5, epochs=2, rebuilds=10, threads=1, seed=3)
+    direct.fit(split, [row[0] for row in labels], num_words=40, num_labels=30)
+    np.testing.assert_array_equal(direct.model.embedding.weight.detach().numpy(),
+                                  trained.model.embedding.weight.detach().numpy())
+    huffman = C.train_bow(split, "huffman5", dim=8, lr=0.5, epochs=2, vocab_size=40, trainer="fast", threads=1)
+    assert huffman.learner is None and huffman.layer.tree == huffman.start_tree
+
+
+def test_fast_trainer_refuses_what_it_cannot_do():
+    split = _split([[0], [1]], 2)
+    with pytest.raises(ValueError, match="trainer must be"):
+        C.train_bow(split, "flat", 4, 0.1, trainer="numba")
+    with pytest.raises(ValueError, match="unigram"):
+        C.train_bow(split, "flat", 4, 0.1, trainer="fast", ngrams=2)
+    with pytest.raises(ValueError, match="option trainer"):
+        C.icml_table1(scale="quick", trainer="gpu")

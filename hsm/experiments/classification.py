@@ -248,8 +248,18 @@ def train_bow(
     reset_moved_nodes: bool = False,
     seed: int = 0,
     device: str = "cpu",
+    trainer: str = "torch",
+    statistics: str = "ours",
+    schedule: str = "first_half",
+    threads: int | None = None,
 ) -> TrainedBow:
     """Train a bag-of-words classifier with output layer ``output`` (ICML §7.1 / §11.1).
+
+    ``trainer="fast"``: :class:`hsm.fast_classifier.FastBowClassifier`, compiled per-example
+    Hogwild SGD on ``threads`` threads as fastText and the authors' fork train (``batch_size`` is
+    then 1 by construction and ignored), with the statistics policy ``statistics`` ("ours" or
+    "released") and the rebuild ``schedule`` ("first_half" or the fork's "every_tokens"); unigram
+    bags on the CPU only (ValueError otherwise). ``trainer="torch"``: the PyTorch path below.
 
     SGD on the **summed** per-example NLL of each mini-batch, so ``lr`` is the per-example step
     of fastText's Hogwild SGD, decreased linearly to 0 over ``epochs`` passes. For a learned tree
@@ -267,6 +277,11 @@ def train_bow(
     """
     if tree_prior not in ("sticky", "uniform"):
         raise ValueError(f"tree_prior must be 'sticky' or 'uniform', got {tree_prior!r}")
+    if trainer not in ("torch", "fast"):
+        raise ValueError(f"trainer must be 'torch' or 'fast', got {trainer!r}")
+    if trainer == "fast":
+        return _train_bow_fast(train, output, dim, lr, epochs, reduce, ngrams, vocab_size, reassigns, tree_prior,
+                               tree_decay, reset_moved_nodes, seed, device, statistics, schedule, threads)
     if lr <= 0 or not math.isfinite(lr):
         raise ValueError(f"lr must be a positive number, got {lr}")
     if epochs < 1 or batch_size < 1:
@@ -335,6 +350,36 @@ def train_bow(
     seconds = time.perf_counter() - start
     moved = [record.moved_labels for record in learner.history] if learner is not None else []
     return TrainedBow(model, layer, learner, start_tree, seconds, loss_sum / max(loss_count, 1), moved)
+
+
+def _train_bow_fast(train: EncodedSplit, output: str, dim: int, lr: float, epochs: int, reduce: str, ngrams: int,
+                    vocab_size: int | None, reassigns: int, tree_prior: str, tree_decay: float,
+                    reset_moved_nodes: bool, seed: int, device: str, statistics: str, schedule: str,
+                    threads: int | None) -> TrainedBow:
+    """:func:`train_bow` with :class:`hsm.fast_classifier.FastBowClassifier` (issue 13)."""
+    from types import SimpleNamespace
+
+    from hsm.fast_classifier import FastBowClassifier
+
+    if ngrams != 1:
+        raise ValueError(f"trainer='fast' trains unigram bags only, got ngrams={ngrams}")
+    if torch.device(device).type != "cpu":
+        raise ValueError(f"trainer='fast' runs on the CPU, got device={device!r}")
+    if len(train) == 0:
+        raise ValueError("no training examples")
+    if output not in OUTPUTS:
+        raise ValueError(f"unknown output layer {output!r}; choose from {list(OUTPUTS)}")
+    kind, arity = OUTPUTS[output]
+    words = int(vocab_size if vocab_size is not None else max(int(train.values.max(initial=0)) + 1, 1))
+    clf = FastBowClassifier(dim=dim, output=kind, arity=arity or 2, lr=lr, epochs=epochs, reduce=reduce,
+                            rebuilds=reassigns, schedule=schedule, statistics=statistics, decay=tree_decay,
+                            prior_mode="current_child" if tree_prior == "sticky" else "uniform",
+                            reset_moved_nodes=reset_moved_nodes, threads=threads, seed=seed)
+    clf.fit(train, SimpleNamespace(values=train.label_values, offsets=train.label_offsets), num_words=words,
+            num_labels=train.num_labels)
+    learner = SimpleNamespace(history=clf.history.rebuilds) if kind == "learned" else None
+    return TrainedBow(clf.model, clf.layer, learner, clf.start_tree, clf.history.train_seconds,
+                      clf.history.epoch_loss[-1], [r.moved_labels for r in clf.history.rebuilds])
 
 
 @torch.no_grad()
@@ -543,6 +588,11 @@ class TableConfig:
     tree_prior: str = "sticky"
     tree_decay: float = 1.0
     reset_moved_nodes: bool = False
+    #: "torch" (mini-batches of batch_size) or "fast" (compiled per-example Hogwild SGD, issue 13)
+    trainer: str = "torch"
+    statistics: str = "ours"  #: trainer="fast": "ours" or "released" (the authors' fork's policy)
+    schedule: str = "first_half"  #: trainer="fast": "first_half" or "every_tokens" (the fork's)
+    threads: int | None = None  #: trainer="fast": Hogwild threads (None: torch.get_num_threads())
 
 
 def _paper_key(table: str, dim: int, model: str, arity: int | None) -> str | None:
@@ -633,7 +683,8 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
               category: list[str] | None, log: Callable[[str], None], tree_prefix: str | None = None) -> dict[str, Any]:
     kwargs = dict(epochs=config.epochs, batch_size=config.batch_size, reduce=config.reduce, ngrams=config.ngrams,
                   seed=config.seed, device=device, reassigns=config.reassigns, tree_prior=config.tree_prior,
-                  tree_decay=config.tree_decay, reset_moved_nodes=config.reset_moved_nodes)
+                  tree_decay=config.tree_decay, reset_moved_nodes=config.reset_moved_nodes, trainer=config.trainer,
+                  statistics=config.statistics, schedule=config.schedule, threads=config.threads)
     vocab, train_split, valid_split, _ = encoded["valid"]
     scores: dict[float, float | None] = {}
     for lr in config.lr_grid:
@@ -836,6 +887,10 @@ def _parse_options(scale: str, options: dict[str, Any]) -> TableConfig:
         "tree_prior": lambda k, v: option_choice(k, v, ("sticky", "uniform")),
         "tree_decay": lambda k, v: option_float(k, v, minimum=0.0, maximum=1.0),
         "reset_moved_nodes": option_bool,
+        "trainer": lambda k, v: option_choice(k, v, ("torch", "fast")),
+        "statistics": lambda k, v: option_choice(k, v, ("ours", "released")),
+        "schedule": lambda k, v: option_choice(k, v, ("first_half", "every_tokens")),
+        "threads": lambda k, v: option_int(k, v, minimum=1, allow_none=True),
     }
     aliases = {"d": "dims", "lr": "lr_grid", "lrs": "lr_grid"}
     updates = {}
