@@ -73,7 +73,7 @@ import numpy as np
 import torch
 
 from .assign import assign_labels_well_formed
-from .kernels import _FASTMATH, _run
+from .kernels import _FASTMATH, _node_log_softmax, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
 from .statistics import NodeStatistics
 from .text_models import BagOfWordsClassifier
@@ -210,11 +210,8 @@ def _topk_search(h, weight, bias, penalty, child_node, child_label, max_depth, l
     ICML §11.1), depth first with the most likely child on top of the stack, so good labels, and so
     a tight bound, come early. ``child_node`` / ``child_label`` [N, M]: -1 where the slot holds no
     usable node / real label (empty slots have -inf in ``penalty``)."""
-    dim = h.shape[1]
     arity = child_node.shape[1]
     k = labels.shape[1]
-    has_bias = bias.shape[0] > 0
-    has_penalty = penalty.shape[0] > 0
     lp = np.empty(arity, dtype=np.float32)
     order = np.empty(arity, dtype=np.int64)
     stack_node = np.empty(max_depth * arity + 1, dtype=np.int64)
@@ -232,24 +229,7 @@ def _topk_search(h, weight, bias, penalty, child_node, child_label, max_depth, l
             score = stack_score[top]
             if score <= values[b, k - 1]:
                 continue
-            largest = -np.inf
-            for m in range(arity):
-                if has_penalty and penalty[n, m] == -np.inf:
-                    lp[m] = -np.inf
-                    continue
-                acc = np.float32(0.0)
-                for j in range(dim):
-                    acc += weight[n, m * dim + j] * h[b, j]
-                if has_bias:
-                    acc += bias[n, m]
-                lp[m] = acc
-                largest = max(largest, acc)
-            norm = np.float32(0.0)
-            for m in range(arity):
-                norm += np.exp(lp[m] - largest)
-            shift = largest + np.log(norm)
-            for m in range(arity):
-                lp[m] = lp[m] - shift
+            _node_log_softmax(h, b, weight, bias, penalty, n, arity, lp)
             order[:] = np.argsort(lp)  # ascending: the most likely child is pushed last, popped first
             for q in range(arity):
                 m = order[q]
