@@ -513,3 +513,19 @@ def test_combine_parts_takes_the_best_random_seed_on_validation() -> None:
         lm.combine_parts([parts[0], parts[0]])
     with pytest.raises(ValueError, match="other data"):
         lm.combine_parts([parts[0], _part({"random": (1.0, 1.0)}, seeds=[0], tokens=5)])
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(20, 300), st.integers(3, 8), st.integers(0, 10_000))
+def test_leaf_table_picks_the_heaviest_bottom_nodes(num_labels, arity, seed) -> None:
+    if arity**3 < num_labels:
+        arity = int(np.ceil(num_labels ** (1 / 3))) + 1
+    tree = lm.Tree.random(num_labels, arity, 3, seed=seed, label_names=[f"w{i}" for i in range(num_labels)])
+    counts = np.random.default_rng(seed).integers(1, 1000, num_labels)
+    table = lm.leaf_table(tree, counts, nodes=3, words=4, min_words=2)
+    # the rule by brute force: bottom nodes with >= 2 words, by their words' total count
+    bottom = [n for n in range(tree.num_nodes) if tree.node_depth[n] == 2 and tree.labels_under(n).size >= 2]
+    expected = sorted(((counts[tree.labels_under(n)].sum(), n) for n in bottom), reverse=True)[:3]
+    assert list(table) == [f"node {n}" for _, n in expected]
+    for _, n in expected:
+        assert table[f"node {n}"] == tree.top_labels(n, counts, 4)
