@@ -529,3 +529,6 @@ def test_leaf_table_picks_the_heaviest_bottom_nodes(num_labels, arity, seed) -> 
     assert list(table) == [f"node {n}" for _, n in expected]
     for _, n in expected:
         assert table[f"node {n}"] == tree.top_labels(n, counts, 4)
+    sample = lm.leaf_table(tree, counts, nodes=3, words=4, min_words=2, sample_seed=seed)
+    assert set(sample) <= {f"node {n}" for n in bottom} and len(sample) == min(3, len(bottom))
+    assert sample == lm.leaf_table(tree, counts, nodes=3, words=4, min_words=2, sample_seed=seed)

@@ -1494,10 +1494,12 @@ def load_tree_file(path: str | Path) -> tuple[Tree, np.ndarray]:
 
 
 def leaf_table(tree: Tree, counts: np.ndarray, nodes: int = 4, words: int = 10,
-               min_words: int = 8) -> dict[str, list[str]]:
+               min_words: int = 8, sample_seed: int | None = None) -> dict[str, list[str]]:
     """Words at deepest internal nodes, like ICML supplement Table 4: the ``nodes`` bottom nodes
     with the most training mass among those holding at least ``min_words`` words, each with its
-    ``words`` most frequent words. (A fixed rule, not a hand-picked set of coherent nodes.)"""
+    ``words`` most frequent words; with ``sample_seed``, ``nodes`` of those bottom nodes drawn at
+    random instead (a typical view rather than the busiest). (Fixed rules, not a hand-picked set
+    of coherent nodes.)"""
     counts = np.asarray(counts, dtype=np.float64)
     # each word's parent (the last node of its path), once: calling labels_under per node would
     # scan all K paths for each of the M^2 bottom nodes (40 s at K = 250k)
@@ -1507,8 +1509,12 @@ def leaf_table(tree: Tree, counts: np.ndarray, nodes: int = 4, words: int = 10,
     sizes = np.bincount(parent, minlength=tree.num_nodes)
     mass = np.bincount(parent, weights=counts[:K], minlength=tree.num_nodes)
     bottom = np.nonzero((tree.node_depth == tree.max_depth - 1) & (sizes >= min_words))[0]
-    candidates = [(float(mass[n]), int(n)) for n in bottom]
-    chosen = [n for _, n in sorted(candidates, reverse=True)[:nodes]]
+    if sample_seed is not None:  # a typical view: bottom nodes drawn at random, in node order
+        pick = np.random.default_rng(sample_seed).choice(bottom.size, size=min(nodes, bottom.size), replace=False)
+        chosen = [int(n) for n in np.sort(bottom[pick])]
+    else:
+        candidates = [(float(mass[n]), int(n)) for n in bottom]
+        chosen = [n for _, n in sorted(candidates, reverse=True)[:nodes]]
     return {f"node {n}": tree.top_labels(n, counts, words) for n in chosen}
 
 
