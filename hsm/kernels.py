@@ -646,8 +646,9 @@ def lbl_forward(weight, ids, context_weight, gathered, out, chunk, cursor):  # p
     back of example b), ``context_weight`` [T, d, d] (``R_{k+1}`` at k). Writes ``gathered``
     [T, B, d] (the context rows, kept for the backward) and ``out`` [B, d]. Examples are taken
     ``chunk`` at a time from ``cursor``; a chunk's rows are gathered, then ``T`` matrix products
-    with ``R_k^T`` (BLAS reads the transposed block in place) are summed in order of k, so a row's
-    result does not depend on how the batch was shared."""
+    with ``R_k^T`` (BLAS reads the transposed block in place) are summed in order of k; the chunks
+    are the same on any number of threads (:data:`LBL_FORWARD_CHUNK`), so a row's result does not
+    depend on how the batch was shared."""
     context = context_weight.shape[0]
     batch = out.shape[0]
     chunks = (batch + chunk - 1) // chunk
@@ -940,13 +941,20 @@ def run_top1_search(h, weight, bias, penalty, child_node, child_label, max_depth
     return labels, values, visited
 
 
+#: rows per product in :func:`lbl_forward` (the same on any number of threads)
+LBL_FORWARD_CHUNK = 64
+
+
 def run_lbl_forward(weight, ids, context_weight, batch: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`lbl_forward` shared by the threads: returns ``(out [B, d], gathered [T, B, d])``."""
     context, dim = context_weight.shape[0], weight.shape[1]
     gathered = np.empty((context, batch, dim), dtype=weight.dtype)
     out = np.empty((batch, dim), dtype=weight.dtype)
     threads = max(1, _threads_for(2.0 * batch * context * dim * dim, batch))
-    chunk = max(1, -(-batch // threads))
+    # a fixed chunk, not batch / threads: BLAS may round a row differently in a product of another
+    # height (OpenBLAS picks its kernels by shape), so the chunks must not depend on the threads
+    chunk = min(batch, LBL_FORWARD_CHUNK) if batch else 1
+    threads = min(threads, -(-batch // chunk)) if batch else 1
     cursor = np.zeros(1, dtype=np.int64)
     _run_claiming(lambda: lbl_forward(weight, ids, context_weight, gathered, out, chunk, cursor), threads)
     return out, gathered

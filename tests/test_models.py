@@ -192,8 +192,9 @@ def test_compiled_sparse_gradient_is_coalesced_and_the_same_on_one_or_two_thread
     monkeypatch.setattr(kernels, "MIN_WORK_PER_THREAD", 1)
     torch.manual_seed(3)
     model = LogBilinearLM(40, 16, 4, sparse=True)
-    contexts = torch.randint(0, 10, (33, 4))
-    weights = torch.randn(33, 16)
+    # 150 rows: three forward chunks (kernels.LBL_FORWARD_CHUNK), shared between the two threads
+    contexts = torch.randint(0, 10, (150, 4))
+    weights = torch.randn(150, 16)
     results = []
     before = torch.get_num_threads()
     try:
