@@ -233,10 +233,8 @@ def _check_result_file(path: Path, runs: set[str]) -> dict:
 def test_lm_ptb_tiny(tmp_path) -> None:
     out = lm.run_lm_ptb(scale="quick", out=tmp_path / "ptb.json", **TINY)
     payload = _check_result_file(out, {"flat", "random", "learned"})
-    tree_file = out.with_name("ptb-learned-tree.json")
-    saved = json.loads(tree_file.read_text())
-    tree = lm.Tree.from_dict(saved["tree"])
-    assert tree.num_labels == 120 and len(saved["counts"]) == 120
+    tree, counts = lm.load_tree_file(out.with_name("ptb-learned-tree.json.gz"))
+    assert tree.num_labels == 120 and len(counts) == 120
     moved = [r for r in payload["records"] if r.get("measure") == "mean_moved_labels"]
     assert moved and 0 <= moved[0]["value"] <= 1
     best = lm.best_epoch_markdown(payload, "arxiv2016.table1.ptb")
