@@ -6,7 +6,10 @@ The pieces follow the paper's concepts:
 * :class:`hsm.Tree`: M-ary label trees (random, balanced, Huffman, taxonomy, clustering);
 * :mod:`hsm.assign`: AssignLabels, Algorithms 2 (well-formed) and 3 (depth constraint);
 * :class:`hsm.HierarchicalSoftmax` / :class:`hsm.FlatSoftmax`: output layers with the interface
-  of ``torch.nn.AdaptiveLogSoftmaxWithLoss``;
+  of ``torch.nn.AdaptiveLogSoftmaxWithLoss`` (:mod:`hsm.layers`; their fast path in :mod:`hsm.backend`
+  and :mod:`hsm.kernels`, their searches in :mod:`hsm.search`);
+* :class:`hsm.RowSparseAdagrad` / :class:`hsm.RowSparseSGD`: optimisers for the layer's row-sparse
+  gradients (:mod:`hsm.optim`);
 * :class:`hsm.TreeLearner`: Algorithm 1 (the tree learned during training);
 * :class:`hsm.FastBowClassifier`: the bag-of-words classifier of §7.1 trained like fastText
   (compiled per-example Hogwild SGD, flat / Huffman / learned trees; ``fit``, ``predict``, ``test``);
@@ -30,8 +33,9 @@ from .assign import (
     assign_node_well_formed,
 )
 from .fast_classifier import FastBowClassifier, ReleasedStatistics
-from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, NonFiniteInputError, RowSparseAdagrad, RowSparseSGD, TopK
+from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, NonFiniteInputError, TopK
 from .objective import balance, max_objective, node_objective, node_objective_grad, purity
+from .optim import RowSparseAdagrad, RowSparseSGD
 from .statistics import NodeStatistics
 from .training import TreeLearner, evaluate, train_epoch
 from .tree import Tree

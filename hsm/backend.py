@@ -1,0 +1,513 @@
+"""The fast path of :class:`hsm.HierarchicalSoftmax`: one interface, two implementations.
+
+The layer (:mod:`hsm.layers`) says *what* is computed, eq. 5 of the ICML paper,
+
+    log p(y | h) = sum over the nodes n_1 .. n_L on the path of y of log softmax(W_n h + b_n)[c_d],
+
+and hands the batch to a backend that says *how*. Both backends evaluate the batch's ``P``
+(example, path node) pairs grouped by node, so that a node shared by many examples (the root: all
+``B``) has its ``[M, d]`` block read once and its gradient written once (one row per unique node:
+the sparse gradient has no duplicates):
+
+* :data:`TORCH` (:class:`TorchBackend`, any device and dtype): batched matmuls over node groups
+  bucketed by size (:func:`plan_groups`, :func:`grouped_logits`) and a custom autograd function
+  (:class:`_TreePathLogProb`) that writes the gradient directly instead of through autograd's
+  per-pair copies; the exact top-1 search in PyTorch (:func:`hsm.search.top1_search`);
+* :data:`KERNELS` (:class:`KernelBackend`, float32 contiguous CPU tensors): the compiled kernels of
+  :mod:`hsm.kernels`, one pass each for the forward, the backward (optionally with the Adagrad update
+  fused in, :meth:`hsm.optim.RowSparseAdagrad.fuse`) and the top-1 search.
+
+Every backend method takes the layer and returns what the layer returns; the layer picks the
+backend per call (:meth:`hsm.HierarchicalSoftmax._backend`). Both are checked against the plain
+per-pair implementation, :meth:`hsm.HierarchicalSoftmax.forward_reference` (tests/test_layers.py,
+tests/test_kernels.py: values, gradients dense and sparse, statistics, predictions).
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, NamedTuple, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import kernels, search
+from ._checks import check_target, check_target_shape
+from .tree import Tree
+
+if TYPE_CHECKING:  # the layer module imports this one
+    from .layers import HierarchicalSoftmax
+
+__all__ = ["KERNELS", "TORCH", "KernelBackend", "NodeDistributions", "OutputBackend", "TorchBackend", "TreeTables",
+           "grouped_logits", "pair_log_softmax", "plan_groups"]
+
+
+# ------------------------------------------------------------------ grouped node evaluation
+#
+# A training step evaluates B * L (example, node) pairs. Evaluating them one by one means copying
+# each pair's [M, d] weight block (F.embedding) even when many examples share a node (the root is
+# shared by all B, a depth-1 node of a 63-ary tree by about B / 63), and the backward pass then
+# writes one [M, d] gradient block per pair and sums the duplicates. Instead the pairs are grouped
+# by node: every node's block is read once (``weight.index_select`` over the *unique* nodes), its
+# examples are stacked into a zero-padded [U, cap, d] tensor, and one batched matmul gives all
+# logits; the backward pass writes exactly one gradient block per unique node (a bmm of the
+# padded output gradients with the padded inputs), so the sparse gradient is already duplicate
+# free. Groups are bucketed by size (powers of ``_BUCKET_BASE``) so padding wastes at most that
+# factor in FLOPs, never in weight bytes: the bytes, not the FLOPs, bound this layer.
+
+_BUCKET_BASE = 4
+PAIR_CHUNK = 1 << 15  #: (example, node) pairs evaluated at once by the exact search
+
+
+class _Bucket(NamedTuple):
+    nodes: Tensor  #: [U] unique node ids of the groups in this bucket
+    cap: int  #: padded group size (1: every group has one pair, no padding)
+    entries: Tensor  #: [n] pair ids (rows of the [P, M] logits) in this bucket
+    examples: Tensor  #: [n] example (input row) of each pair
+    slots: Tensor | None  #: [n] position ``group * cap + rank`` in the padded layout (None when cap == 1)
+
+
+def plan_groups(example: np.ndarray, node: np.ndarray, device: torch.device) -> list[_Bucket]:
+    """Group pairs (example[p], node[p]) by node and bucket the groups by size (numpy: these are
+    a few hundred integers, and numpy's per-call cost is a fraction of torch's)."""
+    count = node.size
+    order = np.argsort(node, kind="stable")
+    sorted_nodes = node[order]
+    first = np.ones(count, dtype=bool)
+    first[1:] = sorted_nodes[1:] != sorted_nodes[:-1]
+    starts = np.flatnonzero(first)
+    sizes = np.diff(np.append(starts, count))
+    group_of_pair = np.cumsum(first) - 1  # group of each sorted pair
+    rank = np.arange(count) - starts[group_of_pair]
+    # bucket 0: singletons; bucket k >= 1: groups of size in (base**(k-1), base**k]
+    exponent = np.ceil(np.log(np.maximum(sizes, 2)) / math.log(_BUCKET_BASE) - 1e-9).astype(np.int64)
+    bucket_of_group = np.where(sizes == 1, 0, np.maximum(exponent, 1))
+    as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
+    bucket_of_pair = bucket_of_group[group_of_pair]
+    buckets = []
+    for bucket in np.unique(bucket_of_group):
+        groups = np.flatnonzero(bucket_of_group == bucket)
+        in_bucket = bucket_of_pair == bucket
+        pairs = order[in_bucket]
+        if bucket == 0:
+            buckets.append(_Bucket(as_t(sorted_nodes[starts[groups]]), 1, as_t(pairs), as_t(example[pairs]), None))
+            continue
+        cap = int(sizes[groups].max())
+        local = np.empty(len(sizes), dtype=np.int64)
+        local[groups] = np.arange(len(groups))
+        slots = local[group_of_pair[in_bucket]] * cap + rank[in_bucket]
+        buckets.append(_Bucket(as_t(sorted_nodes[starts[groups]]), cap, as_t(pairs), as_t(example[pairs]), as_t(slots)))
+    return buckets
+
+
+def grouped_logits(input: Tensor, weight: Tensor, buckets: list[_Bucket], num_pairs: int, arity: int,
+                    saved: list | None = None, workspace: list | None = None) -> Tensor:
+    """``W_node h_example`` for every planned pair: [P, M] (no bias). ``saved`` collects each
+    bucket's (weight blocks, padded inputs) for the backward pass. ``workspace`` (inference only:
+    nothing may hold on to the blocks) is a list of buffers reused from call to call for the
+    gathered blocks: a fresh multi-MB tensor per call costs thousands of page faults."""
+    dim = input.shape[1]
+    logits = input.new_empty(num_pairs, arity)
+    if workspace is not None and torch.is_grad_enabled() and (weight.requires_grad or input.requires_grad):
+        workspace = None  # the blocks would be part of an autograd graph: no shared buffers
+    for position, bucket in enumerate(buckets):
+        if workspace is not None:
+            rows = bucket.nodes.numel()
+            while len(workspace) <= position:
+                workspace.append(weight.new_empty(0, weight.shape[1]))
+            buffer = workspace[position]
+            if buffer.shape[0] < rows or buffer.dtype != weight.dtype or buffer.device != weight.device:
+                buffer = workspace[position] = weight.new_empty(max(rows, 2 * buffer.shape[0]), weight.shape[1])
+            blocks = torch.index_select(weight, 0, bucket.nodes, out=buffer[:rows]).view(-1, arity, dim)
+        else:
+            blocks = weight.index_select(0, bucket.nodes).view(-1, arity, dim)  # [U, M, d], read once per node
+        if bucket.cap == 1:
+            stacked = input.index_select(0, bucket.examples)  # [U, d]
+            # [U,1,d] @ [U,d,M]: the batched vector-matrix form (the [U,M,d] @ [U,d,1] matrix-vector
+            # form is about 10x slower on CPU)
+            out = torch.bmm(stacked.unsqueeze(1), blocks.transpose(1, 2)).squeeze(1)  # [U, M]
+        else:
+            stacked = input.new_zeros(blocks.shape[0] * bucket.cap, dim)
+            stacked[bucket.slots] = input.index_select(0, bucket.examples)
+            out = torch.bmm(stacked.view(-1, bucket.cap, dim), blocks.transpose(1, 2))  # [U, cap, M]
+            out = out.reshape(-1, arity).index_select(0, bucket.slots)
+        logits[bucket.entries] = out
+        if saved is not None:
+            saved.append((blocks, stacked))
+    return logits
+
+
+class _PathPlan(NamedTuple):
+    """Which (example, node, child) pairs a batch needs: the kept steps of every target's path."""
+
+    example: Tensor  #: [P]
+    node: Tensor  #: [P]
+    child: Tensor  #: [P]
+    buckets: list[_Bucket]
+    full: bool  #: P == B * L in (example, depth) order: sums are a reshape
+
+
+class _TreePathLogProb(torch.autograd.Function):
+    """Forward: ``log p(y_b | h_b)`` (eq. 5) and the per-pair node log-softmax; backward: the
+    gradient of the first w.r.t. input, weight (one [M*d] row per unique node: sparse COO when
+    ``sparse``, dense otherwise) and bias, written directly instead of through autograd's per-pair
+    copies (checked against the autograd reference in tests/test_layers.py)."""
+
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, slot_penalty: Tensor | None,
+                plan: _PathPlan, batch: int, sparse: bool, arity: int):  # type: ignore[override]
+        saved: list = []
+        num_pairs = plan.node.numel()
+        logits = grouped_logits(input, weight, plan.buckets, num_pairs, arity, saved)
+        if bias is not None:
+            logits += bias.index_select(0, plan.node)
+        if slot_penalty is not None:  # -inf on empty slots (trees with M**D > K); skipped for full trees
+            logits += slot_penalty.index_select(0, plan.node)
+        log_probs = torch.log_softmax(logits, dim=1)
+        picked = log_probs.gather(1, plan.child.unsqueeze(1)).squeeze(1)
+        if plan.full:
+            output = picked.view(batch, -1).sum(1)
+        else:
+            output = input.new_zeros(batch).index_add_(0, plan.example, picked)
+        ctx.plan, ctx.saved_blocks, ctx.batch, ctx.sparse = plan, saved, batch, sparse
+        ctx.has_bias = bias is not None
+        ctx.weight_shape = weight.shape
+        ctx.save_for_backward(input, log_probs)
+        ctx.mark_non_differentiable(log_probs)
+        return output, log_probs
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor, _grad_log_probs: Tensor | None):  # type: ignore[override]
+        input, log_probs = ctx.saved_tensors
+        plan: _PathPlan = ctx.plan
+        # d output_b / d logits_(b,n) = onehot(child) - softmax
+        scale = grad_output.index_select(0, plan.example) if not plan.full else grad_output.repeat_interleave(
+            plan.node.numel() // ctx.batch)
+        grad_logits = log_probs.exp().mul_(-scale.unsqueeze(1))
+        grad_logits.scatter_add_(1, plan.child.unsqueeze(1), scale.unsqueeze(1))
+        arity = grad_logits.shape[1]
+        dim = input.shape[1]
+        grad_input = grad_weight = grad_bias = None
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        if need_input:
+            grad_input = torch.zeros_like(input)
+        rows = sum(bucket.nodes.numel() for bucket in plan.buckets)
+        values = input.new_empty(rows, arity * dim) if need_weight else None
+        offset = 0
+        for bucket, (blocks, stacked) in zip(plan.buckets, ctx.saved_blocks):
+            count = bucket.nodes.numel()
+            pair_grad = grad_logits.index_select(0, bucket.entries)  # [n, M]
+            if bucket.cap == 1:
+                if need_weight:
+                    torch.mul(pair_grad.unsqueeze(2), stacked.unsqueeze(1),
+                              out=values[offset:offset + count].view(count, arity, dim))
+                if need_input:
+                    grad_input.index_add_(0, bucket.examples, torch.bmm(pair_grad.unsqueeze(1), blocks).squeeze(1))
+            else:
+                padded = grad_logits.new_zeros(count * bucket.cap, arity)
+                padded[bucket.slots] = pair_grad
+                padded = padded.view(count, bucket.cap, arity)
+                if need_weight:
+                    torch.bmm(padded.transpose(1, 2), stacked.view(count, bucket.cap, dim),
+                              out=values[offset:offset + count].view(count, arity, dim))
+                if need_input:
+                    per_slot = torch.bmm(padded, blocks).view(-1, dim).index_select(0, bucket.slots)
+                    grad_input.index_add_(0, bucket.examples, per_slot)
+            offset += count
+        if need_weight:
+            indices = torch.cat([bucket.nodes for bucket in plan.buckets]).unsqueeze(0)
+            if ctx.sparse:
+                # every node appears once: no duplicates for the optimiser to sum
+                grad_weight = torch.sparse_coo_tensor(indices, values, ctx.weight_shape, check_invariants=False)
+            else:
+                grad_weight = values.new_zeros(ctx.weight_shape).index_copy_(0, indices[0], values)
+        if need_bias and ctx.has_bias:
+            shape = (ctx.weight_shape[0], arity)
+            if ctx.sparse:
+                grad_bias = torch.sparse_coo_tensor(plan.node.unsqueeze(0), grad_logits, shape, check_invariants=False)
+            else:
+                grad_bias = grad_logits.new_zeros(shape).index_add_(0, plan.node, grad_logits)
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None
+
+
+def _np(tensor: Tensor) -> np.ndarray:
+    """A numpy view of a CPU tensor (no copy when it is contiguous)."""
+    return tensor.detach().contiguous().numpy()
+
+
+def _mean_loss(output: np.ndarray) -> Tensor:
+    """``-output.mean()`` as a 0-d tensor (NaN for an empty batch, as torch's mean gives)."""
+    return torch.from_numpy(np.array(-output.mean() if output.size else np.nan, dtype=output.dtype))
+
+
+class _KernelPlan(NamedTuple):
+    """The batch's (example, node, child) pairs and their grouping by node, for the numba kernels."""
+
+    example: np.ndarray  #: [P]
+    node: np.ndarray  #: [P]
+    child: np.ndarray  #: [P]
+    depth: np.ndarray  #: [P] position of the pair's node on its example's path
+    order: np.ndarray  #: [P] pairs sorted by node
+    starts: np.ndarray  #: [G + 1] pair range of each unique node in ``order``
+    full: bool  #: P == B * L in (example, depth) order
+
+
+class _TreePathLogProbKernel(torch.autograd.Function):
+    """:class:`_TreePathLogProb` computed by the compiled kernels of :mod:`hsm.kernels` (float32
+    CPU tensors): one pass for the forward, one for the backward, one gradient row per unique
+    node (checked against :meth:`HierarchicalSoftmax.forward_reference` in tests/test_layers.py)."""
+
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, penalty: np.ndarray,
+                plan: _KernelPlan, sparse: bool, arity: int, fused=None):  # type: ignore[override]
+        ctx.fused, ctx.bias = fused, bias  # fused: a RowSparseAdagrad (RowSparseAdagrad.fuse)
+        h = _np(input)
+        node_prob = np.empty((plan.node.shape[0], arity), dtype=np.float32)
+        bias_np = _np(bias) if bias is not None else np.empty((0, arity), dtype=np.float32)
+        output = kernels.run_path_forward(h, _np(weight), bias_np, penalty, plan.example, plan.node, plan.child,
+                                          plan.order, plan.starts, arity, node_prob)
+        ctx.plan, ctx.sparse, ctx.has_bias = plan, sparse, bias is not None
+        ctx.weight_shape = weight.shape
+        probs = torch.from_numpy(node_prob)
+        ctx.save_for_backward(input, weight, probs)
+        ctx.mark_non_differentiable(probs)
+        # the loss (mean negative log-likelihood) is a third output of this function rather than
+        # two more autograd nodes: per batch, their bookkeeping cost a tenth of the whole step
+        return torch.from_numpy(output), probs, _mean_loss(output)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor, _grad_probs: Tensor | None, grad_loss: Tensor):  # type: ignore[override]
+        input, weight, probs = ctx.saved_tensors
+        # d loss / d output_b = -1 / B
+        grad_output = grad_output - grad_loss / grad_output.shape[0]
+        plan: _KernelPlan = ctx.plan
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        arity = probs.shape[1]
+        groups = plan.starts.shape[0] - 1
+        adagrad = None
+        if ctx.fused is not None and need_weight and (need_bias or not ctx.has_bias):
+            adagrad = ctx.fused._fused_settings(weight, ctx.bias)
+        if adagrad is not None:  # the update is applied in the kernel: no gradient rows
+            values = np.empty((0, weight.shape[1]), dtype=np.float32)
+            bias_values = np.empty((0, arity), dtype=np.float32)
+        else:
+            values = np.empty((groups if need_weight else 0, weight.shape[1]), dtype=np.float32)
+            bias_values = np.empty((groups, arity), dtype=np.float32)
+        grad_h = kernels.run_path_backward(_np(input), weight.detach().numpy(), plan.example, plan.node, plan.child,
+                                           plan.order, plan.starts, _np(probs), _np(grad_output.float()), values,
+                                           bias_values, need_input, need_weight, adagrad)
+        if adagrad is not None:
+            return (torch.from_numpy(grad_h) if need_input else None), None, None, None, None, None, None, None
+        # unique nodes in increasing order (a stable sort by node): the sparse gradients are coalesced
+        rows = torch.from_numpy(plan.node[plan.order[plan.starts[:-1]]]).unsqueeze(0)
+        grad_input = torch.from_numpy(grad_h) if need_input else None
+        grad_weight = grad_bias = None
+        if need_weight:
+            grad_weight = _row_gradient(rows, torch.from_numpy(values), ctx.weight_shape, ctx.sparse)
+        if need_bias and ctx.has_bias:
+            grad_bias = _row_gradient(rows, torch.from_numpy(bias_values), (ctx.weight_shape[0], arity), ctx.sparse)
+        return grad_input, grad_weight, grad_bias, None, None, None, None, None
+
+
+def _row_gradient(rows: Tensor, values: Tensor, shape, sparse: bool) -> Tensor:
+    """The gradient of a parameter whose rows ``rows`` (distinct, increasing) received ``values``."""
+    if sparse:
+        return torch.sparse_coo_tensor(rows, values, shape, check_invariants=False, is_coalesced=True)
+    return values.new_zeros(shape).index_copy_(0, rows[0], values)
+
+
+class _EmptyBatch(torch.autograd.Function):
+    """The forward pass of an empty batch: an empty ``output`` [0] that is part of the autograd
+    graph, so ``loss.backward()`` works as for any batch and leaves zero gradients (an empty sparse
+    gradient with ``sparse=True``, what a batch touching no node would give)."""
+
+    @staticmethod
+    def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None,  # type: ignore[override]
+                sparse: bool) -> Tensor:
+        ctx.shapes = (input.shape, weight.shape, None if bias is None else bias.shape)
+        ctx.sparse = sparse
+        return input.new_zeros(0)
+
+    @staticmethod
+    def backward(ctx, grad_output: Tensor):  # type: ignore[override]
+        input_shape, weight_shape, bias_shape = ctx.shapes
+
+        def zero(shape) -> Tensor:
+            if ctx.sparse:
+                return torch.sparse_coo_tensor(torch.zeros(1, 0, dtype=torch.long, device=grad_output.device),
+                                               grad_output.new_zeros(0, *shape[1:]), shape, check_invariants=False,
+                                               is_coalesced=True)
+            return grad_output.new_zeros(shape)
+
+        need_input, need_weight, need_bias = ctx.needs_input_grad[:3]
+        return (grad_output.new_zeros(input_shape) if need_input else None, zero(weight_shape) if need_weight else None,
+                zero(bias_shape) if need_bias and bias_shape is not None else None, None)
+
+
+#: the header of the tree in a state dict: magic, version, K, N, M, depth limit (-1: none),
+
+
+# ------------------------------------------------------------------ host-side tables of the tree
+class TreeTables(NamedTuple):
+    """What the backends read of the tree on the host, derived once per tree (:meth:`from_tree`)."""
+
+    paths: tuple[np.ndarray, np.ndarray, np.ndarray]  #: (path_nodes, path_children, path_mask), contiguous
+    full_paths: bool  #: every real label's path has the full length L (fixed-depth trees)
+    child_node: np.ndarray  #: [N, M] child node of each slot, -1 where the slot holds no usable node
+    child_label: np.ndarray  #: [N, M] label of each slot, -1 where it holds no real label (dummy leaves too)
+
+    @classmethod
+    def from_tree(cls, tree: Tree) -> "TreeTables":
+        # numpy indexing of a few hundred ids beats a device round trip of many small kernels
+        paths = tuple(np.ascontiguousarray(a) for a in (tree.path_nodes, tree.path_children, tree.path_mask))
+        usable = tree.slot_mask
+        # dummy leaves of well-formed trees (ids >= K) are never predicted
+        real = usable & (tree.child_label >= 0) & (tree.child_label < tree.num_labels)
+        return cls(paths, bool(tree.path_mask[: tree.num_labels].all()),
+                   np.ascontiguousarray(np.where(usable, tree.child_node, -1), dtype=np.int64),
+                   np.ascontiguousarray(np.where(real, tree.child_label, -1), dtype=np.int64))
+
+
+class NodeDistributions(NamedTuple):
+    """The node softmax of every (example, path node) pair of a training batch: the input of
+    Algorithm 1's statistics (:meth:`hsm.HierarchicalSoftmax._collect_statistics`)."""
+
+    probs: Tensor  #: [P, M] softmax(W_n h + b_n) of each pair
+    full: bool  #: P == B * L in (example, depth) order
+    labels: np.ndarray | None = None  #: [B] the targets (compiled path: with ``example`` and ``depth``)
+    example: np.ndarray | None = None  #: [P] example of each pair
+    depth: np.ndarray | None = None  #: [P] position of the pair's node on its example's path
+
+
+class OutputBackend(Protocol):
+    """How a :class:`hsm.HierarchicalSoftmax` computes eq. 5 on a batch and its exact top-1."""
+
+    def path_log_prob(self, layer: "HierarchicalSoftmax", input: Tensor, target: Tensor,
+                      collect: bool) -> tuple[Tensor, Tensor, NodeDistributions | None]:
+        """``(output [B], loss [], node distributions or None)``: ``output[b] = log p(target[b] |
+        input[b])`` (eq. 5), ``loss`` the mean negative log-likelihood, differentiable with respect
+        to the input and the layer's parameters; the distributions when ``collect`` (training with
+        a :class:`~hsm.TreeLearner`). Checks ``target`` (ValueError naming an unknown label)."""
+        ...  # pragma: no cover - protocol
+
+    def top1(self, layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Tensor]:
+        """``(labels [B], nodes visited [B])`` of the exact most likely label per row (B >= 1)."""
+        ...  # pragma: no cover - protocol
+
+
+def _needs_graph(layer: "HierarchicalSoftmax", input: Tensor) -> bool:
+    """Whether a forward pass must support ``backward`` (else only ``logit - logsumexp`` is computed)."""
+    return torch.is_grad_enabled() and (input.requires_grad or layer.weight.requires_grad)
+
+
+def _add_offsets(logits: Tensor, layer: "HierarchicalSoftmax", node: Tensor) -> Tensor:
+    """``logits += b_n`` and the -inf of the node's empty slots (none in a full M-ary tree), in place."""
+    if layer.bias is not None:
+        logits += layer.bias.index_select(0, node)
+    if layer.slot_penalty is not None:
+        logits += layer.slot_penalty.index_select(0, node)
+    return logits
+
+
+def pair_log_softmax(layer: "HierarchicalSoftmax", input: Tensor, example: np.ndarray, node: np.ndarray) -> Tensor:
+    """Node log-softmax [P, M] for arbitrary (example, node) pairs, grouped by node, in chunks of
+    ``PAIR_CHUNK`` pairs (an untrained model's exact search can visit every node for every example)."""
+    chunk = PAIR_CHUNK
+    device = input.device
+    out = []
+    for start in range(0, max(len(node), 1), chunk):
+        ex, nd = example[start:start + chunk], node[start:start + chunk]
+        node_t = torch.from_numpy(np.ascontiguousarray(nd)).to(device)
+        logits = grouped_logits(input, layer.weight, plan_groups(ex, nd, device), len(nd), layer.arity,
+                                workspace=layer._workspace())
+        out.append(torch.log_softmax(_add_offsets(logits, layer, node_t), dim=1))
+    return torch.cat(out) if len(out) > 1 else out[0]
+
+
+class TorchBackend:
+    """Eq. 5 in PyTorch ops (any device, any dtype): node groups bucketed by size, one batched
+    matmul per bucket, and :class:`_TreePathLogProb`'s direct backward."""
+
+    @staticmethod
+    def plan(layer: "HierarchicalSoftmax", target: Tensor) -> _PathPlan:
+        """The (example, node, child) pairs of the targets' paths, grouped by node."""
+        nodes, children, mask = layer._tables.paths
+        example, _, node, child = kernels.path_pairs(np.ascontiguousarray(target.detach().cpu().numpy(),
+                                                                          dtype=np.int64),
+                                                     nodes, children, mask, layer._tables.full_paths)
+        device = layer.weight.device
+        return _PathPlan(torch.from_numpy(example).to(device), torch.from_numpy(np.ascontiguousarray(node)).to(device),
+                         torch.from_numpy(np.ascontiguousarray(child)).to(device),
+                         plan_groups(example, node, device), layer._tables.full_paths)
+
+    def path_log_prob(self, layer: "HierarchicalSoftmax", input: Tensor, target: Tensor,
+                      collect: bool) -> tuple[Tensor, Tensor, NodeDistributions | None]:
+        check_target(target, input.shape[0], layer.num_labels)
+        batch = input.shape[0]
+        plan = self.plan(layer, target)
+        if not _needs_graph(layer, input) and not collect:
+            # inference: log p(y) = logit[y] - logsumexp(logits) per node, nothing kept for backward
+            logits = grouped_logits(input, layer.weight, plan.buckets, plan.node.numel(), layer.arity,
+                                    workspace=layer._workspace())
+            logits = _add_offsets(logits, layer, plan.node)
+            picked = logits.gather(1, plan.child.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
+            output = picked.view(batch, -1).sum(1) if plan.full else input.new_zeros(batch).index_add_(
+                0, plan.example, picked)
+            return output, -output.mean(), None
+        output, pair_log_probs = _TreePathLogProb.apply(input, layer.weight, layer.bias, layer.slot_penalty, plan,
+                                                        batch, layer.sparse, layer.arity)
+        distributions = NodeDistributions(pair_log_probs.detach().exp(), plan.full) if collect else None
+        return output, -output.mean(), distributions
+
+    def top1(self, layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Tensor]:
+        return search.top1_search(layer, input)
+
+
+class KernelBackend:
+    """Eq. 5 in the compiled kernels of :mod:`hsm.kernels` (float32 contiguous CPU tensors): one
+    pass for the forward, one for the backward, one for the top-1 search."""
+
+    @staticmethod
+    def operand(layer: "HierarchicalSoftmax", tensor: Tensor | None) -> np.ndarray:
+        """Bias or slot penalty for the kernels: its numpy view, or a [0, M] array for none."""
+        return _np(tensor) if tensor is not None else np.empty((0, layer.arity), dtype=np.float32)
+
+    @staticmethod
+    def plan(layer: "HierarchicalSoftmax", labels: np.ndarray) -> _KernelPlan | None:
+        """The batch's pairs grouped by node, or None when a label is not one of the tree's."""
+        nodes, children, mask = layer._tables.paths
+        full = layer._tables.full_paths
+        valid, example, depth, node, child, order, starts = kernels.batch_plan(
+            np.ascontiguousarray(labels, dtype=np.int64), layer.num_labels, nodes, children, mask, full)
+        return _KernelPlan(example, node, child, depth, order, starts, full) if valid else None
+
+    def path_log_prob(self, layer: "HierarchicalSoftmax", input: Tensor, target: Tensor,
+                      collect: bool) -> tuple[Tensor, Tensor, NodeDistributions | None]:
+        check_target_shape(target, input.shape[0])
+        labels = target.detach().cpu().numpy()
+        plan = self.plan(layer, labels)  # also checks the labels' range (one compiled pass)
+        if plan is None:
+            check_target(target, input.shape[0], layer.num_labels)  # names the bad label
+        penalty = self.operand(layer, layer.slot_penalty)
+        if not _needs_graph(layer, input) and not collect:
+            output = kernels.run_path_forward(_np(input), _np(layer.weight), self.operand(layer, layer.bias), penalty,
+                                              plan.example, plan.node, plan.child, plan.order, plan.starts,
+                                              layer.arity, np.empty((0, layer.arity), dtype=np.float32))
+            # the mean in numpy: two torch calls would cost a tenth of this whole pass
+            return torch.from_numpy(output), _mean_loss(output), None
+        output, pair_probs, loss = _TreePathLogProbKernel.apply(input, layer.weight, layer.bias, penalty, plan,
+                                                                layer.sparse, layer.arity,
+                                                                getattr(layer, "fused_optimizer", None))
+        distributions = NodeDistributions(pair_probs, plan.full, labels, plan.example, plan.depth) if collect else None
+        return output, loss, distributions
+
+    def top1(self, layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Tensor]:
+        tables = layer._tables
+        labels, _, visited = kernels.run_top1_search(_np(input), _np(layer.weight), self.operand(layer, layer.bias),
+                                                     self.operand(layer, layer.slot_penalty), tables.child_node,
+                                                     tables.child_label, tables.paths[0].shape[1])
+        return torch.from_numpy(labels), torch.from_numpy(visited)
+
+
+TORCH = TorchBackend()
+KERNELS = KernelBackend()
