@@ -34,6 +34,7 @@ from typing import Any, Literal, Protocol
 import numba
 import numpy as np
 
+from .objective import TIE_TOLERANCE, ranking_scores
 from .tree import Tree
 
 __all__ = [
@@ -68,11 +69,6 @@ def _check_wrt(wrt: str) -> None:
         raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}")
 
 
-#: |p_{j|i} - p_j| at or below this counts as equal: sign(0) = 0 in eqs. 10 / 12. Without it a
-#: label with no statistics (p_{.|i} uniform) would score +-1 from the last bit of p_j's rounding.
-TIE_TOLERANCE = 1e-12
-
-
 @numba.njit(cache=True)
 def _node_terms_kernel(p_cond, weights, group, num_groups):  # pragma: no cover - compiled
     n, m = p_cond.shape
@@ -98,14 +94,10 @@ def _node_terms(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_
 
 
 def _segment_scores(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_groups: int, wrt: Wrt) -> np.ndarray:
-    """Eq. 10 / 12 scores [n, M] for labels of several nodes at once (materialised; the greedy
-    computes the same numbers on the fly)."""
+    """Eq. 10 / 12 scores [n, M] for labels of several nodes at once (:func:`hsm.objective.ranking_scores`,
+    materialised; the greedy computes the same numbers on the fly, :func:`_pair_score`)."""
     coef, marginal = _node_terms(p_cond, weights, group, num_groups)
-    diff = p_cond - marginal[group]
-    scores = np.where(np.abs(diff) <= TIE_TOLERANCE, 0.0, np.sign(diff)) * coef[:, None]
-    if wrt == "logp":
-        scores = scores * p_cond
-    return scores
+    return ranking_scores(coef, p_cond, marginal[group], times_p_cond=wrt == "logp")
 
 
 def _validate_node_inputs(p_cond: Any, counts: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -158,6 +150,8 @@ def _sift_down(heap_score, heap_label, pos, size):  # pragma: no cover - compile
 
 @numba.njit(cache=True)
 def _pair_score(p_cond, marginal, coef, logp, i, g, j):  # pragma: no cover - compiled
+    """:func:`hsm.objective.ranking_scores` for one (label i of node g, child j) pair, its tie rule
+    included (tests/test_assign.py checks the two agree)."""
     diff = p_cond[i, j] - marginal[g, j]
     sign = 0.0 if abs(diff) <= TIE_TOLERANCE else (1.0 if diff > 0 else -1.0)
     score = sign * coef[i]

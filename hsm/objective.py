@@ -52,6 +52,7 @@ import numpy as np
 
 __all__ = [
     "DEFAULT_ATOL",
+    "TIE_TOLERANCE",
     "NodeEstimates",
     "balance",
     "continuous_estimates",
@@ -67,6 +68,7 @@ __all__ = [
     "node_objective_grad",
     "purity",
     "purity_bound_from_balance",
+    "ranking_scores",
     "theorem1_log10_nodes",
     "thesis_corollary32_error_bound",
 ]
@@ -262,6 +264,45 @@ def node_objective(q: ArrayLike, p_cond: ArrayLike, *, atol: float = DEFAULT_ATO
     return _scalar(2.0 / num_children * (q @ per_class), torch)
 
 
+#: :math:`|p_{j|i} - p_j|` at or below this counts as a tie and scores 0 in Eqs. 10 / 12 (the papers'
+#: :math:`\mathrm{sign}(0) = 0`). With exact zero instead, a label with no statistics (:math:`p_{\cdot|i}`
+#: uniform) would score :math:`\pm` its coefficient from the last bit of :math:`p_j`'s rounding, and the
+#: greedy of Algorithms 2/3 would rank such labels by rounding noise.
+TIE_TOLERANCE = 1e-12
+
+
+def ranking_scores(coefficient: Any, p_cond: Any, p: Any, times_p_cond: bool,
+                   tie_tolerance: float = TIE_TOLERANCE) -> Any:
+    """Eq. 10 (``times_p_cond=False``) or Eq. 12 (``True``) from their parts, shape [K, M]: the one
+    definition of the scores that Algorithms 2/3 rank (label, child) pairs by.
+
+    .. math::  s_{ij} = c_i \\,\\mathrm{sign}(p_{j|i} - p_j) \\;[\\times\\, p_{j|i}],
+               \\qquad c_i = \\tfrac{2}{M} q_i (1 - q_i),
+
+    with the tie rule :math:`\\mathrm{sign}(x) = 0` for :math:`|x| \\le` ``tie_tolerance``
+    (:data:`TIE_TOLERANCE`, the rule of Algorithms 2/3; :func:`node_objective_grad` passes 0, the
+    exact sign, so that it stays the first term of :func:`node_objective_full_grad`).
+
+    Args:
+        coefficient: [K] :math:`c_i` (computed by the caller, so that the labels of many nodes,
+            each with its own :math:`q`, can be scored at once).
+        p_cond: [K, M] :math:`p_{j|i}`.
+        p: [K, M] or [M] the marginal :math:`p_j` (Eq. 7) of the node of each label.
+
+    No validation (:func:`node_objective_grad` and :func:`hsm.assign.pair_scores` validate). NumPy
+    arrays give a NumPy array, torch tensors a tensor. The compiled greedy of :mod:`hsm.assign`
+    computes the same numbers one pair at a time (``tests/test_assign.py`` checks it against this).
+    """
+    torch = _torch_if_tensor(coefficient, p_cond, p)
+    gap = p_cond - p
+    if torch is not None:
+        sign = torch.where(gap.abs() <= tie_tolerance, torch.zeros_like(gap), torch.sign(gap))
+    else:
+        sign = np.where(np.abs(gap) <= tie_tolerance, 0.0, np.sign(gap))
+    scores = sign * coefficient[:, None]
+    return scores * p_cond if times_p_cond else scores
+
+
 def node_objective_grad(
     q: ArrayLike,
     p_cond: ArrayLike,
@@ -288,17 +329,20 @@ def node_objective_grad(
     reading "raising :math:`p_{j|i}` above :math:`p_j` increases :math:`J_n`" is right; what differs is
     the size, :math:`q_i|s_j - S_{ij}|` (which depends on j) against :math:`q_i(1-q_i)` (the same for every
     child), and hence the greedy ranking and its tie-breaking.
+
+    Computed by :func:`ranking_scores`, the definition Algorithms 2/3 use, with the exact sign
+    (tie tolerance 0): this function is the first term of the exact derivative
+    :func:`node_objective_full_grad`, whose signs are exact too. The assignment ranks with
+    :data:`TIE_TOLERANCE` instead (:func:`hsm.assign.pair_scores`); the two differ only where
+    :math:`0 < |p_{j|i} - p_j| \\le 10^{-12}`, i.e. where :math:`p_{j|i} = p_j` up to rounding.
     """
     if wrt not in ("p", "logp"):
         raise ValueError(f"wrt must be 'p' (Eq. 10) or 'logp' (Eq. 12), got {wrt!r}")
-    q, p_cond, torch = _check_distribution_inputs(q, p_cond, atol)
-    xp = torch if torch is not None else np
+    q, p_cond, _ = _check_distribution_inputs(q, p_cond, atol)
     num_children = p_cond.shape[1]
     p = q @ p_cond
-    score = (2.0 / num_children) * (q * (1.0 - q))[:, None] * xp.sign(p_cond - p[None, :])
-    if wrt == "logp":
-        score = score * p_cond
-    return score
+    coefficient = (2.0 / num_children) * (q * (1.0 - q))
+    return ranking_scores(coefficient, p_cond, p[None, :], times_p_cond=wrt == "logp", tie_tolerance=0.0)
 
 
 def node_objective_full_grad(q: ArrayLike, p_cond: ArrayLike, *, atol: float = DEFAULT_ATOL) -> Any:

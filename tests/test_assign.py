@@ -16,7 +16,7 @@ from hsm.assign import (
     greedy_assign_reference,
     pair_scores,
 )
-from hsm.objective import node_objective_grad
+from hsm.objective import TIE_TOLERANCE, node_objective_grad, ranking_scores
 from hsm.tree import Tree
 
 
@@ -53,6 +53,45 @@ def test_greedy_equals_plain_python_reference(instance, wrt):
 def test_scores_are_eq10_and_eq12(instance, wrt):
     p_cond, counts, _ = instance
     np.testing.assert_allclose(pair_scores(p_cond, counts, wrt), node_objective_grad(counts / counts.sum(), p_cond, wrt=wrt))
+
+
+@st.composite
+def tied_node_instances(draw, max_labels=12, max_arity=5):
+    """Nodes full of ties: uninformed labels (p_{.|i} uniform, whose gap to p_j is rounding noise),
+    repeated rows, zero counts, next to ordinary labels."""
+    k = draw(st.integers(1, max_labels))
+    m = draw(st.integers(2, max_arity))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    p_cond = rng.dirichlet(np.ones(m), size=k)
+    kind = rng.integers(0, 3, size=k)
+    p_cond[kind == 0] = 1.0 / m  # uninformed
+    p_cond[kind == 1] = p_cond[0]  # the same row as label 0
+    counts = rng.integers(0, 4, size=k).astype(float)
+    counts[rng.integers(k)] += 1
+    capacity = np.full(m, -(-k // m))
+    return p_cond, counts, capacity
+
+
+@settings(max_examples=100, deadline=None)
+@given(tied_node_instances(), st.sampled_from(["p", "logp"]))
+def test_compiled_scores_are_the_objective_definition(instance, wrt):
+    """The compiled greedy scores pairs with hsm.objective.ranking_scores, tie rule included
+    (bit for bit), and so visits them in the order of the plain reference."""
+    from hsm.assign import _node_terms, _pair_score
+
+    p_cond, counts, capacity = instance
+    k, m = p_cond.shape
+    node = np.zeros(k, dtype=np.int64)
+    coefficient, marginal = _node_terms(p_cond, counts, node, 1)
+    expected = ranking_scores(coefficient, p_cond, marginal[node], times_p_cond=wrt == "logp")
+    compiled = np.array([[_pair_score(p_cond, marginal, coefficient, wrt == "logp", i, 0, j) for j in range(m)]
+                         for i in range(k)])
+    np.testing.assert_array_equal(compiled, expected)
+    np.testing.assert_array_equal(pair_scores(p_cond, counts, wrt), expected)
+    uninformed = np.abs(p_cond - marginal[node]).max(axis=1) <= TIE_TOLERANCE
+    assert (expected[uninformed] == 0).all()
+    np.testing.assert_array_equal(assign_node(p_cond, counts, capacity, wrt),
+                                  greedy_assign_reference(p_cond, counts, capacity, wrt))
 
 
 def test_greedy_is_not_always_optimal_lemma1():

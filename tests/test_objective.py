@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 
 from hsm.objective import (
+    TIE_TOLERANCE,
     NodeEstimates,
     balance,
     continuous_estimates,
@@ -30,6 +31,7 @@ from hsm.objective import (
     node_objective_grad,
     purity,
     purity_bound_from_balance,
+    ranking_scores,
     theorem1_log10_nodes,
     thesis_corollary32_error_bound,
 )
@@ -431,6 +433,29 @@ def test_eq10_is_not_the_derivative():
     # Eq. 10 gives every child of a class the same magnitude; the true derivative separates them
     assert np.ptp(np.abs(eq10[heavy])) == pytest.approx(0.0, abs=TOL)
     assert np.ptp(np.abs(full[heavy])) > 0.01
+
+
+def test_eq10_one_definition_two_tie_rules():
+    """node_objective_grad and the assignment's pair_scores are both ranking_scores: the first
+    with the exact sign (it is the first term of the exact derivative), the second counting a gap
+    up to TIE_TOLERANCE as a tie. They differ only where p_{j|i} = p_j up to rounding: here every
+    label goes to child 0, so p_0 = sum_i q_i is 1 up to the last bit."""
+    from hsm.assign import pair_scores
+
+    rng = np.random.default_rng(0)
+    p_cond = np.tile(np.eye(3)[0], (5, 1))
+    for _ in range(1000):
+        q = rng.random(5)
+        q /= q.sum()
+        gap = p_cond - q @ p_cond
+        if np.any((gap != 0) & (np.abs(gap) <= TIE_TOLERANCE)):
+            break
+    coefficient = 2 / 3 * (q * (1 - q))
+    exact = node_objective_grad(q, p_cond)
+    np.testing.assert_array_equal(exact, ranking_scores(coefficient, p_cond, q @ p_cond, False, tie_tolerance=0.0))
+    np.testing.assert_array_equal(exact != 0, gap != 0)  # rounding noise decides the sign
+    assert (ranking_scores(coefficient, p_cond, q @ p_cond, False) == 0).all()
+    assert (pair_scores(p_cond, q, "p") == 0).all() and (pair_scores(p_cond, q, "logp") == 0).all()
 
 
 def test_grad_rejects_unknown_wrt():
