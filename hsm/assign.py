@@ -2,8 +2,11 @@
 
 At a node ``n`` the algorithms rank every (label ``i``, child ``j``) pair by the paper's score
 
-* eq. 10 (``wrt="p"``):    (2/M) q_i (1 - q_i) sign(p_{j|i} - p_j)
-* eq. 12 (``wrt="logp"``): (2/M) q_i (1 - q_i) sign(p_{j|i} - p_j) p_{j|i}   (the language-model variant)
+* eq. 10 (``score="eq10"``): (2/M) q_i (1 - q_i) sign(p_{j|i} - p_j)
+* eq. 12 (``score="eq12"``): (2/M) q_i (1 - q_i) sign(p_{j|i} - p_j) p_{j|i}   (the language-model variant)
+
+(:func:`hsm.objective.ranking_scores`, with its tie rule; the old keyword ``wrt="p"`` / ``"logp"``
+still works, with a DeprecationWarning)
 
 and walk the pairs in decreasing score, giving label ``i`` to child ``j`` when ``i`` is still
 unassigned and ``j`` may still take labels. What "may take" means is the only difference:
@@ -15,7 +18,7 @@ unassigned and ``j`` may still take labels. What "may take" means is the only di
   reproduces the failure).
 * **Algorithm 2** (well-formed trees, ICML): every child must end with a label count
   ``= 1 (mod M-1)``, none empty, so the tree stays a full M-ary tree. The printed CheckFull
-  deadlocks for M = 2 and M >= 4 (inventory §3.3; ``rule="printed"`` reproduces it). The rule we
+  deadlocks for M = 2 and M >= 4 (the book's Algorithms chapter; ``rule="printed"`` reproduces it). The rule we
   use is the released code's: a child that is *closed* (count ``= 1 mod (M-1)``) is eligible only
   while the slack (labels left minus labels still needed to close every child) is at least
   ``M - 1``, since one more label there opens a block of ``M - 1``.
@@ -34,7 +37,7 @@ from typing import Any, Literal, Protocol
 import numba
 import numpy as np
 
-from .objective import TIE_TOLERANCE, ranking_scores
+from .objective import TIE_TOLERANCE, RankingScore, _score_name, ranking_scores
 from .tree import Tree
 
 __all__ = [
@@ -52,7 +55,7 @@ __all__ = [
     "pair_scores",
 ]
 
-Wrt = Literal["p", "logp"]
+Wrt = Literal["p", "logp"]  #: the deprecated names of the scores (``wrt="p"`` is eq. 10, ``"logp"`` eq. 12)
 
 
 class AssignmentError(ValueError):
@@ -64,11 +67,6 @@ class AssignmentDeadlock(AssignmentError):
 
 
 # ---------------------------------------------------------------------------- scores
-def _check_wrt(wrt: str) -> None:
-    if wrt not in ("p", "logp"):
-        raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}")
-
-
 @numba.njit(cache=True)
 def _node_terms_kernel(p_cond, weights, group, num_groups):  # pragma: no cover - compiled
     n, m = p_cond.shape
@@ -93,11 +91,12 @@ def _node_terms(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_
                               np.ascontiguousarray(group, dtype=np.int64), num_groups)
 
 
-def _segment_scores(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_groups: int, wrt: Wrt) -> np.ndarray:
+def _segment_scores(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_groups: int,
+                    score: RankingScore) -> np.ndarray:
     """Eq. 10 / 12 scores [n, M] for labels of several nodes at once (:func:`hsm.objective.ranking_scores`,
     materialised; the greedy computes the same numbers on the fly, :func:`_pair_score`)."""
     coef, marginal = _node_terms(p_cond, weights, group, num_groups)
-    return ranking_scores(coef, p_cond, marginal[group], times_p_cond=wrt == "logp")
+    return ranking_scores(coef, p_cond, marginal[group], times_p_cond=score == "eq12")
 
 
 def _validate_node_inputs(p_cond: Any, counts: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -116,12 +115,13 @@ def _validate_node_inputs(p_cond: Any, counts: Any) -> tuple[np.ndarray, np.ndar
     return p_cond, counts
 
 
-def pair_scores(p_cond: Any, counts: Any, wrt: Wrt = "logp") -> np.ndarray:
-    """The [K, M] scores of eq. 10 (``wrt="p"``) or eq. 12 (``wrt="logp"``) at one node, with
-    ``q = counts / counts.sum()`` (the Counts statistics of Algorithm 1) and p_j from eq. 7."""
-    _check_wrt(wrt)
+def pair_scores(p_cond: Any, counts: Any, score: RankingScore | None = None, *, wrt: Wrt | None = None) -> np.ndarray:
+    """The [K, M] scores of eq. 10 (``score="eq10"``) or eq. 12 (``score="eq12"``, the default) at
+    one node, with ``q = counts / counts.sum()`` (the Counts statistics of Algorithm 1) and p_j from
+    eq. 7. ``wrt`` is the deprecated name of ``score`` (``"p"``: eq. 10, ``"logp"``: eq. 12)."""
+    score = _score_name(score, wrt, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
-    return _segment_scores(p_cond, counts, np.zeros(len(counts), dtype=np.int64), 1, wrt)
+    return _segment_scores(p_cond, counts, np.zeros(len(counts), dtype=np.int64), 1, score)
 
 
 # ---------------------------------------------------------------------------- the greedy kernel
@@ -272,7 +272,7 @@ def _run_greedy(
     group: np.ndarray,
     capacity: np.ndarray,
     well_formed: bool,
-    wrt: Wrt,
+    score: RankingScore,
 ) -> np.ndarray:
     """The greedy over all labels of several nodes (``group[i]`` = node of label i)."""
     if not np.isfinite(p_cond).all():
@@ -282,7 +282,7 @@ def _run_greedy(
     p_cond = np.ascontiguousarray(p_cond, dtype=np.float64)
     coef, marginal = _node_terms(p_cond, weights, group, num_groups)
     result, stuck = _greedy_kernel(p_cond, marginal, coef, group, _rank_in_group(group),
-                                   capacity.astype(np.int64).copy(), well_formed, wrt == "logp")
+                                   capacity.astype(np.int64).copy(), well_formed, score == "eq12")
     if stuck >= 0:
         raise AssignmentDeadlock(
             f"label {stuck} could not be placed: every child of its node is full"
@@ -303,36 +303,40 @@ def _capacity_row(capacity: Any, arity: int) -> np.ndarray:
     return cap.astype(np.int64)
 
 
-def assign_node(p_cond: Any, counts: Any, capacity: Any, wrt: Wrt = "logp") -> np.ndarray:
+def assign_node(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | None = None, *,
+                wrt: Wrt | None = None) -> np.ndarray:
     """Greedy assignment of the labels at one node under per-child capacities (ICML Algorithm 3,
     lines "argmax over (i, j) with j not full ... if |assigned_j| = M^{D-d}: full").
 
     Parameters
     ----------
     p_cond: [K, M] p_{j|i} at the node. counts: [K] examples per label (q = counts / sum).
-    capacity: an int (every child) or [M] ints. wrt: "logp" ranks by eq. 12, "p" by eq. 10.
+    capacity: an int (every child) or [M] ints. score: "eq12" (default) ranks by eq. 12, "eq10" by
+    eq. 10 (``wrt="logp"`` / ``"p"``: the deprecated names).
 
     Returns the child index of every label, shape [K].
     """
-    _check_wrt(wrt)
+    score = _score_name(score, wrt, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     cap = _capacity_row(capacity, p_cond.shape[1])
     if cap.sum() < len(counts):
         raise AssignmentError(f"{len(counts)} labels do not fit in total capacity {cap.sum()}")
-    return _run_greedy(p_cond, counts, np.zeros(len(counts), dtype=np.int64), cap[None, :], False, wrt)
+    return _run_greedy(p_cond, counts, np.zeros(len(counts), dtype=np.int64), cap[None, :], False, score)
 
 
 def assign_node_well_formed(
-    p_cond: Any, counts: Any, wrt: Wrt = "logp", rule: Literal["corrected", "printed"] = "corrected"
+    p_cond: Any, counts: Any, score: RankingScore | None = None, rule: Literal["corrected", "printed"] = "corrected",
+    *, wrt: Wrt | None = None,
 ) -> np.ndarray:
     """Greedy assignment at one node of a well-formed M-ary tree (ICML Algorithm 2): every child
     ends with ``= 1 (mod M-1)`` labels and none is empty. Needs ``K = 1 (mod M-1)``, K >= M.
 
     ``rule="corrected"`` is the released code's eligibility rule (module docstring);
     ``rule="printed"`` runs the CheckFull procedure exactly as printed in the paper, which raises
-    :class:`AssignmentDeadlock` for M = 2 and M >= 4 as soon as K > M (inventory §3.3).
+    :class:`AssignmentDeadlock` for M = 2 and M >= 4 as soon as K > M (the book's Algorithms chapter,
+    "Algorithm 2: well-formed trees, and a CheckFull that deadlocks").
     """
-    _check_wrt(wrt)
+    score = _score_name(score, wrt, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     num_labels, arity = p_cond.shape
     if num_labels < arity or (num_labels - 1) % (arity - 1) != 0:
@@ -341,11 +345,11 @@ def assign_node_well_formed(
             "pad with zero-count dummy labels"
         )
     if rule == "printed":
-        return _check_full_printed(_segment_scores(p_cond, counts, np.zeros(num_labels, dtype=np.int64), 1, wrt))
+        return _check_full_printed(_segment_scores(p_cond, counts, np.zeros(num_labels, dtype=np.int64), 1, score))
     if rule != "corrected":
         raise ValueError(f"rule must be 'corrected' or 'printed', got {rule!r}")
     zeros = np.zeros(num_labels, dtype=np.int64)
-    return _run_greedy(p_cond, counts, zeros, np.zeros((1, arity), dtype=np.int64), True, wrt)
+    return _run_greedy(p_cond, counts, zeros, np.zeros((1, arity), dtype=np.int64), True, score)
 
 
 def _sorted_pairs(scores: np.ndarray) -> list[tuple[int, int]]:
@@ -359,7 +363,8 @@ def _sorted_pairs(scores: np.ndarray) -> list[tuple[int, int]]:
 
 
 def _check_full_printed(scores: np.ndarray) -> np.ndarray:
-    """ICML Algorithm 2 with CheckFull transcribed literally (non-nested reading, inventory §3.3)."""
+    """ICML Algorithm 2 with CheckFull transcribed literally (the procedure read as not nested in the
+    loop, as printed)."""
     num_labels, arity = scores.shape
     assigned = np.full(num_labels, -1)
     sizes = [0] * arity
@@ -387,13 +392,15 @@ def _check_full_printed(scores: np.ndarray) -> np.ndarray:
 
 
 def greedy_assign_reference(
-    p_cond: Any, counts: Any, capacity: Any, wrt: Wrt = "logp", return_order: bool = False
+    p_cond: Any, counts: Any, capacity: Any, score: RankingScore | None = None, return_order: bool = False,
+    *, wrt: Wrt | None = None,
 ) -> Any:
     """Plain-Python transcription of the capacity greedy (the test oracle for :func:`assign_node`):
     sort all pairs, scan them once. With ``return_order`` also returns the accepted pairs in order."""
+    score = _score_name(score, wrt, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     cap = list(_capacity_row(capacity, p_cond.shape[1]))
-    scores = pair_scores(p_cond, counts, wrt)
+    scores = pair_scores(p_cond, counts, score)
     assigned = np.full(len(counts), -1)
     accepted = []
     for i, j in _sorted_pairs(scores):
@@ -406,22 +413,25 @@ def greedy_assign_reference(
     return (assigned, accepted) if return_order else assigned
 
 
-def assignment_score(p_cond: Any, counts: Any, assignment: Any, wrt: Wrt = "logp") -> float:
+def assignment_score(p_cond: Any, counts: Any, assignment: Any, score: RankingScore | None = None, *,
+                     wrt: Wrt | None = None) -> float:
     """The first-order gain the greedy maximises: sum_i score[i, assignment[i]] (eqs. 13 / 14)."""
-    scores = pair_scores(p_cond, counts, wrt)
+    scores = pair_scores(p_cond, counts, _score_name(score, wrt, default="eq12"))
     assignment = np.asarray(assignment, dtype=np.int64)
     return float(scores[np.arange(len(assignment)), assignment].sum())
 
 
-def brute_force_assign(p_cond: Any, counts: Any, capacity: Any, wrt: Wrt = "logp") -> tuple[np.ndarray, float]:
+def brute_force_assign(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | None = None, *,
+                       wrt: Wrt | None = None) -> tuple[np.ndarray, float]:
     """The best assignment under the capacities by enumeration (M**K candidates; small K only).
     Lemma 1 claims the greedy attains this; it does not always (see the book's Lemmas chapter)."""
+    score = _score_name(score, wrt, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     num_labels, arity = p_cond.shape
     if arity**num_labels > 2_000_000:
         raise ValueError(f"M**K = {arity}**{num_labels} candidates is too many to enumerate")
     cap = _capacity_row(capacity, arity)
-    scores = pair_scores(p_cond, counts, wrt)
+    scores = pair_scores(p_cond, counts, score)
     best, best_value = None, -np.inf
     for candidate in itertools.product(range(arity), repeat=num_labels):
         if (np.bincount(candidate, minlength=arity) > cap).any():
@@ -472,8 +482,10 @@ def _moved_fraction(old: Tree, new: Tree) -> float:
 def assign_labels_depth_constrained(
     tree: Tree,
     statistics: StatisticsSource,
-    wrt: Wrt = "logp",
+    score: RankingScore | None = None,
     capacity_rule: Literal["icml", "arxiv_printed"] = "icml",
+    *,
+    wrt: Wrt | None = None,
 ) -> Reassignment:
     """ICML supplement Algorithm 3 (arXiv Algorithm 2): re-assign every label top-down in a
     fixed-depth tree. A child of a node at depth d (root d = 1) takes at most ``M**(D-d)`` labels.
@@ -482,8 +494,9 @@ def assign_labels_depth_constrained(
     ids are the heap positions, so they never move: the node parameters stay in place.
     ``capacity_rule="arxiv_printed"`` uses the arXiv pseudocode's ``M**(D-d+1)`` and raises
     :class:`AssignmentError` when, as it can, a subtree receives more labels than it has leaves.
+    ``score``: "eq12" (default) or "eq10" (``wrt``: its deprecated name, "logp" / "p").
     """
-    _check_wrt(wrt)
+    score = _score_name(score, wrt, default="eq12")
     if tree.depth_limit is None:
         raise ValueError("Algorithm 3 needs a fixed-depth tree (Tree.random / balanced / complete)")
     arity, depth, num_labels = tree.arity, tree.depth_limit, tree.num_labels
@@ -496,7 +509,7 @@ def assign_labels_depth_constrained(
         uniq, group = np.unique(node, return_inverse=True)
         p_cond = np.asarray(statistics.p_cond(level, labels, node), dtype=np.float64)
         capacity = np.full((len(uniq), arity), arity**exponent, dtype=np.int64)
-        child = _run_greedy(p_cond, weights, group, capacity, False, wrt)
+        child = _run_greedy(p_cond, weights, group, capacity, False, score)
         node = node * arity + child + 1
         position = position * arity + child
         leaves_below = arity ** (depth - 1 - level)
@@ -511,7 +524,8 @@ def assign_labels_depth_constrained(
     return Reassignment(new_tree, np.zeros(0, np.int64), _moved_fraction(tree, new_tree))
 
 
-def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, wrt: Wrt = "logp") -> Reassignment:
+def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, score: RankingScore | None = None, *,
+                              wrt: Wrt | None = None) -> Reassignment:
     """ICML Algorithm 2: re-assign every label (and dummy leaf) top-down so that the tree stays a
     full M-ary tree; the number of internal nodes, (K' - 1) / (M - 1), never changes.
 
@@ -519,9 +533,9 @@ def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, wrt: Wrt
     a node that kept its id gets the id that sat there before, if that was an internal node; the
     other new nodes take the ids left over, and are reported in ``moved_nodes`` (their parameters
     were trained for another place in the tree: :meth:`HierarchicalSoftmax.set_tree` can reset
-    them).
+    them). ``score``: "eq12" (default) or "eq10" (``wrt``: its deprecated name, "logp" / "p").
     """
-    _check_wrt(wrt)
+    score = _score_name(score, wrt, default="eq12")
     arity = tree.arity
     num_leaves = tree.num_leaves
     if (num_leaves - 1) % (arity - 1) != 0 or not tree.is_well_formed():
@@ -552,7 +566,7 @@ def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, wrt: Wrt
         uniq, group = np.unique(active_prov, return_inverse=True)
         nodes_for_stats = prov_final[uniq][group]  # -1 (not yet known) means: no statistics, use the prior
         p_cond = np.asarray(statistics.p_cond(level, active, nodes_for_stats), dtype=np.float64)
-        child = _run_greedy(p_cond, weights[active], group, np.zeros((len(uniq), arity), dtype=np.int64), True, wrt)
+        child = _run_greedy(p_cond, weights[active], group, np.zeros((len(uniq), arity), dtype=np.int64), True, score)
 
         key = group * arity + child
         sizes = np.bincount(key, minlength=len(uniq) * arity)

@@ -46,12 +46,14 @@ from __future__ import annotations
 import math
 import numbers
 import sys
+import warnings
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
 
 __all__ = [
     "DEFAULT_ATOL",
+    "RankingScore",
     "TIE_TOLERANCE",
     "NodeEstimates",
     "balance",
@@ -271,6 +273,36 @@ def node_objective(q: ArrayLike, p_cond: ArrayLike, *, atol: float = DEFAULT_ATO
 TIE_TOLERANCE = 1e-12
 
 
+#: Which of the paper's ranking scores: ``"eq10"`` (ICML Eq. 10, "derivative with respect to
+#: :math:`p_{j|i}`") or ``"eq12"`` (Eq. 12, with respect to :math:`\log p_{j|i}`: Eq. 10 times :math:`p_{j|i}`).
+RankingScore = Literal["eq10", "eq12"]
+
+#: the names these scores had before (the keyword was ``wrt``: with respect to p or to log p)
+_OLD_SCORE_NAMES = {"p": "eq10", "logp": "eq12"}
+
+
+def _score_name(score: str | None, wrt: str | None, default: RankingScore) -> RankingScore:
+    """The :data:`RankingScore` a public function was asked for: ``score``, or the deprecated ``wrt``
+    keyword (``"p"`` / ``"logp"``, also accepted as ``score`` values) with a DeprecationWarning that
+    points at the caller's call; ValueError naming the choices for anything else."""
+    if wrt is not None:
+        if score is not None:
+            raise TypeError("give score= ('eq10' or 'eq12'), not also the deprecated wrt=")
+        if wrt not in _OLD_SCORE_NAMES:
+            raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}; wrt= is deprecated: "
+                             "use score='eq10' or score='eq12'")
+        score, old = _OLD_SCORE_NAMES[wrt], f"wrt={wrt!r}"
+    elif score in _OLD_SCORE_NAMES:
+        score, old = _OLD_SCORE_NAMES[score], f"{score!r}"
+    elif score is None or score in ("eq10", "eq12"):
+        return default if score is None else score  # type: ignore[return-value]
+    else:
+        raise ValueError(f"score must be 'eq10' (ICML eq. 10) or 'eq12' (eq. 12), got {score!r}")
+    warnings.warn(f"{old} is deprecated: use score={score!r} (the paper's equation number)", DeprecationWarning,
+                  stacklevel=3)
+    return score  # type: ignore[return-value]
+
+
 def ranking_scores(coefficient: Any, p_cond: Any, p: Any, times_p_cond: bool,
                    tie_tolerance: float = TIE_TOLERANCE) -> Any:
     """Eq. 10 (``times_p_cond=False``) or Eq. 12 (``True``) from their parts, shape [K, M]: the one
@@ -306,11 +338,14 @@ def ranking_scores(coefficient: Any, p_cond: Any, p: Any, times_p_cond: bool,
 def node_objective_grad(
     q: ArrayLike,
     p_cond: ArrayLike,
-    wrt: Literal["p", "logp"] = "p",
+    score: RankingScore | None = None,
     *,
     atol: float = DEFAULT_ATOL,
+    wrt: Literal["p", "logp"] | None = None,
 ) -> Any:
-    """The paper's gradient *scores*: Eq. 10 (``wrt="p"``) or Eq. 12 (``wrt="logp"``), shape [K, M].
+    """The paper's gradient *scores*: Eq. 10 (``score="eq10"``, the default) or Eq. 12
+    (``score="eq12"``), shape [K, M]. ``wrt="p"`` / ``wrt="logp"`` (the old names) still work, with a
+    DeprecationWarning.
 
     * Eq. 10: :math:`\\frac{2}{M} q_i (1 - q_i)\\, \\mathrm{sign}(p_{j|i} - p_j)`.
     * Eq. 12: the same times :math:`p_{j|i}` ("derivative with respect to :math:`\\log p_{j|i}`").
@@ -336,13 +371,12 @@ def node_objective_grad(
     :data:`TIE_TOLERANCE` instead (:func:`hsm.assign.pair_scores`); the two differ only where
     :math:`0 < |p_{j|i} - p_j| \\le 10^{-12}`, i.e. where :math:`p_{j|i} = p_j` up to rounding.
     """
-    if wrt not in ("p", "logp"):
-        raise ValueError(f"wrt must be 'p' (Eq. 10) or 'logp' (Eq. 12), got {wrt!r}")
+    score = _score_name(score, wrt, default="eq10")
     q, p_cond, _ = _check_distribution_inputs(q, p_cond, atol)
     num_children = p_cond.shape[1]
     p = q @ p_cond
     coefficient = (2.0 / num_children) * (q * (1.0 - q))
-    return ranking_scores(coefficient, p_cond, p[None, :], times_p_cond=wrt == "logp", tie_tolerance=0.0)
+    return ranking_scores(coefficient, p_cond, p[None, :], times_p_cond=score == "eq12", tie_tolerance=0.0)
 
 
 def node_objective_full_grad(q: ArrayLike, p_cond: ArrayLike, *, atol: float = DEFAULT_ATOL) -> Any:
@@ -586,7 +620,7 @@ def continuous_estimates(
     example b (rows must be distributions); ``labels[b]`` is its class. Then ``p_cond[i]`` is the mean
     of ``probs`` over the class-i examples, ``p`` the mean over the whole batch and ``q`` the class
     fractions. The expectations are taken over the examples that reach the node (the batch passed
-    here), which is what the algorithm accumulates (inventory §2.1, the [AMBIG] note on Eqs. 8-9).
+    here), which is what Algorithm 1 accumulates (Eqs. 8-9 leave the population open; thesis Eq. 3.12).
     Classes absent from the batch get ``q[i] = 0`` and a uniform row (see :class:`NodeEstimates`).
 
     With a tensor ``probs`` the results keep its dtype/device and stay differentiable (with tensor
@@ -699,7 +733,7 @@ def theorem1_log10_nodes(gamma: float, M: int, K: float, kappa: float) -> float:
     :math:`M(1-2\\gamma)+2\\gamma \\le 0` (i.e. :math:`\\gamma \\ge M/(2(M-1))`), or
     :math:`\\kappa \\notin (0, 1]`.
 
-    Issue with the assumption (inventory §4, Theorem 1): the WHA is stated with
+    The assumption as printed (ICML Theorem 1; the book's Errata and Boosting theorem chapters): the WHA is stated with
     :math:`\\gamma \\in [\\frac M2\\min_j p_j, 1 - \\frac M2\\min_j p_j]`, which gives an *upper* bound
     :math:`\\min_j p_j \\le 2\\gamma/M`, whereas the proof uses :math:`p_j \\ge 2\\gamma/M` (hence
     :math:`\\max_j p_j \\le (M(1-2\\gamma)+2\\gamma)/M`). Read as intended ("every :math:`p_j \\ge

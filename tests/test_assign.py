@@ -35,11 +35,11 @@ def node_instances(draw, max_labels=10, max_arity=5):
 
 
 @settings(max_examples=150, deadline=None)
-@given(node_instances(), st.sampled_from(["p", "logp"]))
-def test_greedy_equals_plain_python_reference(instance, wrt):
+@given(node_instances(), st.sampled_from(["eq10", "eq12"]))
+def test_greedy_equals_plain_python_reference(instance, score):
     p_cond, counts, capacity = instance
-    fast = assign_node(p_cond, counts, capacity, wrt)
-    slow, accepted = greedy_assign_reference(p_cond, counts, capacity, wrt, return_order=True)
+    fast = assign_node(p_cond, counts, capacity, score)
+    slow, accepted = greedy_assign_reference(p_cond, counts, capacity, score, return_order=True)
     np.testing.assert_array_equal(fast, slow)
     # every label once, capacities respected, pairs accepted in non-increasing score order
     assert (fast >= 0).all()
@@ -49,10 +49,10 @@ def test_greedy_equals_plain_python_reference(instance, wrt):
 
 
 @settings(max_examples=60, deadline=None)
-@given(node_instances(), st.sampled_from(["p", "logp"]))
-def test_scores_are_eq10_and_eq12(instance, wrt):
+@given(node_instances(), st.sampled_from(["eq10", "eq12"]))
+def test_scores_are_eq10_and_eq12(instance, score):
     p_cond, counts, _ = instance
-    np.testing.assert_allclose(pair_scores(p_cond, counts, wrt), node_objective_grad(counts / counts.sum(), p_cond, wrt=wrt))
+    np.testing.assert_allclose(pair_scores(p_cond, counts, score), node_objective_grad(counts / counts.sum(), p_cond, score=score))
 
 
 @st.composite
@@ -73,8 +73,8 @@ def tied_node_instances(draw, max_labels=12, max_arity=5):
 
 
 @settings(max_examples=100, deadline=None)
-@given(tied_node_instances(), st.sampled_from(["p", "logp"]))
-def test_compiled_scores_are_the_objective_definition(instance, wrt):
+@given(tied_node_instances(), st.sampled_from(["eq10", "eq12"]))
+def test_compiled_scores_are_the_objective_definition(instance, score):
     """The compiled greedy scores pairs with hsm.objective.ranking_scores, tie rule included
     (bit for bit), and so visits them in the order of the plain reference."""
     from hsm.assign import _node_terms, _pair_score
@@ -83,25 +83,45 @@ def test_compiled_scores_are_the_objective_definition(instance, wrt):
     k, m = p_cond.shape
     node = np.zeros(k, dtype=np.int64)
     coefficient, marginal = _node_terms(p_cond, counts, node, 1)
-    expected = ranking_scores(coefficient, p_cond, marginal[node], times_p_cond=wrt == "logp")
-    compiled = np.array([[_pair_score(p_cond, marginal, coefficient, wrt == "logp", i, 0, j) for j in range(m)]
+    expected = ranking_scores(coefficient, p_cond, marginal[node], times_p_cond=score == "eq12")
+    compiled = np.array([[_pair_score(p_cond, marginal, coefficient, score == "eq12", i, 0, j) for j in range(m)]
                          for i in range(k)])
     np.testing.assert_array_equal(compiled, expected)
-    np.testing.assert_array_equal(pair_scores(p_cond, counts, wrt), expected)
+    np.testing.assert_array_equal(pair_scores(p_cond, counts, score), expected)
     uninformed = np.abs(p_cond - marginal[node]).max(axis=1) <= TIE_TOLERANCE
     assert (expected[uninformed] == 0).all()
-    np.testing.assert_array_equal(assign_node(p_cond, counts, capacity, wrt),
-                                  greedy_assign_reference(p_cond, counts, capacity, wrt))
+    np.testing.assert_array_equal(assign_node(p_cond, counts, capacity, score),
+                                  greedy_assign_reference(p_cond, counts, capacity, score))
+
+
+def test_old_score_names_still_work_with_a_deprecation_warning():
+    """wrt="p" / "logp" (keyword, or the old values in score's place) is eq. 10 / eq. 12."""
+    rng = np.random.default_rng(0)
+    p_cond, counts = rng.dirichlet(np.ones(3), size=7), np.arange(1.0, 8.0)
+    tree = Tree.random(30, 3, 4, seed=0)
+    stats = HashedStatistics(30, 3, 30, 0)
+    for old, new in (("p", "eq10"), ("logp", "eq12")):
+        with pytest.warns(DeprecationWarning, match=f"score='{new}'"):
+            by_keyword = assign_node(p_cond, counts, 3, wrt=old)
+        with pytest.warns(DeprecationWarning, match=f"score='{new}'"):
+            by_value = pair_scores(p_cond, counts, old)
+        with pytest.warns(DeprecationWarning):
+            tree_level = assign_labels_depth_constrained(tree, stats, wrt=old).tree
+        np.testing.assert_array_equal(by_keyword, assign_node(p_cond, counts, 3, score=new))
+        np.testing.assert_array_equal(by_value, pair_scores(p_cond, counts, new))
+        assert tree_level == assign_labels_depth_constrained(tree, stats, new).tree
+    with pytest.raises(ValueError, match="score must be 'eq10'"):
+        pair_scores(p_cond, counts, "logq")
 
 
 def test_greedy_is_not_always_optimal_lemma1():
-    """Lemma 1 claims the greedy finds the best assignment; the inventory's eq. 12 instance
-    (capacity 2, M = 3) shows it does not."""
+    """Lemma 1 claims the greedy finds the best assignment; an eq. 12 instance (capacity 2, M = 3,
+    the book's Errata chapter) shows it does not."""
     q = np.array([0.094, 0.619, 0.187, 0.101])
     p_cond = np.array([[0.257, 0.681, 0.062], [0.093, 0.068, 0.839], [0.086, 0.287, 0.626], [0.041, 0.592, 0.368]])
-    greedy = assign_node(p_cond, q, 2, "logp")
-    best, best_value = brute_force_assign(p_cond, q, 2, "logp")
-    greedy_value = assignment_score(p_cond, q, greedy, "logp")
+    greedy = assign_node(p_cond, q, 2, "eq12")
+    best, best_value = brute_force_assign(p_cond, q, 2, "eq12")
+    greedy_value = assignment_score(p_cond, q, greedy, "eq12")
     assert greedy_value == pytest.approx(0.1974, abs=5e-4)
     assert best_value == pytest.approx(0.2113, abs=5e-4)
     assert greedy_value < best_value - 0.01
@@ -113,7 +133,7 @@ def test_arxiv_gradient_ascent_claim_holds_when_capacity_is_half(instance):
     """arXiv Lemma 1, second part: with capacity L >= K/2 per child, the greedy's eq. 10 gain is >= 0."""
     p_cond, counts, _ = instance
     capacity = int(np.ceil(len(counts) / 2))
-    assert assignment_score(p_cond, counts, assign_node(p_cond, counts, capacity, "p"), "p") >= -1e-12
+    assert assignment_score(p_cond, counts, assign_node(p_cond, counts, capacity, "eq10"), "eq10") >= -1e-12
 
 
 @pytest.mark.parametrize("arity", [2, 3, 4, 5, 20, 65])
@@ -125,8 +145,8 @@ def test_well_formed_rule_never_deadlocks(arity):
         p_cond = rng.dirichlet(np.full(arity, concentration), size=k)
         counts = rng.integers(0, 50, size=k).astype(float)
         counts[0] += 1
-        for wrt in ("p", "logp"):
-            children = assign_node_well_formed(p_cond, counts, wrt)
+        for score in ("eq10", "eq12"):
+            children = assign_node_well_formed(p_cond, counts, score)
             sizes = np.bincount(children, minlength=arity)
             assert (sizes >= 1).all() and ((sizes - 1) % (arity - 1) == 0).all(), sizes
 
@@ -183,7 +203,7 @@ class HashedStatistics:
         return out
 
 
-def _reference_depth_constrained(tree, stats, wrt):
+def _reference_depth_constrained(tree, stats, score):
     """Algorithm 3 node by node with the plain-Python greedy."""
     m, depth = tree.arity, tree.depth_limit
     positions = np.zeros(tree.num_labels, dtype=np.int64)
@@ -193,7 +213,7 @@ def _reference_depth_constrained(tree, stats, wrt):
             positions[labels] = position
             return
         p_cond = stats.p_cond(level, labels, np.full(len(labels), node))
-        children = greedy_assign_reference(p_cond, stats.label_weights()[labels], m ** (depth - 1 - level), wrt)
+        children = greedy_assign_reference(p_cond, stats.label_weights()[labels], m ** (depth - 1 - level), score)
         for j in range(m):
             if (children == j).any():
                 recurse(labels[children == j], node * m + j + 1, level + 1, position * m + j)
@@ -203,16 +223,16 @@ def _reference_depth_constrained(tree, stats, wrt):
 
 
 @settings(max_examples=25, deadline=None)
-@given(k=st.integers(2, 40), m=st.integers(2, 4), seed=st.integers(0, 1000), wrt=st.sampled_from(["p", "logp"]))
-def test_algorithm3_tree_level_equals_node_by_node(k, m, seed, wrt):
+@given(k=st.integers(2, 40), m=st.integers(2, 4), seed=st.integers(0, 1000), score=st.sampled_from(["eq10", "eq12"]))
+def test_algorithm3_tree_level_equals_node_by_node(k, m, seed, score):
     depth = int(np.ceil(np.log(k) / np.log(m) - 1e-9)) + (seed % 2)
     depth = max(depth, 1)
     while m**depth < k:
         depth += 1
     tree = Tree.random(k, m, depth, seed=seed)
     stats = HashedStatistics(k, m, k, seed)
-    result = assign_labels_depth_constrained(tree, stats, wrt)
-    np.testing.assert_array_equal(result.tree.leaf_positions(), _reference_depth_constrained(tree, stats, wrt))
+    result = assign_labels_depth_constrained(tree, stats, score)
+    np.testing.assert_array_equal(result.tree.leaf_positions(), _reference_depth_constrained(tree, stats, score))
     # capacity: a depth-d subtree never holds more labels than its M^(D-d) leaves (by construction of a valid tree)
     assert result.tree.depth_limit == depth and (result.tree.depths == depth).all()
 
@@ -234,7 +254,7 @@ def _nested_partition(tree, node=0):
     return parts
 
 
-def _reference_well_formed(tree, stats, wrt):
+def _reference_well_formed(tree, stats, score):
     """Algorithm 2 node by node with the node-level function (statistics independent of the node)."""
     def recurse(labels, level):
         if len(labels) == 1:
@@ -243,22 +263,22 @@ def _reference_well_formed(tree, stats, wrt):
         weights = stats.label_weights()[labels]
         if weights.sum() == 0:
             weights = weights + 1e-300  # all-dummy node: scores are all zero either way
-        children = assign_node_well_formed(p_cond, weights, wrt)
+        children = assign_node_well_formed(p_cond, weights, score)
         return [recurse(labels[children == j], level + 1) for j in range(tree.arity)]
 
     return recurse(np.arange(tree.num_leaves), 0)
 
 
 @settings(max_examples=25, deadline=None)
-@given(k=st.integers(2, 60), m=st.integers(2, 5), seed=st.integers(0, 1000), wrt=st.sampled_from(["p", "logp"]))
-def test_algorithm2_tree_level_equals_node_by_node(k, m, seed, wrt):
+@given(k=st.integers(2, 60), m=st.integers(2, 5), seed=st.integers(0, 1000), score=st.sampled_from(["eq10", "eq12"]))
+def test_algorithm2_tree_level_equals_node_by_node(k, m, seed, score):
     counts = np.random.default_rng(seed).integers(1, 50, size=k)
     tree = Tree.huffman(counts, m)
     stats = HashedStatistics(tree.num_leaves, m, k, seed, node_dependent=False)
-    result = assign_labels_well_formed(tree, stats, wrt)
+    result = assign_labels_well_formed(tree, stats, score)
     new = result.tree
     assert new.is_well_formed() and new.num_nodes == tree.num_nodes and new.num_leaves == tree.num_leaves
-    assert _nested_partition(new) == _reference_well_formed(tree, stats, wrt)
+    assert _nested_partition(new) == _reference_well_formed(tree, stats, score)
     assert 0.0 <= result.moved_labels <= 1.0
 
 

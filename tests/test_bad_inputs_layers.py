@@ -1,4 +1,4 @@
-"""Issue 14 (reliability), the layer, tree, learner and optimisers: bad input gets a named error,
+"""Reliability of the layer, tree, learner and optimisers: bad input gets a named error,
 odd input (an empty batch) a defined result, and a checkpoint round-trips the learned tree.
 
 Every layer check runs on the compiled CPU path (float32, ``use_kernels=True``) and on the

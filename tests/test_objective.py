@@ -123,7 +123,7 @@ def generic_splits(draw):
 
 
 def test_max_objective_values():
-    # inventory §4: M=2: 1.0, M=3: 0.888889, M=5: 0.64, M=20: 0.19, M=65: 0.060592
+    # Lemma 2's J* = (4/M)(1 - 1/M): M=2: 1.0, M=3: 0.888889, M=5: 0.64, M=20: 0.19, M=65: 0.060592
     assert max_objective(2) == 1.0
     assert max_objective(3) == pytest.approx(8 / 9)
     assert max_objective(5) == pytest.approx(0.64)
@@ -330,8 +330,9 @@ def test_lemma5_repaired_bound_is_tight_for_even_m(M):
 
 
 def test_lemma5_printed_bound_fails_often_for_m3():
-    # The violation rate depends on how balanced splits are sampled (inventory §4 reports ~26% for M = 3;
-    # this Dirichlet(0.5) sampling gives ~60%); we only require that violations are common.
+    # The violation rate depends on how balanced splits are sampled (another sampler of random balanced
+    # splits gave ~26% for M = 3; this Dirichlet(0.5) sampling gives ~60%); we only require that
+    # violations are common.
     rng = np.random.default_rng(1)
     violations = 0
     for _ in range(500):
@@ -390,7 +391,7 @@ def test_eq10_is_the_first_term_of_the_full_gradient(split):
     dropped = np.zeros((K, M))  # (2/M) q_i sum_{k != i} q_k sign(p_j - p_{j|k}), written out with loops
     for i, j in np.ndindex(K, M):
         dropped[i, j] = 2 / M * q[i] * sum(q[k] * np.sign(p[j] - p_cond[k, j]) for k in range(K) if k != i)
-    eq10 = node_objective_grad(q, p_cond, wrt="p")
+    eq10 = node_objective_grad(q, p_cond, score="eq10")
     np.testing.assert_allclose(node_objective_full_grad(q, p_cond), eq10 + dropped, atol=TOL)
     expected_eq10 = 2 / M * (q * (1 - q))[:, None] * np.sign(p_cond - p[None, :])
     np.testing.assert_allclose(eq10, expected_eq10, atol=TOL)
@@ -401,7 +402,7 @@ def test_eq10_is_the_first_term_of_the_full_gradient(split):
 def test_eq12_is_eq10_times_p_cond(split):
     q, p_cond = split
     np.testing.assert_allclose(
-        node_objective_grad(q, p_cond, wrt="logp"), node_objective_grad(q, p_cond, wrt="p") * p_cond, atol=TOL
+        node_objective_grad(q, p_cond, score="eq12"), node_objective_grad(q, p_cond, score="eq10") * p_cond, atol=TOL
     )
 
 
@@ -417,7 +418,8 @@ def test_eq10_has_the_sign_of_the_full_gradient(split):
 
 
 def test_eq10_is_not_the_derivative():
-    """Inventory §2.1 [BUG]: on a random K=4, M=3 split, Eq. 10 and the true derivative differ."""
+    """ICML Eq. 10 is printed as the derivative of Eq. 6; on a random K=4, M=3 split the true
+    derivative differs (the book's Errata and Lemmas chapters)."""
     rng = np.random.default_rng(4)
     q, p_cond = rng.dirichlet(np.ones(4)), rng.dirichlet(np.ones(3), size=4)
     assert _min_kink_distance(q, p_cond) > 1e-4
@@ -455,12 +457,29 @@ def test_eq10_one_definition_two_tie_rules():
     np.testing.assert_array_equal(exact, ranking_scores(coefficient, p_cond, q @ p_cond, False, tie_tolerance=0.0))
     np.testing.assert_array_equal(exact != 0, gap != 0)  # rounding noise decides the sign
     assert (ranking_scores(coefficient, p_cond, q @ p_cond, False) == 0).all()
-    assert (pair_scores(p_cond, q, "p") == 0).all() and (pair_scores(p_cond, q, "logp") == 0).all()
+    assert (pair_scores(p_cond, q, "eq10") == 0).all() and (pair_scores(p_cond, q, "eq12") == 0).all()
 
 
 def test_grad_rejects_unknown_wrt():
     with pytest.raises(ValueError, match="wrt"):
         node_objective_grad(LEMMA5_Q, LEMMA5_P, wrt="log")
+    with pytest.raises(ValueError, match="score must be 'eq10'"):
+        node_objective_grad(LEMMA5_Q, LEMMA5_P, score="eq11")
+
+
+def test_grad_old_score_names_still_work_with_a_deprecation_warning():
+    """wrt="p" / "logp" (keyword or value) is eq. 10 / eq. 12, with a warning that points at the call."""
+    for old, new in (("p", "eq10"), ("logp", "eq12")):
+        with pytest.warns(DeprecationWarning, match=f"score='{new}'") as caught:
+            by_keyword = node_objective_grad(LEMMA5_Q, LEMMA5_P, wrt=old)
+        assert caught[0].filename == __file__
+        with pytest.warns(DeprecationWarning):
+            by_value = node_objective_grad(LEMMA5_Q, LEMMA5_P, old)
+        expected = node_objective_grad(LEMMA5_Q, LEMMA5_P, score=new)
+        np.testing.assert_array_equal(by_keyword, expected)
+        np.testing.assert_array_equal(by_value, expected)
+    with pytest.raises(TypeError, match="not also"):
+        node_objective_grad(LEMMA5_Q, LEMMA5_P, score="eq10", wrt="p")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -543,7 +562,7 @@ def test_torch_inputs_give_torch_outputs_with_same_dtype():
     for value in (
         marginal(q, p_cond),
         node_objective_grad(q, p_cond),
-        node_objective_grad(q, p_cond, wrt="logp"),
+        node_objective_grad(q, p_cond, score="eq12"),
         node_objective_full_grad(q, p_cond),
     ):
         assert isinstance(value, torch.Tensor) and value.dtype == torch.float32
@@ -696,15 +715,15 @@ def test_continuous_estimates_invalid(probs, labels, message):
 @pytest.mark.parametrize(
     "gamma, M, K, theorem, corollary, half_unit",
     [
-        # inventory §4 numbers (kappa = 0.1), checked to half a unit of the last digit printed there;
-        # the inventory writes 48,944.07 as "48,940" (4 significant figures)
+        # Theorem 1 / Corollary 1 exponents at the ICML data sets' sizes (kappa = 0.1), worked by hand
+        # from the printed formulas, to half a unit of the last digit written (48,944.07 as "48,940")
         (0.5, 2, 1e4, 102.1, 102.1, 0.05),
         (0.5, 5, 312_000, 89.8, 89.8, 0.05),
         (0.15, 20, 312_000, 4236, 296, 0.5),
         (0.05, 65, 250_000, 48_940, 835, 5),
     ],
 )
-def test_theorem1_and_corollary1_inventory_numbers(gamma, M, K, theorem, corollary, half_unit):
+def test_theorem1_and_corollary1_exponents_at_the_papers_sizes(gamma, M, K, theorem, corollary, half_unit):
     assert theorem1_log10_nodes(gamma, M, K, 0.1) == pytest.approx(theorem, abs=half_unit)
     assert corollary1_log10_nodes(gamma, M, K, 0.1) == pytest.approx(corollary, abs=min(half_unit, 0.5))
 
