@@ -147,6 +147,24 @@ class _PathPlan(NamedTuple):
     full: bool  #: P == B * L in (example, depth) order: sums are a reshape
 
 
+def _add_offsets(logits: Tensor, bias: Tensor | None, slot_penalty: Tensor | None, node: Tensor) -> Tensor:
+    """``logits [P, M] += b_n`` and the -inf of the node's empty slots (trees with M**D > K, ragged
+    taxonomies; a full M-ary tree has none and skips the work), in place, for the pairs' nodes [P]."""
+    if bias is not None:
+        logits += bias.index_select(0, node)
+    if slot_penalty is not None:
+        logits += slot_penalty.index_select(0, node)
+    return logits
+
+
+def _sum_over_paths(picked: Tensor, plan: _PathPlan, batch: int) -> Tensor:
+    """Eq. 5's sum over the path: ``output[b]`` [B] = the sum of example b's picked node
+    log-probabilities ``picked`` [P] (a reshape when every path has the full length L)."""
+    if plan.full:
+        return picked.view(batch, -1).sum(1)
+    return picked.new_zeros(batch).index_add_(0, plan.example, picked)
+
+
 class _TreePathLogProb(torch.autograd.Function):
     """Forward: ``log p(y_b | h_b)`` (eq. 5) and the per-pair node log-softmax; backward: the
     gradient of the first w.r.t. input, weight (one [M*d] row per unique node: sparse COO when
@@ -158,17 +176,10 @@ class _TreePathLogProb(torch.autograd.Function):
                 plan: _PathPlan, batch: int, sparse: bool, arity: int):  # type: ignore[override]
         saved: list = []
         num_pairs = plan.node.numel()
-        logits = grouped_logits(input, weight, plan.buckets, num_pairs, arity, saved)
-        if bias is not None:
-            logits += bias.index_select(0, plan.node)
-        if slot_penalty is not None:  # -inf on empty slots (trees with M**D > K); skipped for full trees
-            logits += slot_penalty.index_select(0, plan.node)
+        logits = _add_offsets(grouped_logits(input, weight, plan.buckets, num_pairs, arity, saved), bias,
+                              slot_penalty, plan.node)
         log_probs = torch.log_softmax(logits, dim=1)
-        picked = log_probs.gather(1, plan.child.unsqueeze(1)).squeeze(1)
-        if plan.full:
-            output = picked.view(batch, -1).sum(1)
-        else:
-            output = input.new_zeros(batch).index_add_(0, plan.example, picked)
+        output = _sum_over_paths(log_probs.gather(1, plan.child.unsqueeze(1)).squeeze(1), plan, batch)
         ctx.plan, ctx.saved_blocks, ctx.batch, ctx.sparse = plan, saved, batch, sparse
         ctx.has_bias = bias is not None
         ctx.weight_shape = weight.shape
@@ -400,15 +411,6 @@ def _needs_graph(layer: "HierarchicalSoftmax", input: Tensor) -> bool:
     return torch.is_grad_enabled() and (input.requires_grad or layer.weight.requires_grad)
 
 
-def _add_offsets(logits: Tensor, layer: "HierarchicalSoftmax", node: Tensor) -> Tensor:
-    """``logits += b_n`` and the -inf of the node's empty slots (none in a full M-ary tree), in place."""
-    if layer.bias is not None:
-        logits += layer.bias.index_select(0, node)
-    if layer.slot_penalty is not None:
-        logits += layer.slot_penalty.index_select(0, node)
-    return logits
-
-
 def pair_log_softmax(layer: "HierarchicalSoftmax", input: Tensor, example: np.ndarray, node: np.ndarray) -> Tensor:
     """Node log-softmax [P, M] for arbitrary (example, node) pairs, grouped by node, in chunks of
     ``PAIR_CHUNK`` pairs (an untrained model's exact search can visit every node for every example)."""
@@ -420,7 +422,7 @@ def pair_log_softmax(layer: "HierarchicalSoftmax", input: Tensor, example: np.nd
         node_t = torch.from_numpy(np.ascontiguousarray(nd)).to(device)
         logits = grouped_logits(input, layer.weight, plan_groups(ex, nd, device), len(nd), layer.arity,
                                 workspace=layer._workspace())
-        out.append(torch.log_softmax(_add_offsets(logits, layer, node_t), dim=1))
+        out.append(torch.log_softmax(_add_offsets(logits, layer.bias, layer.slot_penalty, node_t), dim=1))
     return torch.cat(out) if len(out) > 1 else out[0]
 
 
@@ -449,10 +451,9 @@ class TorchBackend:
             # inference: log p(y) = logit[y] - logsumexp(logits) per node, nothing kept for backward
             logits = grouped_logits(input, layer.weight, plan.buckets, plan.node.numel(), layer.arity,
                                     workspace=layer._workspace())
-            logits = _add_offsets(logits, layer, plan.node)
+            logits = _add_offsets(logits, layer.bias, layer.slot_penalty, plan.node)
             picked = logits.gather(1, plan.child.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
-            output = picked.view(batch, -1).sum(1) if plan.full else input.new_zeros(batch).index_add_(
-                0, plan.example, picked)
+            output = _sum_over_paths(picked, plan, batch)
             return output, -output.mean(), None
         output, pair_log_probs = _TreePathLogProb.apply(input, layer.weight, layer.bias, layer.slot_penalty, plan,
                                                         batch, layer.sparse, layer.arity)

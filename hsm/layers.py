@@ -204,19 +204,17 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
 
     Shape: ``input`` [B, d], ``target`` [B] -> ``output`` [B], ``loss`` [].
 
-    Speed (``python -m hsm bench``; the performance chapter of the book): :meth:`forward` hands the
-    batch to a backend (:mod:`hsm.backend`) that groups the batch's (example, path node) pairs by
-    node, reads each node's ``[M, d]`` block once and writes one gradient row per node (a custom
-    autograd backward); under ``no_grad`` it computes ``logit - logsumexp`` only; :meth:`predict`
-    is a greedy descent followed by branch and bound (:mod:`hsm.search`). For float32 tensors on
-    the CPU all of this runs in compiled kernels (:mod:`hsm.kernels`, one pass each, split over
-    ``torch.get_num_threads()`` threads); set ``layer.use_kernels = False`` for the PyTorch
-    implementation (what runs on a GPU). Use :class:`~hsm.optim.RowSparseAdagrad` or
-    :class:`~hsm.optim.RowSparseSGD` with ``sparse=True``. On Linux CPUs, setting the environment
-    variable ``THP_MEM_ALLOC_ENABLE=1`` before starting Python (torch then backs tensors of 2 MB or
-    more with huge pages) removes most of the page-fault cost of the per-batch temporaries:
-    several-fold for large arities. :meth:`forward_reference` is the plain implementation of eq. 5
-    everything is tested against.
+    Speed (``python -m hsm bench``; the book's performance chapter): :meth:`forward` hands the batch
+    to a backend (:mod:`hsm.backend`) that groups the (example, path node) pairs by node, reads each
+    node's ``[M, d]`` block once and writes one gradient row per node; :meth:`predict` is a greedy
+    descent then branch and bound (:mod:`hsm.search`). For float32 CPU tensors this runs in
+    compiled kernels (:mod:`hsm.kernels`, on ``torch.get_num_threads()`` threads); set
+    ``layer.use_kernels = False`` for the PyTorch implementation (what runs on a GPU). Use
+    :class:`~hsm.optim.RowSparseAdagrad` or :class:`~hsm.optim.RowSparseSGD` with ``sparse=True``.
+    On Linux, ``THP_MEM_ALLOC_ENABLE=1`` in the environment before Python starts (huge pages for
+    tensors of 2 MB or more) removes most of the page-fault cost of the per-batch temporaries,
+    several-fold for large arities. :meth:`forward_reference` is the plain eq. 5 everything is
+    tested against.
 
     Node parameters when the tree changes (:meth:`set_tree`): every node keeps its parameters
     (node ids are positions: Algorithm 3 never moves them, and Algorithm 2 reuses ids in place);
@@ -418,7 +416,8 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         return backend.pair_log_softmax(self, input, example, node)
 
     def log_prob(self, input: Tensor, batch_chunk: int = 256) -> Tensor:
-        """Log-probabilities of all K labels, [B, K] (every node evaluated: O(N M d) per row).
+        """Log-probabilities of all K labels: ``input`` [B, d] -> [B, K] (every node evaluated:
+        O(N M d) per row; eq. 5 for every label at once).
 
         Raises as :meth:`forward` does for a bad ``input`` (dtype, shape, device, NaN / inf rows);
         an empty batch gives a [0, K] tensor. ``batch_chunk`` (rows evaluated at once, >= 1) bounds
@@ -443,7 +442,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
 
     @torch.no_grad()
     def predict(self, input: Tensor) -> Tensor:
-        """The most likely label of each row, exact (branch and bound).
+        """The most likely label of each row, exact (branch and bound): ``input`` [B, d] -> [B].
 
         First a greedy descent (follow the most likely child) gives each row a label and so a lower
         bound on the best log-probability; then the tree is explored level by level from the root,
@@ -468,12 +467,14 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
 
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None) -> TopK:
-        """The k most likely labels.
+        """The k most likely labels: ``input`` [B, d] -> ``TopK(values [B, k], indices [B, k],
+        nodes_visited [B])``, best first.
 
-        ``method="exact"``: branch and bound (ICML §11.1, fastText's search): a beam search of
-        width k gives k labels and a bound; then the tree is explored level by level, keeping a
-        node only while its path log-probability is above the current k-th best label, which is
-        exact because a node's path probability bounds every label below it.
+        ``method="exact"``: branch and bound (ICML §11.1, fastText's search;
+        :func:`hsm.search.exact_topk`): a beam search of width k gives k labels and a bound; then
+        the tree is explored level by level, keeping a node only while its path log-probability is
+        above the current k-th best label, which is exact because a node's path probability bounds
+        every label below it.
         ``method="beam"``: beam search of width ``beam`` (default k; a width below k is widened to
         k), approximate.
 
@@ -481,9 +482,6 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         ``beam < 1``, an unknown ``method``, or a bad ``input`` (as :meth:`forward`). An empty
         batch gives [0, k] values and indices.
         """
-        check_input(input, self.in_features, self.weight)
-        check_k(k, self.num_labels, method, beam)
-        k = int(k)
         check_input(input, self.in_features, self.weight)
         check_k(k, self.num_labels, method, beam)
         k = int(k)
