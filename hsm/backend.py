@@ -60,6 +60,8 @@ PAIR_CHUNK = 1 << 15  #: (example, node) pairs evaluated at once by the exact se
 
 
 class _Bucket(NamedTuple):
+    """The node groups of one size class: their nodes, and where each pair sits in the padded layout."""
+
     nodes: Tensor  #: [U] unique node ids of the groups in this bucket
     cap: int  #: padded group size (1: every group has one pair, no padding)
     entries: Tensor  #: [n] pair ids (rows of the [P, M] logits) in this bucket

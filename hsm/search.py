@@ -11,9 +11,15 @@ log-probability is below the best label found so far is exact (branch and bound,
 * :func:`beam_search`: beam search of a given width (approximate).
 
 These are the PyTorch implementations (any device, any dtype); the float32 CPU top-1 runs in the
-compiled :func:`hsm.kernels.top1_search` (depth-first, one example at a time), which visits the same
-nodes. Every function takes the layer and evaluates nodes through its grouped node softmax
+compiled :func:`hsm.kernels.top1_search` (the same greedy bound, then depth first, one example at a
+time). Every function takes the layer and evaluates nodes through its grouped node softmax
 (:func:`hsm.backend.pair_log_softmax`).
+
+Why three searches and not one: the top-1 search reuses its greedy descent's node distributions
+(a node is evaluated, and counted in ``nodes visited``, once), while :func:`exact_topk` counts the
+beam search's evaluations and its own (the committed classification results report that count);
+folding either into the other would change the counts the benchmark and the results report. The
+compiled top-1 cannot call PyTorch code from its nogil loop.
 """
 from __future__ import annotations
 
