@@ -30,6 +30,7 @@ MODULES = [
     "hsm.experiments.lm",  # language modelling: arXiv Table 1, ICML Table 2, figures
     "hsm.experiments.lm_timing",  # the same tables' ms/batch at the papers' full vocabularies
     "hsm.experiments.classification",  # ICML Tables 1 and 3 on stand-ins
+    "hsm.experiments.classification_fast",  # the compiled trainer: statistics/schedule ablation, threaded repeats
     "hsm.experiments.taxonomy",  # seed 003: two-level softmax over natural taxonomies
     "hsm.experiments.sampling",  # seed 004: sampling approximations of the softmax
 ]

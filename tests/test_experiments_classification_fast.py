@@ -1,0 +1,96 @@
+"""The compiled trainer's experiments: the statistics/schedule ablation and the threaded repeats."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from hsm.experiments import classification_fast as CF
+from hsm.results import load_results
+
+pytest.importorskip("numba")
+TINY = {"train_limit": 400, "test_limit": 150, "epochs": 2}
+
+
+def _rows(**fields):
+    base = {"d": 50, "arity": 5}
+    return dict(base, **fields)
+
+
+def test_summary_pairs_each_learned_run_with_the_huffman_run_of_its_seed():
+    rows = [_rows(variant="huffman", seed=0, p_at_1=50.0), _rows(variant="huffman", seed=1, p_at_1=40.0),
+            _rows(variant="ours/first_half", seed=0, p_at_1=52.0), _rows(variant="ours/first_half", seed=1, p_at_1=39.0)]
+    summary = {s["variant"]: s for s in CF.summarise_ablation(rows)}
+    learned = summary["ours/first_half"]
+    # paired by seed: +2 and -1, not the difference of the means alone
+    assert learned["gain_mean"] == pytest.approx(0.5)
+    assert learned["gain_sd"] == pytest.approx(math.sqrt(4.5))
+    assert (learned["gain_min"], learned["gain_max"], learned["seeds_learned_above"]) == (-1.0, 2.0, 1)
+    assert summary["huffman"]["p_at_1_mean"] == pytest.approx(45.0)
+    assert "gain_mean" not in summary["huffman"]
+
+
+def test_ablation_runs_every_seed_and_variant(tmp_path, monkeypatch):
+    monkeypatch.setenv("HSM_THREADS", "1")
+    out = CF.fast_ablation("quick", out=tmp_path / "ablation.json", seeds="0,1",
+                           variants="ours/first_half,released/every_tokens", arities="5", **TINY)
+    payload = load_results(out)
+    runs = [r for r in payload["records"] if r["kind"] == "run"]
+    assert sorted((r["seed"], r["variant"]) for r in runs) == sorted(
+        (seed, v) for seed in (0, 1) for v in ("huffman", "ours/first_half", "released/every_tokens"))
+    for r in runs:
+        assert 0 <= r["p_at_1"] <= 100 and r["arity"] == 5
+        if r["variant"] == "ours/first_half":  # 50 rebuilds in the first half whatever the data size
+            assert r["reassigns"] == 50
+        if r["variant"] != "huffman":
+            assert (r["statistics"], r["schedule"]) == tuple(r["variant"].split("/")[:2])
+    summaries = {s["variant"]: s for s in payload["records"] if s["kind"] == "summary"}
+    huffman = {r["seed"]: r["p_at_1"] for r in runs if r["variant"] == "huffman"}
+    learned = [r["p_at_1"] - huffman[r["seed"]] for r in runs if r["variant"] == "released/every_tokens"]
+    assert summaries["released/every_tokens"]["gain_mean"] == pytest.approx(sum(learned) / 2)
+    assert payload["provenance"]["config"]["seeds"] == [0, 1]
+    assert not (tmp_path / ".ablation.json.partial.json").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"seeds": "-1"}, "seeds"), ({"variants": "ours/sometimes"}, "variants"), ({"arities": "3"}, "arities"),
+    ({"outputs": "flat"}, "set by the ablation"), ({"statistics": "released"}, "set by the ablation"),
+    ({"lr_grid": "0"}, "lr_grid"),
+])
+def test_ablation_options_are_checked(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        CF.fast_ablation("quick", out=tmp_path / "a.json", **options)
+
+
+def test_ablation_refuses_a_gpu(tmp_path):
+    # without CUDA check_device says so; with it, the compiled trainer says it runs on the CPU
+    with pytest.raises(ValueError, match="CPU|CUDA is not available"):
+        CF.fast_ablation("quick", device="cuda", out=tmp_path / "a.json")
+
+
+def test_repeats_records_a_crash_and_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("HSM_REPEATS_FAULT", "crash:1")
+    out = CF.fast_repeats("quick", out=tmp_path / "r.json", configs="huffman20", repeats=3, threads=2, **TINY)
+    records = load_results(out)["records"]
+    assert [(r["run"], r["status"]) for r in records if r["kind"] == "run"] == [(0, "ok"), (1, "crash"), (2, "ok")]
+    summary = next(r for r in records if r["kind"] == "summary")
+    assert (summary["runs"], summary["ok"], summary["crash"], summary["failures"]) == (3, 2, 1, 1)
+    assert 0 < summary["p_at_1_mean"] <= 100
+
+
+def test_repeats_kills_a_hanging_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("HSM_REPEATS_FAULT", "hang:0")
+    out = CF.fast_repeats("quick", out=tmp_path / "r.json", configs="huffman20", repeats=1, timeout_s=1,
+                          startup_s=0, **TINY)
+    records = load_results(out)["records"]
+    assert [r["status"] for r in records if r["kind"] == "run"] == ["hang"]
+    assert next(r for r in records if r["kind"] == "summary")["hang"] == 1
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"configs": "learned7"}, "configs"), ({"repeats": "0"}, "repeats"), ({"threads": "0"}, "threads"),
+    ({"timeout_s": "nan"}, "timeout_s"), ({"bogus": 1}, "unknown option"), ({"data": " "}, "data"),
+])
+def test_repeats_options_are_checked(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        CF.fast_repeats("quick", out=tmp_path / "r.json", **options)
