@@ -606,7 +606,7 @@ def algorithm1_overhead(vocab: int = 250_000, arity: int = 65, depth: int = 3, d
         learner.objective_by_depth()
         parts["objective_diagnostic_s"].append(time.perf_counter() - start)
         start = time.perf_counter()
-        assign_labels_depth_constrained(layer.tree, learner.statistics, wrt=learner.wrt)
+        assign_labels_depth_constrained(layer.tree, learner.statistics, score=learner.score)
         parts["assign_s"].append(time.perf_counter() - start)
         start = time.perf_counter()
         learner.reassign()
@@ -637,7 +637,7 @@ def algorithm1_overhead(vocab: int = 250_000, arity: int = 65, depth: int = 3, d
     times = []
     for _ in range(max(1, repeats - 1)):
         start = time.perf_counter()
-        assign_labels_well_formed(wf_layer.tree, wf_learner.statistics, wrt=wf_learner.wrt)
+        assign_labels_well_formed(wf_layer.tree, wf_learner.statistics, score=wf_learner.score)
         times.append(time.perf_counter() - start)
     result.update(well_formed_vocab=well_formed_vocab, well_formed_arity=well_formed_arity,
                   well_formed_nodes=huffman.num_nodes, well_formed_assign_s=statistics.median(times))

@@ -75,6 +75,7 @@ import torch
 from .assign import assign_labels_well_formed
 from .kernels import _FASTMATH, _node_log_softmax, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
+from .objective import RankingScore, _score_name
 from .statistics import NodeStatistics
 from .text_models import BagOfWordsClassifier
 from .training import ReassignRecord
@@ -584,7 +585,8 @@ class FastBowClassifier:
         and the fork use; applies to both policies), the ``"ours"`` pseudo-count and prior
         (:mod:`hsm.statistics`; ``prior`` also scales :class:`ReleasedStatistics`'
         pseudo-example; ``prior_mode`` is ``"ours"`` only).
-    wrt: AssignLabels' score, ``"logp"`` (eq. 12, the released code's) or ``"p"`` (eq. 10).
+    score: AssignLabels' ranking score, ``"eq12"`` (ICML eq. 12, the released code's) or ``"eq10"``
+        (eq. 10); ``wrt="logp"|"p"`` is its deprecated old name.
     reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 places somewhere new
         (the released code keeps them; so does ``train_bow`` by default).
     bias: a bias per child slot (our layers have one; fastText's output matrix has none).
@@ -625,11 +627,12 @@ class FastBowClassifier:
         decay: float = 1.0,
         prior: float = 1.0,
         prior_mode: Literal["current_child", "uniform"] = "current_child",
-        wrt: Literal["p", "logp"] = "logp",
+        score: RankingScore | None = None,
         reset_moved_nodes: bool = False,
         bias: bool = True,
         shuffle: bool = True,
         seed: int = 0,
+        wrt: str | None = None,
     ) -> None:
         self.dim = check_integer(dim, "dim")
         if self.dim < 1:
@@ -674,9 +677,7 @@ class FastBowClassifier:
         if prior_mode not in ("current_child", "uniform"):
             raise ValueError(f"prior_mode must be 'current_child' or 'uniform', got {prior_mode!r}")
         self.prior_mode = prior_mode
-        if wrt not in ("p", "logp"):
-            raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}")
-        self.wrt = wrt
+        self.score: RankingScore = _score_name(score, wrt, default="eq12")
         self.reset_moved_nodes = bool(reset_moved_nodes)
         self.bias = bool(bias)
         self.shuffle = bool(shuffle)
@@ -942,7 +943,7 @@ class FastBowClassifier:
         """AssignLabels (Algorithm 2) on the statistics so far; the new tree goes into the layer."""
         start = time.perf_counter()
         layer = self.layer
-        result = assign_labels_well_formed(layer.tree, self.statistics, wrt=self.wrt)
+        result = assign_labels_well_formed(layer.tree, self.statistics, score=self.score)
         # the layer re-draws moved nodes from torch's global generator: seeded here, so a run is
         # reproducible from ``seed`` alone, and the caller's stream is left alone
         with torch.random.fork_rng(devices=[]):

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from .assign import Reassignment, assign_labels_depth_constrained, assign_labels_well_formed
 from .layers import HierarchicalSoftmax, NonFiniteInputError
+from .objective import RankingScore, _score_name
 from .tree import check_integer
 from .statistics import NodeStatistics, node_objectives
 
@@ -53,7 +54,8 @@ class TreeLearner:
     layer: the tree softmax whose tree is learned.
     reassign_every: optimiser steps between two AssignLabels calls (the papers: 20 or 50 per
         epoch, i.e. ``steps_per_epoch // 50``).
-    wrt: ``"logp"`` ranks by eq. 12 (the LM variant, default), ``"p"`` by eq. 10.
+    score: AssignLabels' ranking score, ``"eq12"`` (ICML eq. 12, the LM variant, default) or
+        ``"eq10"`` (eq. 10). ``wrt="logp"|"p"`` is its deprecated old name (a DeprecationWarning).
     algorithm: ``"depth"`` (Algorithm 3), ``"well_formed"`` (Algorithm 2) or ``"auto"``
         (Algorithm 3 for fixed-depth trees, else Algorithm 2).
     decay, prior, prior_mode: see :mod:`hsm.statistics`.
@@ -63,7 +65,7 @@ class TreeLearner:
     reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 moves to a new place.
 
     Raises TypeError for a non-integer ``reassign_every`` or a layer that is not a
-    :class:`HierarchicalSoftmax`, ValueError for ``reassign_every < 1``, an unknown ``wrt`` or
+    :class:`HierarchicalSoftmax`, ValueError for ``reassign_every < 1``, an unknown ``score`` or
     ``algorithm``, and (from :class:`NodeStatistics`) ``decay`` outside [0, 1] or ``prior`` not
     finite and > 0.
 
@@ -76,7 +78,7 @@ class TreeLearner:
         self,
         layer: HierarchicalSoftmax,
         reassign_every: int,
-        wrt: Literal["p", "logp"] = "logp",
+        score: RankingScore | None = None,
         algorithm: Literal["auto", "depth", "well_formed"] = "auto",
         decay: float = 0.5,
         prior: float = 1.0,
@@ -84,13 +86,13 @@ class TreeLearner:
         prior_mode: str = "current_child",
         statistics: NodeStatistics | None = None,
         record_objective: bool | int = True,
+        wrt: str | None = None,
     ) -> None:
         if not isinstance(layer, HierarchicalSoftmax):
             raise TypeError("TreeLearner needs an hsm.HierarchicalSoftmax layer")
         if check_integer(reassign_every, "reassign_every") < 1:
             raise ValueError(f"reassign_every must be >= 1, got {reassign_every}")
-        if wrt not in ("p", "logp"):
-            raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}")
+        score = _score_name(score, wrt, default="eq12")
         if not isinstance(record_objective, (bool, np.bool_, int, np.integer)):
             raise TypeError(f"record_objective must be True, False or an int >= 0, got {record_objective!r}")
         if record_objective < 0:
@@ -109,7 +111,7 @@ class TreeLearner:
             raise ValueError("algorithm='depth' (Algorithm 3) needs a fixed-depth tree")
         self.layer = layer
         self.reassign_every = int(reassign_every)
-        self.wrt = wrt
+        self.score: RankingScore = score
         self.algorithm = algorithm
         self.reset_moved_nodes = reset_moved_nodes
         self.record_objective = int(record_objective)
@@ -142,9 +144,9 @@ class TreeLearner:
         every = self.record_objective
         before = self.objective_by_depth() if every and len(self.history) % every == 0 else {}
         if self.algorithm == "depth":
-            result = assign_labels_depth_constrained(self.layer.tree, self.statistics, wrt=self.wrt)
+            result = assign_labels_depth_constrained(self.layer.tree, self.statistics, score=self.score)
         else:
-            result = assign_labels_well_formed(self.layer.tree, self.statistics, wrt=self.wrt)
+            result = assign_labels_well_formed(self.layer.tree, self.statistics, score=self.score)
         reset = result.moved_nodes if self.reset_moved_nodes else None
         self.layer.set_tree(result.tree, reset_nodes=reset)
         self.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)

@@ -403,3 +403,9 @@ def test_bad_prediction_input_is_refused():
         clf.test(docs, np.full(len(docs), 7))
     with pytest.raises(ValueError, match="unknown label 7"):
         clf.log_prob(docs, np.full(len(docs), 7))
+
+
+def test_ranking_score_is_named_by_equation():
+    assert FastBowClassifier(dim=4, output="learned", arity=2).score == "eq12"
+    with pytest.warns(DeprecationWarning, match="score='eq10'"):
+        assert FastBowClassifier(dim=4, output="learned", arity=2, wrt="p").score == "eq10"

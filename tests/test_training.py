@@ -114,3 +114,13 @@ def test_record_objective_every_n():
     silent = TreeLearner(HierarchicalSoftmax(4, Tree.random(9, 3, 2)), reassign_every=1, record_objective=False)
     silent.step()
     assert silent.history[0].objective_by_depth == {}
+
+
+def test_tree_learner_names_its_ranking_score_by_equation():
+    layer = HierarchicalSoftmax(4, Tree.random(9, 3, 2))
+    assert TreeLearner(layer, 10).score == "eq12"  # the LM variant, the default
+    assert TreeLearner(layer, 10, score="eq10").score == "eq10"
+    with pytest.warns(DeprecationWarning, match="score='eq10'"):
+        assert TreeLearner(layer, 10, wrt="p").score == "eq10"
+    with pytest.raises(ValueError, match="score must be"):
+        TreeLearner(layer, 10, score="eq11")

@@ -305,7 +305,7 @@ def train_bow(
     half = total_steps // 2
     if kind == "learned":
         every = max(1, half // reassigns)
-        learner = TreeLearner(layer, reassign_every=every, wrt="logp", algorithm="well_formed", decay=tree_decay,
+        learner = TreeLearner(layer, reassign_every=every, score="eq12", algorithm="well_formed", decay=tree_decay,
                               reset_moved_nodes=reset_moved_nodes,
                               prior_mode="current_child" if tree_prior == "sticky" else "uniform")
     params = list(model.parameters()) + list(layer.parameters())

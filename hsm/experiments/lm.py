@@ -241,6 +241,10 @@ def clustering_tree(embeddings: np.ndarray, arity: int, depth: int = 3, seed: in
 
 
 # ============================================================================ training
+#: LMRunConfig.wrt (the old name, kept in run keys) -> TreeLearner's score
+RANKING_SCORE = {"logp": "eq12", "p": "eq10"}
+
+
 @dataclass
 class LMRunConfig:
     """One training run of the log-bilinear LM with one output layer."""
@@ -263,7 +267,9 @@ class LMRunConfig:
     num_negatives: int = 20  #: sampled outputs: negatives per batch (seed 004's K)
     prior: float = 1.0  #: NodeStatistics pseudo-count (hsm.statistics, point 1)
     prior_mode: str = "current_child"  #: NodeStatistics prior: "current_child" (released code) or "uniform" (thesis)
-    wrt: str = "logp"  #: AssignLabels ranking: "logp" (eq. 12, the LM variant) or "p" (eq. 10)
+    #: AssignLabels ranking: "logp" (eq. 12, the LM variant) or "p" (eq. 10); the old spelling of
+    #: TreeLearner's score= is kept here because it is part of the keys of finished runs
+    wrt: str = "logp"
     #: a fixed tree that is not ``Tree.random(tree_seed)`` (e.g. "retrained:<run>"): part of the
     #: checkpoint key, so such runs never reuse a random-tree run's checkpoint
     fixed_tree: str | None = None
@@ -525,7 +531,7 @@ def train_lm(
     tracking = cfg.track_objective and cfg.output in ("random", "clustering")
     if cfg.output == "learned" or tracking:
         # tracking a fixed tree: the same statistics, read at the same steps, never rebuilt
-        learner = TreeLearner(output, reassign_every=reassign_every, wrt=cfg.wrt, algorithm="depth",
+        learner = TreeLearner(output, reassign_every=reassign_every, score=RANKING_SCORE[cfg.wrt], algorithm="depth",
                               decay=cfg.decay, prior=cfg.prior, prior_mode=cfg.prior_mode)
     tracked: list[dict[str, Any]] = []
     result = LMRunResult(config=asdict(cfg))

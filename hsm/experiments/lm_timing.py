@@ -195,7 +195,7 @@ def time_language_model(corpus, output: str, arity: int, context: int, reassign_
         optimizer.fuse(layer)
     steps_per_epoch = max(1, epoch_tokens // batch_size)
     reassign_every = max(1, steps_per_epoch // reassign_per_epoch)
-    learner = TreeLearner(layer, reassign_every=10**15, wrt="logp", algorithm="depth",
+    learner = TreeLearner(layer, reassign_every=10**15, score="eq12", algorithm="depth",
                           record_objective=False) if output == "learned" else None
 
     x_train, y_train = (t.to(device) for t in corpus.windows("train", context))
