@@ -483,10 +483,11 @@ def test_ranked_adaptive_softmax_is_a_distribution_over_the_original_ids() -> No
     torch.testing.assert_close(full.exp().sum(1), torch.ones(6))
 
 
-def _part(rows: dict[str, tuple[float, float]], seeds: list[int] | None = None, tokens: int = 100) -> dict:
+def _part(rows: dict[str, tuple[float, float]], seeds: list[int] | None = None, tokens: int = 100,
+          epochs: int = 2) -> dict:
     records = []
     for run, (valid, test) in rows.items():
-        common = dict(run=run, model=run, vocab_size=10, train_tokens=tokens, context=4, per_epoch=[])
+        common = dict(run=run, model=run, vocab_size=10, train_tokens=tokens, context=4, per_epoch=[], epochs=epochs)
         records.append(dict(common, measure="test_perplexity", value=test, valid_perplexity=valid))
         records.append(dict(common, measure="train_ms_per_batch", value=1.0))
         records.append(dict(common, measure="test_ms_per_batch", value=0.5))
@@ -507,6 +508,9 @@ def test_combine_parts_takes_the_best_random_seed_on_validation() -> None:
     assert table["random_seeds"] == {0: {"valid": 170.0, "test": 160.0}, 1: {"valid": 165.0, "test": 168.0}}
     markdown = lm.table_markdown(table, "icml2017.table2", delta=True)
     assert "ours - paper" in markdown and "| +8.0 |" in markdown  # random: 168 against the paper's 160
+    assert "epoch" not in markdown  # every row trained as long
+    shorter = lm.table_markdown(lm.combine_parts(parts + [_part({"adaptive": (180.0, 175.0)}, epochs=1)]))
+    assert "| adaptive (1 epoch only) | 175.0 |" in shorter and "| learned | 149.0 |" in shorter
     with pytest.raises(ValueError, match="row 'learned' is in parts 0 and 1"):
         lm.combine_parts([parts[0], parts[0]])
     with pytest.raises(ValueError, match="other data"):

@@ -1440,9 +1440,13 @@ def table_markdown(payload: dict[str, Any], paper_prefix: str | None = None, tim
         head += f" perplexity (paper) | {paper_ms} |" + (" perplexity, ours - paper |" if delta else "")
         sep += "---|---|" + ("---|" if delta else "")
     lines = [head, sep]
+    most_epochs = max((m["test_perplexity"].get("epochs") or 0 for m in rows.values()), default=0)
     for run, measures in rows.items():
         ppl = measures["test_perplexity"]
-        line = (f"| {ppl['model']} | {ppl['value']:.1f} | {measures['train_ms_per_batch']['value']:.2f} | "
+        name = ppl["model"]
+        if ppl.get("epochs") and ppl["epochs"] < most_epochs:  # a row trained less than the others says so
+            name += f" ({ppl['epochs']} epoch{'s' if ppl['epochs'] > 1 else ''} only)"
+        line = (f"| {name} | {ppl['value']:.1f} | {measures['train_ms_per_batch']['value']:.2f} | "
                 f"{measures['test_ms_per_batch']['value']:.2f} |")
         slug = _SLUGS.get(run)
         if paper_prefix:
