@@ -264,3 +264,20 @@ def test_fast_trainer_refuses_what_it_cannot_do():
         C.train_bow(split, "flat", 4, 0.1, trainer="fast", ngrams=2)
     with pytest.raises(ValueError, match="option trainer"):
         C.icml_table1(scale="quick", trainer="gpu")
+
+
+@pytest.mark.parametrize("trainer, threads, expected", [("torch", None, 1), ("fast", 2, 2), ("fast", 1, 1)])
+def test_fasttext_peer_runs_on_the_threads_of_our_rows(tmp_path, monkeypatch, trainer, threads, expected):
+    monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
+    pytest.importorskip("fasttext")
+    seen = []
+
+    def fake_fasttext(*args, **kwargs):
+        seen.append(args[-1] if len(args) == 11 else kwargs["threads"])
+        return {"p_at_1": 10.0, "r_at_1": 5.0, "train_seconds": 1.0, "test_seconds": 0.1}
+
+    monkeypatch.setattr(C, "run_fasttext", fake_fasttext)
+    path = C.icml_table1(scale="quick", out=tmp_path / "t.json", outputs="", peers="fasttext-hs", trainer=trainer,
+                         threads=threads, **TINY)
+    row = next(r for r in load_results(path)["records"] if r["output"] == "fasttext-hs")
+    assert set(seen) == {expected} and row["threads"] == expected

@@ -462,15 +462,16 @@ def _doc_tokens(texts: Any) -> list[np.ndarray]:
 
 
 def run_fasttext(train_lines: list[str], test_texts: list[str], test: EncodedSplit, loss: str, dim: int,
-                 lr: float, epochs: int, ngrams: int, seed: int, workdir: Path) -> dict[str, float]:
-    """Train and test fastText (``fasttext-wheel``) with one thread; times measured like ours."""
+                 lr: float, epochs: int, ngrams: int, seed: int, workdir: Path, threads: int = 1
+                 ) -> dict[str, float]:
+    """Train and test fastText (``fasttext-wheel``) on ``threads`` threads; times measured like ours."""
     import fasttext
 
     path = workdir / "train.txt"
     if not path.exists():  # atomic: a half-written file here would be reused by the next learning rate
         atomic_write(path, "\n".join(train_lines) + "\n")
     start = time.perf_counter()
-    model = fasttext.train_supervised(input=str(path), dim=dim, lr=lr, epoch=epochs, loss=loss, thread=1,
+    model = fasttext.train_supervised(input=str(path), dim=dim, lr=lr, epoch=epochs, loss=loss, thread=threads,
                                       minCount=1, wordNgrams=ngrams, bucket=2_000_000 if ngrams > 1 else 0,
                                       seed=seed, verbose=0)
     train_seconds = time.perf_counter() - start
@@ -748,6 +749,8 @@ def _run_peer(config: TableConfig, encoded: dict, peer: str, dim: int, log: Call
         results[name] = (train_split, eval_split, _doc_tokens(source.train_texts), _doc_tokens(source.test_texts))
     if peer.startswith("fasttext"):
         loss = peer.split("-", 1)[1]
+        # the same threads as our rows: one for the PyTorch trainer, the Hogwild threads of the compiled one
+        threads = (config.threads or torch.get_num_threads()) if config.trainer == "fast" else 1
         scores: dict[float, float | None] = {}
         with tempfile.TemporaryDirectory() as tmp:
             for name in ("valid", "test"):
@@ -757,7 +760,7 @@ def _run_peer(config: TableConfig, encoded: dict, peer: str, dim: int, log: Call
             eval_texts = [" ".join(f"w{t}" for t in words.tolist()) for words in eval_tokens]
             for lr in config.lr_grid:
                 got = run_fasttext(train_lines, eval_texts, eval_split, loss, dim, lr, config.epochs, config.ngrams,
-                                   config.seed, Path(tmp) / "valid")
+                                   config.seed, Path(tmp) / "valid", threads)
                 scores[lr] = got["p_at_1"] if math.isfinite(got["p_at_1"]) else None
                 log(f"  d={dim} {peer} lr={lr}: valid P@1 {scores[lr]}")
             best = _select(scores)
@@ -765,7 +768,8 @@ def _run_peer(config: TableConfig, encoded: dict, peer: str, dim: int, log: Call
             train_lines = _fasttext_lines(train_split, train_tokens, np.random.default_rng(config.seed))
             eval_texts = [" ".join(f"w{t}" for t in words.tolist()) for words in eval_tokens]
             result = run_fasttext(train_lines, eval_texts, eval_split, loss, dim, best, config.epochs, config.ngrams,
-                                  config.seed, Path(tmp) / "test")
+                                  config.seed, Path(tmp) / "test", threads)
+            result["threads"] = threads
         import fasttext
 
         version = getattr(fasttext, "__version__", None) or _package_version("fasttext-wheel")
