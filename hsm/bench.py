@@ -1,4 +1,4 @@
-"""``python -m hsm bench``: the output layers side by side (issue 8, speed and scale).
+"""``python -m hsm bench``: the output layers side by side (speed and scale; the book's performance chapter).
 
 For every vocabulary size V and method it times, per batch of B examples with Zipf-distributed
 targets (rank r drawn with probability proportional to 1/r, label id = rank, so the adaptive
@@ -17,7 +17,7 @@ Methods: ``flat`` (:class:`hsm.FlatSoftmax`: ``nn.Linear`` + log-softmax, the O(
 ``adaptive`` (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, cutoffs 2k/20k/100k below V,
 ``div_value=4``, at most as many tail clusters as keep every tail projection >= 1 dimension: among
 the fastest configurations of Grave et al.'s shape we measured, :data:`ADAPTIVE_CUTOFFS`; ``adaptive-x5``
-is the same with the cutoffs 2k/10k/50k/200k used before issue 18), ``tree-d2`` / ``tree-d3``
+is the same with the smaller tail clusters 2k/10k/50k/200k of the first committed runs), ``tree-d2`` / ``tree-d3``
 (:class:`hsm.HierarchicalSoftmax` on a random
 fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``; on CPU in float32 the compiled kernels
 of :mod:`hsm.kernels`), ``torch-d3`` (the same layer with ``use_kernels = False``: pairs grouped
@@ -54,7 +54,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -88,8 +88,8 @@ def tree_arity(num_labels: int, depth: int) -> int:
 #: three tails, ``div_value`` 2 or 4; the performance chapter), among the fastest (three tails with
 #: ``div_value=4`` and a head of 1k-2k words were equally fast within this machine's noise)
 ADAPTIVE_CUTOFFS = (2_000, 20_000, 100_000)
-#: the cutoffs this benchmark used before issue 18 (method ``adaptive-x5``): smaller tail clusters,
-#: about 2.5 times slower at V = 250k
+#: the cutoffs of this benchmark's first committed runs (method ``adaptive-x5``): smaller tail
+#: clusters, about 2.5 times slower at V = 250k (the performance chapter compares both)
 ADAPTIVE_CUTOFFS_X5 = (2_000, 10_000, 50_000, 200_000)
 
 
@@ -97,7 +97,7 @@ def adaptive_cutoffs(num_labels: int, dim: int = 200, div_value: float = 4.0,
                      base: Sequence[int] = ADAPTIVE_CUTOFFS_X5) -> list[int]:
     """Cutoffs for AdaptiveLogSoftmaxWithLoss: those of ``base`` below V (the benchmark's
     ``adaptive`` passes :data:`ADAPTIVE_CUTOFFS`; the default, :data:`ADAPTIVE_CUTOFFS_X5`, is
-    what this function returned before issue 18), and no more clusters than leave every tail a
+    what this function returned for the first committed runs), and no more clusters than leave every tail a
     projection of at least one dimension (torch gives tail i the size ``dim // div_value**(i + 1)``:
     with d = 200 and ``div_value=4`` a fourth tail would get 0 dimensions, a degenerate model).
     A vocabulary at or below the first cutoff gets one cutoff at V / 4. ValueError unless ``base``
@@ -233,13 +233,20 @@ def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | 
 
 
 # ---------------------------------------------------------------------------- one measurement
-_CPU_MS: dict[int, float] = {}  # id of the last timed function -> its median process CPU time
+class MedianTimes(NamedTuple):
+    """The medians of one timed function, in ms."""
+
+    #: wall-clock time: the number the tables report
+    wall_ms: float
+    #: process CPU time (all threads): a second opinion on a busy machine, where time spent
+    #: waiting for a core counts as wall time but not as CPU time
+    cpu_ms: float
 
 
-def _median_ms(fn: Callable[[], Any], repeats: int, budget_s: float, device: torch.device, warmup: int = 2) -> float:
-    """Median wall time of ``fn`` in ms; fewer repeats (at least 3) when one call is slow. The
-    median process CPU time (all threads) is kept in ``_CPU_MS`` as a second opinion on a busy
-    machine (time spent waiting for a core is not CPU time)."""
+def _median_times(fn: Callable[[], Any], repeats: int, budget_s: float, device: torch.device,
+                  warmup: int = 2) -> MedianTimes:
+    """Median wall and process CPU time of ``fn`` in ms; fewer repeats (at least 3) when one call
+    is slow."""
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -254,8 +261,7 @@ def _median_ms(fn: Callable[[], Any], repeats: int, budget_s: float, device: tor
         cpu_times.append(time.process_time() - cpu_start)
         times.append(elapsed)
         spent += elapsed
-    _CPU_MS[0] = statistics.median(cpu_times) * 1e3
-    return statistics.median(times) * 1e3
+    return MedianTimes(wall_ms=statistics.median(times) * 1e3, cpu_ms=statistics.median(cpu_times) * 1e3)
 
 
 def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: int):
@@ -323,8 +329,7 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
     ms: dict[str, float] = {}
     cpu_ms: dict[str, float] = {}
     if "train" in metrics:
-        ms["train"] = _median_ms(train, repeats, budget, device)
-        cpu_ms["train"] = _CPU_MS[0]
+        ms["train"], cpu_ms["train"] = _median_times(train, repeats, budget, device)
     from .layers import RowSparseAdagrad, RowSparseSGD
 
     optimizers = [("train_sgd", RowSparseSGD), ("train_adagrad", RowSparseAdagrad)]
@@ -339,8 +344,7 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
             train()
             optimizer.step()
 
-        ms[name] = _median_ms(step, repeats, budget, device)
-        cpu_ms[name] = _CPU_MS[0]
+        ms[name], cpu_ms[name] = _median_times(step, repeats, budget, device)
         del optimizer
         layer.zero_grad(set_to_none=True)
     with torch.no_grad():
@@ -349,8 +353,7 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
                 h, y = next_batch()
                 return (layer.forward_reference(h, y) if naive else layer(h, y)).output
 
-            ms["logprob"] = _median_ms(logprob, repeats, budget, device)
-            cpu_ms["logprob"] = _CPU_MS[0]
+            ms["logprob"], cpu_ms["logprob"] = _median_times(logprob, repeats, budget, device)
         if "predict" in metrics and not naive:
             if tree is not None:
                 # an untrained layer is near uniform at every node, and an exact search must then
@@ -359,8 +362,8 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
                 layer.weight.mul_(config.get("predict_scale", 10.0))
                 visited = [float(layer._predict_top1(next_batch()[0])[1].float().mean()) for _ in range(3)]
                 row["predict_nodes_visited"] = float(np.mean(visited))
-            ms["predict"] = _median_ms(lambda: layer.predict(next_batch()[0]), repeats, budget, device)
-            cpu_ms["predict"] = _CPU_MS[0]
+            ms["predict"], cpu_ms["predict"] = _median_times(lambda: layer.predict(next_batch()[0]), repeats,
+                                                             budget, device)
     row["ms"] = ms
     row["cpu_ms"] = cpu_ms
     if device.type == "cuda":
@@ -558,7 +561,8 @@ def algorithm1_overhead(vocab: int = 250_000, arity: int = 65, depth: int = 3, d
                         steps: int = 50, repeats: int = 3, well_formed_vocab: int = 312_000,
                         well_formed_arity: int = 20, epoch_tokens: int = 40_750_865,
                         reassign_per_epoch: Sequence[int] = (20, 50), seed: int = 0) -> dict[str, Any]:
-    """What learning the tree costs on top of training with a fixed one (issue 8's 20% budget).
+    """What learning the tree costs on top of training with a fixed one (the performance chapter's budget:
+    20 % over a fixed tree).
 
     Two parts: (1) collecting the node statistics in every forward pass (a training step with
     sparse Adagrad, timed with and without a :class:`hsm.TreeLearner` attached, medians of

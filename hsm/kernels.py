@@ -1,4 +1,6 @@
-"""Compiled CPU kernels for the hierarchical softmax (issue 8: speed).
+"""Compiled CPU kernels for the hierarchical softmax: eq. 5 / eq. 11, its gradients, search, Adagrad.
+
+The book's performance chapter measures what they buy.
 
 A tree-softmax training step evaluates ``P = B * L`` (example, path node) pairs. In PyTorch that
 is a dozen small kernels per batch (gathers, a batched matmul per bucket of node groups, log-softmax,
@@ -34,7 +36,7 @@ or draws cheap groups takes more, and write per-pair results that are summed per
 fixed order afterwards (:func:`sum_by_example`): the results are the same bit for bit whatever
 the thread count (tests/test_kernels.py). Not numba's ``parallel=True``: its OpenMP workers keep
 spinning after a parallel region and slow torch's own kernels that follow by tens of milliseconds
-on a machine with few cores (measured in session 1: a 0.8 ms step became 60 ms); pool threads
+on a machine with few cores (a 0.8 ms step became 60 ms on this project's 2-core machine); pool threads
 sleep when idle.
 
 Only ``float32`` contiguous CPU tensors take these paths (what training uses); other dtypes and
