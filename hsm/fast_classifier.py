@@ -63,129 +63,24 @@ over the tree (fastText's ``dfsM`` with its bound), the full softmax for flat.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal, NamedTuple
 
 import numba
 import numpy as np
 import torch
 
-from .assign import assign_labels_well_formed
+from .fast_trainer import FitHistory, HogwildTrainer, output_arrays
 from .kernels import _FASTMATH, _node_log_softmax, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
 from .objective import RankingScore, _score_name
 from .statistics import NodeStatistics
 from .text_models import BagOfWordsClassifier
-from .training import ReassignRecord
 from .tree import Tree, check_integer
 
 __all__ = ["FastBowClassifier", "FitHistory", "Prediction", "ReleasedStatistics", "as_ragged"]
 
-_SCHEDULE_LINEAR, _SCHEDULE_CONSTANT_THEN_LINEAR = 0, 1
-_NEG_INF = np.float32(-np.inf)
-
-
 # ---------------------------------------------------------------------------------------------- kernels
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
-def _sgd_examples(values, offsets, order, targets, mean, embedding, weight, bias, penalty, path_nodes,
-                  path_children, path_mask, lr, schedule, start, stride, phase, total, collect, sum_probas,
-                  path_counts, label_counts, losses):  # pragma: no cover - compiled
-    """One SGD step per example ``order[k]`` (k = 0, 1, ...), in place; ``losses[k]`` gets its NLL.
-
-    ``values`` / ``offsets``: the ragged documents (word ids); ``targets[i]`` example i's label;
-    ``embedding`` [V, d]; ``weight`` [N, M*d], ``bias`` [N, M] (0 rows: none), ``penalty`` [N, M]
-    (-inf on slots holding no real label; 0 rows: none) and the label paths ``path_*`` [K', L] of
-    the tree (the flat softmax: one node, M = K). The k-th example's rate uses progress
-    ``(start + k * stride + phase) / total``. With ``collect``, SumProbas / Counts of Algorithm 1
-    are added per (label, depth) (:class:`hsm.NodeStatistics`' layout). Returns -1, or the k of
-    the first example whose loss is not finite (it stops there).
-    """
-    dim = embedding.shape[1]
-    arity = weight.shape[1] // dim
-    has_bias = bias.shape[0] > 0
-    has_penalty = penalty.shape[0] > 0
-    length = path_nodes.shape[1]
-    h = np.empty(dim, dtype=np.float32)
-    grad = np.empty(dim, dtype=np.float32)
-    logit = np.empty(arity, dtype=np.float32)
-    one = np.float32(1.0)
-    for k in range(order.shape[0]):
-        i = order[k]
-        progress = (start + k * stride + phase) / total
-        if schedule == 0:
-            rate = np.float32(lr * (1.0 - progress))
-        else:
-            rate = np.float32(lr * min(1.0, 2.0 * (1.0 - progress)))
-        first, last = offsets[i], offsets[i + 1]
-        for j in range(dim):
-            h[j] = 0.0
-            grad[j] = 0.0
-        for t in range(first, last):
-            row = values[t]
-            for j in range(dim):
-                h[j] += embedding[row, j]
-        count = last - first
-        if mean and count > 0:
-            for j in range(dim):
-                h[j] /= np.float32(count)  # EmbeddingBag's mean: the sum, then a division
-        y = targets[i]
-        loss = 0.0
-        for depth in range(length):
-            if not path_mask[y, depth]:
-                break  # paths are padded at the end
-            n = path_nodes[y, depth]
-            c = path_children[y, depth]
-            top = _NEG_INF
-            for m in range(arity):
-                if has_penalty and penalty[n, m] == _NEG_INF:
-                    logit[m] = _NEG_INF  # a slot holding no real label: probability 0
-                    continue
-                base = m * dim
-                acc = np.float32(0.0)
-                for j in range(dim):
-                    acc += weight[n, base + j] * h[j]
-                if has_bias:
-                    acc += bias[n, m]
-                logit[m] = acc
-                top = max(top, acc)
-            norm = np.float32(0.0)
-            for m in range(arity):
-                norm += np.exp(logit[m] - top)
-            loss += np.log(norm) + top - logit[c]
-            inverse = one / norm
-            for m in range(arity):
-                p = np.exp(logit[m] - top) * inverse
-                if collect:
-                    sum_probas[y, depth, m] += p
-                alpha = rate * ((one if m == c else np.float32(0.0)) - p)
-                if alpha == 0.0:
-                    continue  # masked slots (p = 0, m != c): nothing to add
-                base = m * dim
-                for j in range(dim):
-                    w = weight[n, base + j]
-                    grad[j] += alpha * w  # the input gradient uses the weights before this update
-                    weight[n, base + j] = w + alpha * h[j]
-                if has_bias:
-                    bias[n, m] += alpha
-            if collect:
-                path_counts[y, depth] += 1.0
-        if collect:
-            label_counts[y] += 1.0
-        losses[k] = loss
-        if not np.isfinite(loss):
-            return k
-        if mean and count > 0:
-            for j in range(dim):
-                grad[j] /= np.float32(count)
-        for t in range(first, last):
-            row = values[t]
-            for j in range(dim):
-                embedding[row, j] += grad[j]
-    return -1
-
-
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def _representations(values, offsets, embedding, mean, out):  # pragma: no cover - compiled
     """``out[b]`` = sum (or mean) of document b's embedding rows (:class:`BagOfWordsClassifier`)."""
@@ -249,26 +144,6 @@ def _topk_search(h, weight, bias, penalty, child_node, child_label, max_depth, l
                     stack_node[top] = child_node[n, m]
                     stack_score[top] = v
                     top += 1
-
-
-@numba.njit(cache=True)
-def _token_checks(lengths, local, rate):  # pragma: no cover - compiled
-    """fastText's ``lrUpdateRate`` checks over one epoch: after example k (in visiting order)
-    the local token count ``local`` (carried over from the previous epoch) grows by
-    ``lengths[k]``; a check happens when it exceeds ``rate``, and it restarts from 0. Returns
-    (positions: examples done at each check, tokens added since the previous check, the local
-    count left at the end)."""
-    positions = np.empty(lengths.shape[0], dtype=np.int64)
-    added = np.empty(lengths.shape[0], dtype=np.int64)
-    count = 0
-    for k in range(lengths.shape[0]):
-        local += lengths[k]
-        if local > rate:
-            positions[count] = k + 1
-            added[count] = local
-            count += 1
-            local = 0
-    return positions[:count].copy(), added[:count].copy(), local
 
 
 # ---------------------------------------------------------------------------------------------- inputs
@@ -541,25 +416,6 @@ class Prediction(NamedTuple):
     log_probs: np.ndarray
 
 
-@dataclass
-class FitHistory:
-    """What :meth:`FastBowClassifier.fit` did."""
-
-    #: mean training NLL (nats) of each epoch, measured on each example before its update
-    epoch_loss: list[float] = field(default_factory=list)
-    #: one record per AssignLabels call (``step`` = examples done; ``moved_labels`` = share of
-    #: labels whose path changed; ``moved_nodes`` = internal nodes placed somewhere new)
-    rebuilds: list[ReassignRecord] = field(default_factory=list)
-    #: seconds of training (the epochs, rebuilds included)
-    train_seconds: float = 0.0
-    #: examples per second of training
-    examples_per_second: float = 0.0
-    #: per-example losses in visiting order, one array per epoch (``fit(record_losses=True)``)
-    example_losses: list[np.ndarray] = field(default_factory=list)
-    #: the visiting order of every epoch (``fit(record_losses=True)``)
-    orders: list[np.ndarray] = field(default_factory=list)
-
-
 class FastBowClassifier:
     """The bag-of-words classifier of ICML §7.1, trained by compiled per-example Hogwild SGD.
 
@@ -746,38 +602,6 @@ class FastBowClassifier:
         if self.model is None or self.layer is None:
             raise RuntimeError("the classifier has no model yet: call fit (or init_model) first")
 
-    # ------------------------------------------------------------------ the kernel's operands
-    def _output_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """(weight [N, M*d], bias [N, M], penalty, path_nodes, path_children, path_mask): views of
-        the layer's tensors (the kernel writes the parameters in place); the flat softmax is one
-        node with K children."""
-        layer = self.layer
-        if isinstance(layer, FlatSoftmax):
-            k = layer.num_labels
-            weight = layer.linear.weight.data.numpy().reshape(1, k * self.dim)
-            bias = (layer.linear.bias.data.numpy().reshape(1, k) if layer.linear.bias is not None
-                    else np.zeros((0, k), dtype=np.float32))
-            penalty = np.zeros((0, k), dtype=np.float32)
-            nodes = np.zeros((k, 1), dtype=np.int64)
-            children = np.arange(k, dtype=np.int64)[:, None]
-            mask = np.ones((k, 1), dtype=bool)
-            return weight, bias, penalty, nodes, children, mask
-        tree = layer.tree
-        weight = layer.weight.data.numpy()
-        bias = layer.bias.data.numpy() if layer.bias is not None else np.zeros((0, tree.arity), dtype=np.float32)
-        penalty = (np.zeros((0, tree.arity), dtype=np.float32) if tree.slot_mask.all()
-                   else np.where(tree.slot_mask, 0.0, -np.inf).astype(np.float32))
-        return (weight, bias, penalty, np.ascontiguousarray(tree.path_nodes, dtype=np.int64),
-                np.ascontiguousarray(tree.path_children, dtype=np.int64), np.ascontiguousarray(tree.path_mask))
-
-    def _statistics_arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        stats = self.statistics
-        if stats is None:
-            return np.zeros((0, 1, 1), np.float32), np.zeros((0, 1), np.float32), np.zeros(0, np.float32)
-        if isinstance(stats, NodeStatistics):
-            return stats.sum_probas.numpy(), stats.path_counts.numpy(), stats.label_counts.numpy()
-        return stats.sum_probas, stats.path_counts, stats.label_counts
-
     # ------------------------------------------------------------------ training
     def fit(self, docs: Any, labels: Any, num_words: int | None = None, num_labels: int | None = None,
             warm_start: bool = False, record_losses: bool = False) -> "FastBowClassifier":
@@ -824,133 +648,8 @@ class FastBowClassifier:
             self.statistics = (NodeStatistics(tree, prior=self.prior, decay=self.decay, prior_mode=self.prior_mode)
                                if self.statistics_policy == "ours"
                                else ReleasedStatistics(tree, prior=self.prior, decay=self.decay))
-        self._train(values, offsets, label_values, label_offsets, record_losses)
+        self.history = HogwildTrainer(self).train(values, offsets, label_values, label_offsets, record_losses)
         return self
-
-    def _first_half_plan(self, total: int) -> tuple[list[int], int]:
-        """``schedule="first_half"``: (examples done at each rebuild, examples after which the
-        tree is frozen and statistics are no longer collected), as ``train_bow`` with a batch of
-        one: a rebuild every ``half // rebuilds`` examples, frozen once ``rebuilds`` are done or
-        half of training is."""
-        half = total // 2
-        every = max(1, half // self.rebuilds)
-        points = [every * k for k in range(1, self.rebuilds + 1) if every * k <= half]
-        return points, (points[-1] if len(points) == self.rebuilds else half)
-
-    def _token_plan(self, lengths_in_order: np.ndarray, state: dict[str, int], offset: int) -> list[int]:
-        """``schedule="every_tokens"`` for one epoch whose documents have ``lengths_in_order``:
-        the examples done (``offset`` + position) at its rebuilds. ``state`` carries the fork's
-        counters (``FastText::trainThread``) from epoch to epoch: ``local`` (tokens since the
-        last check), ``tokens`` (counted at the checks), ``next`` (``nextLOMupdate``)."""
-        positions, added, state["local"] = _token_checks(lengths_in_order, state["local"], self.rebuild_tokens)
-        points = []
-        for position, count in zip(positions.tolist(), added.tolist()):
-            state["tokens"] += count
-            if state["tokens"] >= state["next"]:
-                points.append(offset + position)
-                half = state["samples"] // 2
-                state["next"] += state["period"] if state["next"] + 1 < half else state["samples"]
-        return points
-
-    def _train(self, values: np.ndarray, offsets: np.ndarray, label_values: np.ndarray, label_offsets: np.ndarray,
-               record_losses: bool) -> None:
-        n = offsets.size - 1
-        total = self.epochs * n
-        rng = np.random.default_rng(self.seed)
-        threads = self.threads or torch.get_num_threads()
-        schedule = self.lr_schedule
-        if schedule == "auto":
-            schedule = "constant_then_linear" if self.output == "learned" else "linear"
-        schedule_code = _SCHEDULE_CONSTANT_THEN_LINEAR if schedule == "constant_then_linear" else _SCHEDULE_LINEAR
-        lengths = np.diff(offsets)
-        label_lengths = np.diff(label_offsets)
-        learning = self.output == "learned" and self.rebuilds > 0
-        pending: list[int] = []
-        collect_until = 0  # statistics are collected while fewer examples than this are done
-        tokens: dict[str, int] = {}
-        if learning and self.schedule == "first_half":
-            pending, collect_until = self._first_half_plan(total)
-        elif learning:
-            samples = int(self.epochs * lengths.sum())
-            tokens = {"samples": samples, "period": samples // 2 // self.rebuilds, "local": 0, "tokens": 0}
-            tokens["next"] = tokens["period"]
-        mean = self.reduce == "mean"
-        embedding = self.model.embedding.weight.data.numpy()
-        history = FitHistory()
-        start_time = time.perf_counter()
-        done = 0
-        for epoch in range(self.epochs):
-            order = rng.permutation(n) if self.shuffle else np.arange(n)
-            if (label_lengths == 1).all():
-                targets = label_values
-            else:  # one label per multi-label example and epoch, uniformly (fastText, train_bow)
-                targets = label_values[label_offsets[:-1] + np.floor(rng.random(n) * label_lengths).astype(np.int64)]
-            if tokens and tokens["next"] < tokens["samples"]:  # the fork's schedule still has rebuilds to come
-                pending += self._token_plan(lengths[order], tokens, epoch * n)
-                collect_until = pending[-1] if tokens["next"] >= tokens["samples"] else total
-            losses = np.empty(n, dtype=np.float64)
-            position = 0
-            while position < n:
-                stop = n
-                if pending:
-                    stop = min(stop, pending[0] - epoch * n)
-                if done < collect_until:
-                    stop = min(stop, collect_until - epoch * n)
-                collect = done < collect_until
-                self._run_chunk(values, offsets, order[position:stop], targets, mean, embedding, schedule_code,
-                                done, total, collect, losses[position:stop], threads, epoch, position)
-                done += stop - position
-                position = stop
-                if pending and pending[0] == done:
-                    pending.pop(0)
-                    history.rebuilds.append(self._rebuild(done))
-            history.epoch_loss.append(float(losses.mean()))
-            if record_losses:
-                history.example_losses.append(losses)
-                history.orders.append(order)
-        history.train_seconds = time.perf_counter() - start_time
-        history.examples_per_second = total / max(history.train_seconds, 1e-12)
-        self.history = history
-
-    def _run_chunk(self, values, offsets, order, targets, mean, embedding, schedule_code, done, total, collect,
-                   losses, threads, epoch, position) -> None:
-        """Examples ``order`` (done: examples before them) on ``threads`` Hogwild threads."""
-        size = order.size
-        if size == 0:
-            return
-        weight, bias, penalty, nodes, children, mask = self._output_arrays()
-        sum_probas, path_counts, label_counts = self._statistics_arrays()
-        parts = max(1, min(threads, size))
-        bounds = np.linspace(0, size, parts + 1).astype(np.int64)
-        shares = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        bad = [-1] * len(shares)
-
-        def task(index: int, lo: int, hi: int) -> None:
-            bad[index] = _sgd_examples(values, offsets, order[lo:hi], targets, mean, embedding, weight, bias, penalty,
-                                       nodes, children, mask, self.lr, schedule_code, float(done), float(parts),
-                                       float(index), float(total), collect, sum_probas, path_counts, label_counts,
-                                       losses[lo:hi])
-
-        _run(task, shares)
-        for index, k in enumerate(bad):
-            if k >= 0:
-                example = int(order[shares[index][0] + k])
-                raise FloatingPointError(
-                    f"training loss is {losses[shares[index][0] + k]} at epoch {epoch}, example {example} (position "
-                    f"{position + shares[index][0] + k} of the epoch, lr={self.lr}): the rate is too high")
-
-    def _rebuild(self, done: int) -> ReassignRecord:
-        """AssignLabels (Algorithm 2) on the statistics so far; the new tree goes into the layer."""
-        start = time.perf_counter()
-        layer = self.layer
-        result = assign_labels_well_formed(layer.tree, self.statistics, score=self.score)
-        # the layer re-draws moved nodes from torch's global generator: seeded here, so a run is
-        # reproducible from ``seed`` alone, and the caller's stream is left alone
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(self.seed * 1_000_003 + done)
-            layer.set_tree(result.tree, reset_nodes=result.moved_nodes if self.reset_moved_nodes else None)
-        self.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
-        return ReassignRecord(done, time.perf_counter() - start, result.moved_labels, len(result.moved_nodes))
 
     # ------------------------------------------------------------------ inference
     def _check_ids(self, values: np.ndarray, offsets: np.ndarray, name: str) -> None:
@@ -991,7 +690,7 @@ class FastBowClassifier:
         child_node = np.ascontiguousarray(np.where(usable, tree.child_node, -1), dtype=np.int64)
         real = usable & (tree.child_label >= 0) & (tree.child_label < tree.num_labels)
         child_label = np.ascontiguousarray(np.where(real, tree.child_label, -1), dtype=np.int64)
-        weight, bias, penalty = self._output_arrays()[:3]
+        weight, bias, penalty = output_arrays(layer, self.dim)[:3]
         rows = h.numpy()
         labels = np.empty((rows.shape[0], k), dtype=np.int64)
         values = np.empty((rows.shape[0], k), dtype=np.float32)
