@@ -247,6 +247,51 @@ def _check_positive(value: Any, name: str) -> float:
     return float(value)
 
 
+def _count(value: Any, name: str, minimum: int, shown: str | None = None) -> int:
+    """``value`` as an int ``>= minimum``: TypeError for a non-integer (:func:`hsm.tree.check_integer`),
+    ValueError naming ``shown`` (default ``name``) for a smaller one."""
+    count = check_integer(value, name)
+    if count < minimum:
+        raise ValueError(f"{shown or name} must be >= {minimum}, got {value}")
+    return count
+
+
+def _choice(value: Any, name: str, choices: tuple[str, ...], described: str | None = None) -> Any:
+    """``value`` when it is one of ``choices``; else ValueError listing them (or ``described``)."""
+    if value not in choices:
+        listed = described or ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}"
+        raise ValueError(f"{name} must be {listed}, got {value!r}")
+    return value
+
+
+def _check_fraction(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {value}")
+    return float(value)
+
+
+def _training_sizes(values: np.ndarray, label_values: np.ndarray, num_words: int | None,
+                    num_labels: int | None) -> tuple[int, int]:
+    """(num_words, num_labels) of a fresh fit: the given sizes, checked against the largest ids
+    of the training data, or those ids plus one."""
+    seen_words = int(values.max()) + 1 if values.size else 1
+    if num_words is None:
+        num_words = seen_words
+    elif check_integer(num_words, "num_words") < seen_words:
+        raise ValueError(f"word id {seen_words - 1} is outside 0..num_words-1 = 0..{num_words - 1}")
+    seen_labels = int(label_values.max()) + 1
+    if num_labels is None:
+        num_labels = seen_labels
+    elif check_integer(num_labels, "num_labels") < seen_labels:
+        raise ValueError(f"unknown label {seen_labels - 1}: num_labels={num_labels} gives labels "
+                         f"0..{num_labels - 1}")
+    if num_labels < 2:
+        raise ValueError(f"a classifier needs K >= 2 labels, got K = {num_labels}")
+    return num_words, num_labels
+
+
 # ---------------------------------------------------------------------------------------------- statistics
 class ReleasedStatistics:
     """The node statistics of the authors' released code (``src/lomtree.cc``), as a
@@ -490,49 +535,23 @@ class FastBowClassifier:
         seed: int = 0,
         wrt: str | None = None,
     ) -> None:
-        self.dim = check_integer(dim, "dim")
-        if self.dim < 1:
-            raise ValueError(f"dim must be >= 1, got {dim}")
-        if output not in ("flat", "huffman", "learned"):
-            raise ValueError(f"output must be 'flat', 'huffman' or 'learned', got {output!r}")
-        self.output = output
-        self.arity = check_integer(arity, "arity")
-        if self.arity < 2:
-            raise ValueError(f"arity M must be >= 2, got {arity}")
+        self.dim = _count(dim, "dim", 1)
+        self.output = _choice(output, "output", ("flat", "huffman", "learned"))
+        self.arity = _count(arity, "arity", 2, shown="arity M")
         self.lr = _check_positive(lr, "lr")
-        self.epochs = check_integer(epochs, "epochs")
-        if self.epochs < 1:
-            raise ValueError(f"epochs must be >= 1, got {epochs}")
+        self.epochs = _count(epochs, "epochs", 1)
         if threads is not None and check_integer(threads, "threads") < 1:
             raise ValueError(f"threads must be >= 1 or None, got {threads}")
         self.threads = threads
-        if reduce not in ("mean", "sum"):
-            raise ValueError(f"reduce must be 'mean' (fastText) or 'sum' (ICML §7.1), got {reduce!r}")
-        self.reduce = reduce
-        if lr_schedule not in ("auto", "linear", "constant_then_linear"):
-            raise ValueError(f"lr_schedule must be 'auto', 'linear' or 'constant_then_linear', got {lr_schedule!r}")
-        self.lr_schedule = lr_schedule
-        self.rebuilds = check_integer(rebuilds, "rebuilds")
-        if self.rebuilds < 0:
-            raise ValueError(f"rebuilds must be >= 0, got {rebuilds}")
-        if schedule not in ("first_half", "every_tokens"):
-            raise ValueError(f"schedule must be 'first_half' or 'every_tokens', got {schedule!r}")
-        self.schedule = schedule
-        self.rebuild_tokens = check_integer(rebuild_tokens, "rebuild_tokens")
-        if self.rebuild_tokens < 1:
-            raise ValueError(f"rebuild_tokens must be >= 1, got {rebuild_tokens}")
-        if statistics not in ("ours", "released"):
-            raise ValueError(f"statistics must be 'ours' or 'released', got {statistics!r}")
-        self.statistics_policy = statistics
-        if isinstance(decay, bool) or not isinstance(decay, (int, float, np.integer, np.floating)):
-            raise TypeError(f"decay must be a real number, got {decay!r}")
-        if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"decay must lie in [0, 1], got {decay}")
-        self.decay = float(decay)
+        self.reduce = _choice(reduce, "reduce", ("mean", "sum"), described="'mean' (fastText) or 'sum' (ICML §7.1)")
+        self.lr_schedule = _choice(lr_schedule, "lr_schedule", ("auto", "linear", "constant_then_linear"))
+        self.rebuilds = _count(rebuilds, "rebuilds", 0)
+        self.schedule = _choice(schedule, "schedule", ("first_half", "every_tokens"))
+        self.rebuild_tokens = _count(rebuild_tokens, "rebuild_tokens", 1)
+        self.statistics_policy = _choice(statistics, "statistics", ("ours", "released"))
+        self.decay = _check_fraction(decay, "decay")
         self.prior = _check_positive(prior, "prior")
-        if prior_mode not in ("current_child", "uniform"):
-            raise ValueError(f"prior_mode must be 'current_child' or 'uniform', got {prior_mode!r}")
-        self.prior_mode = prior_mode
+        self.prior_mode = _choice(prior_mode, "prior_mode", ("current_child", "uniform"))
         self.score: RankingScore = _score_name(score, wrt, default="eq12")
         self.reset_moved_nodes = bool(reset_moved_nodes)
         self.bias = bool(bias)
@@ -628,19 +647,7 @@ class FastBowClassifier:
                 raise ValueError(f"unknown label {int(label_values.max())}: the model has labels "
                                  f"0..{self.num_labels - 1}")
         else:
-            seen_words = int(values.max()) + 1 if values.size else 1
-            if num_words is None:
-                num_words = seen_words
-            elif check_integer(num_words, "num_words") < seen_words:
-                raise ValueError(f"word id {seen_words - 1} is outside 0..num_words-1 = 0..{num_words - 1}")
-            seen_labels = int(label_values.max()) + 1
-            if num_labels is None:
-                num_labels = seen_labels
-            elif check_integer(num_labels, "num_labels") < seen_labels:
-                raise ValueError(f"unknown label {seen_labels - 1}: num_labels={num_labels} gives labels "
-                                 f"0..{num_labels - 1}")
-            if num_labels < 2:
-                raise ValueError(f"a classifier needs K >= 2 labels, got K = {num_labels}")
+            num_words, num_labels = _training_sizes(values, label_values, num_words, num_labels)
             self.init_model(num_words, np.bincount(label_values, minlength=num_labels))
         learned = self.output == "learned"
         if learned and self.statistics is None:

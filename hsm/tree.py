@@ -59,6 +59,39 @@ def check_integer(value: Any, name: str) -> int:
     return int(value)
 
 
+def _checked_arguments(child_node: Any, child_label: Any, num_labels: Any,
+                       depth_limit: Any) -> tuple[np.ndarray, np.ndarray, int]:
+    """:class:`Tree`'s arguments checked one by one (the tree shape itself is checked by
+    :meth:`Tree._derive`): the two ``[N, M]`` slot arrays as int64 and ``K`` as an int. Raises
+    TypeError for non-integers, ValueError naming the first bad shape, size or slot."""
+    child_node = _as_int_array(child_node, "child_node")
+    child_label = _as_int_array(child_label, "child_label")
+    if child_node.ndim != 2 or child_node.shape != child_label.shape:
+        raise ValueError(
+            f"child_node and child_label must be [N, M] arrays of the same shape, got "
+            f"{child_node.shape} and {child_label.shape}"
+        )
+    num_nodes, arity = child_node.shape
+    if num_nodes < 1:
+        raise ValueError("a tree needs at least one internal node (the root)")
+    if arity < 2:
+        raise ValueError(f"arity M must be >= 2, got {arity}")
+    num_labels = check_integer(num_labels, "num_labels")
+    if num_labels < 1:
+        raise ValueError(f"num_labels must be >= 1, got {num_labels}")
+    if depth_limit is not None and check_integer(depth_limit, "depth_limit") < 1:
+        raise ValueError(f"depth_limit must be >= 1 or None, got {depth_limit}")
+    both = (child_node >= 0) & (child_label >= 0)
+    if both.any():
+        n, j = np.argwhere(both)[0]
+        raise ValueError(f"slot ({n}, {j}) holds both an internal node and a label")
+    if (child_node >= num_nodes).any() or (child_node < _EMPTY).any():
+        raise ValueError(f"child_node entries must be -1 or in [0, {num_nodes})")
+    if (child_label < _EMPTY).any():
+        raise ValueError("child_label entries must be -1 or a leaf id >= 0")
+    return child_node, child_label, num_labels
+
+
 class Tree:
     """An M-ary label tree.
 
@@ -85,31 +118,7 @@ class Tree:
         depth_limit: int | None = None,
         label_names: Sequence[str] | None = None,
     ) -> None:
-        child_node = _as_int_array(child_node, "child_node")
-        child_label = _as_int_array(child_label, "child_label")
-        if child_node.ndim != 2 or child_node.shape != child_label.shape:
-            raise ValueError(
-                f"child_node and child_label must be [N, M] arrays of the same shape, got "
-                f"{child_node.shape} and {child_label.shape}"
-            )
-        num_nodes, arity = child_node.shape
-        if num_nodes < 1:
-            raise ValueError("a tree needs at least one internal node (the root)")
-        if arity < 2:
-            raise ValueError(f"arity M must be >= 2, got {arity}")
-        num_labels = check_integer(num_labels, "num_labels")
-        if num_labels < 1:
-            raise ValueError(f"num_labels must be >= 1, got {num_labels}")
-        if depth_limit is not None and check_integer(depth_limit, "depth_limit") < 1:
-            raise ValueError(f"depth_limit must be >= 1 or None, got {depth_limit}")
-        both = (child_node >= 0) & (child_label >= 0)
-        if both.any():
-            n, j = np.argwhere(both)[0]
-            raise ValueError(f"slot ({n}, {j}) holds both an internal node and a label")
-        if (child_node >= num_nodes).any() or (child_node < _EMPTY).any():
-            raise ValueError(f"child_node entries must be -1 or in [0, {num_nodes})")
-        if (child_label < _EMPTY).any():
-            raise ValueError("child_label entries must be -1 or a leaf id >= 0")
+        child_node, child_label, num_labels = _checked_arguments(child_node, child_label, num_labels, depth_limit)
         self.child_node = child_node
         self.child_label = child_label
         self.num_labels = int(num_labels)
