@@ -1,4 +1,4 @@
-"""A fast compiled CPU trainer for the bag-of-words classifier of ICML §7.1 (issue 13, part 1).
+"""A fast compiled CPU trainer for the bag-of-words classifier of ICML §7.1 (book: the classification chapter).
 
 :class:`FastBowClassifier` trains the model of :mod:`hsm.text_models` (``f(x)`` = sum or mean of
 the word embeddings) with a flat softmax, an M-ary Huffman tree or a learned tree (Algorithm 1
@@ -38,7 +38,7 @@ batch of one, in one compiled pass per example, no Python per example):
   per rebuild, never per example) Python runs :func:`hsm.assign.assign_labels_well_formed`
   (Algorithm 2) on them and installs the new tree.
 
-Options the paper leaves open (issue 13, point 2):
+Options the paper leaves open (the classification chapter's section on statistics and schedule):
 
 * ``statistics="ours"``: :class:`hsm.NodeStatistics` (keyed by (label, depth), sums dropped when
   the label's node changes, decayed by ``decay`` at every rebuild, a pseudo-count ``prior`` read
@@ -59,6 +59,10 @@ Options the paper leaves open (issue 13, point 2):
 
 Prediction (:meth:`FastBowClassifier.predict`) is exact: a compiled depth-first branch and bound
 over the tree (fastText's ``dfsM`` with its bound), the full softmax for flat.
+
+Layout: this module holds the classifier's API, its input checks, the inference kernels and
+:class:`ReleasedStatistics`; the training driver (the SGD kernel, the Hogwild chunks, the rebuild
+plans, AssignLabels between chunks) is :class:`hsm.fast_trainer.HogwildTrainer`.
 """
 from __future__ import annotations
 
