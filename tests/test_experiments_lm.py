@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -61,37 +60,10 @@ def test_cap_vocabulary_keeps_unk_and_maps_the_rest_to_it() -> None:
         lm.cap_vocabulary(corpus, 1)
 
 
-@settings(max_examples=30, deadline=None)
-@given(rows=st.integers(1, 40), cols=st.integers(1, 8), seed=st.integers(0, 1000))
-def test_greedy_fill_respects_capacity(rows, cols, seed) -> None:
-    capacity = math.ceil(rows / cols)
-    dist = np.random.default_rng(seed).random((rows, cols))
-    assignment = lm.greedy_fill(dist, capacity)
-    assert assignment.shape == (rows,)
-    assert np.bincount(assignment, minlength=cols).max() <= capacity
-    # with room for everyone, each row gets its nearest column
-    assert (lm.greedy_fill(dist, rows) == dist.argmin(1)).all()
+def test_the_clustering_tree_is_re_exported() -> None:
+    import hsm.clustering
 
-
-def test_greedy_fill_rejects_too_little_room() -> None:
-    with pytest.raises(ValueError, match="cannot hold"):
-        lm.greedy_fill(np.zeros((10, 3)), 3)
-
-
-def test_clustering_tree_groups_nearby_words() -> None:
-    """Four well-separated blobs of 4 words each, M = 4 (16 centroids, one word each): the second
-    k-means groups each blob's clusters under one child of the root."""
-    rng = np.random.default_rng(0)
-    centres = np.eye(4) * 10
-    points = np.repeat(centres, 4, axis=0) + rng.normal(0, 0.01, (16, 4))
-    tree = lm.clustering_tree(points, arity=4, depth=3, seed=0)
-    assert tree.num_labels == 16 and tree.arity == 4
-    root_child = [tree.path(i)[0][1] for i in range(16)]
-    for blob in range(4):
-        assert len(set(root_child[4 * blob:4 * blob + 4])) == 1
-    assert len(set(root_child)) == 4
-    with pytest.raises(ValueError, match="depth 3"):
-        lm.clustering_tree(points, arity=4, depth=2)
+    assert lm.clustering_tree is hsm.clustering.clustering_tree and lm.greedy_fill is hsm.clustering.greedy_fill
 
 
 # ---------------------------------------------------------------------------- training
@@ -159,7 +131,7 @@ def test_run_interrupted_within_an_epoch_resumes_at_the_next_step(tmp_path, monk
     class Stop(Exception):
         pass
 
-    save = lm._atomic_save
+    save = lm.training._atomic_save  # what train_lm's checkpoints call
     steps_per_epoch = -(-len(corpus.windows("train", 2)[1]) // 64)
 
     def save_then_stop(obj, path):
@@ -167,10 +139,10 @@ def test_run_interrupted_within_an_epoch_resumes_at_the_next_step(tmp_path, monk
         if obj["step_in_epoch"] == steps_per_epoch // 2 and len(obj["result"]["epochs"]) == 1:
             raise Stop  # the process dies right after writing a within-epoch checkpoint
 
-    monkeypatch.setattr(lm, "_atomic_save", save_then_stop)
+    monkeypatch.setattr(lm.training, "_atomic_save", save_then_stop)
     with pytest.raises(Stop):
         lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "b", checkpoint_seconds=1e-9)
-    monkeypatch.setattr(lm, "_atomic_save", save)
+    monkeypatch.setattr(lm.training, "_atomic_save", save)
     messages = []
     resumed = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "b", log=messages.append,
                           checkpoint_seconds=1e-9)
@@ -534,3 +506,42 @@ def test_leaf_table_picks_the_heaviest_bottom_nodes(num_labels, arity, seed) -> 
     sample = lm.leaf_table(tree, counts, nodes=3, words=4, min_words=2, sample_seed=seed)
     assert set(sample) <= {f"node {n}" for n in bottom} and len(sample) == min(3, len(bottom))
     assert sample == lm.leaf_table(tree, counts, nodes=3, words=4, min_words=2, sample_seed=seed)
+
+
+# ---------------------------------------------------------------------------- the package's contracts
+@pytest.mark.parametrize("cfg, key", [
+    (lm.LMRunConfig(output="random"), "14842a197261"),
+    (lm.LMRunConfig(output="flat"), "e63f06dddabf"),
+    (lm.LMRunConfig(output="nce"), "15a987799fc1"),
+    (lm.LMRunConfig(output="nce", num_negatives=7), "725a3749db86"),
+    (lm.LMRunConfig(output="learned", prior_mode="uniform"), "a5ba269d81cb"),
+    (lm.LMRunConfig(output="learned", wrt="p"), "9cb753d174bf"),
+    (lm.LMRunConfig(output="learned", decay=1.0), "d7201ece514a"),
+    (lm.LMRunConfig(output="learned", fixed_tree="retrained:base"), "21dd23c8d1a1"),
+    (lm.LMRunConfig(output="learned", l2=5e-5), "6da568b50396"),
+    (lm.LMRunConfig(output="learned", track_objective=True), "f8e91bb7e1a3"),
+])
+def test_run_keys_are_pinned(cfg, key) -> None:
+    """The keys name the finished runs and checkpoints under the cache: a changed key would make
+    every committed result unreachable from its runs (and restart long runs)."""
+    assert cfg.key() == key
+
+
+def test_the_lm_ptb_full_learned_run_key_is_pinned() -> None:
+    sc = lm.SCALES["lm-ptb"]["full"]
+    cfg = lm.LMRunConfig(output="learned", context=sc.context, arity=sc.arity, depth=3, batch_size=sc.batch_size,
+                         epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch,
+                         l2=sc.l2, lr=sc.lr_grid[0], decay=sc.decay)
+    assert cfg.key() == "0155a18f3317"
+
+
+def test_setting_a_package_name_reaches_the_code_that_calls_it(monkeypatch) -> None:
+    """hsm.experiments.lm was one module: setting one of its names still changes what its code calls."""
+    calls = []
+    real = lm.atomic_write
+    monkeypatch.setattr(lm, "atomic_write", lambda *args: calls.append(args))
+    assert lm.training.atomic_write is not real and lm.report.atomic_write is not real
+    lm.training.RunFiles(Path("unused.pt"), Path("never-written.json")).finish(lm.LMRunResult(config={}))
+    assert len(calls) == 1 and calls[0][0] == Path("never-written.json")
+    monkeypatch.undo()
+    assert lm.atomic_write is real and lm.training.atomic_write is real and lm.report.atomic_write is real

@@ -122,16 +122,17 @@ def test_sparse_sampled_outputs_switch_train_lms_layer_and_restore_it():
     from hsm.experiments import lm
     from hsm.sampling import SampledSoftmax
 
-    original = lm._make_output
+    original = lm.training._make_output
     counts = np.arange(1, 31, dtype=np.float64)
     cfg = lm.LMRunConfig(output="negative_sampling", dim=4, num_negatives=3)
     with E._SparseSampledOutputs():
-        layer = lm._make_output(cfg, 30, None, counts)
+        layer = lm.training._make_output(cfg, 30, None, counts)
         assert isinstance(layer, SampledSoftmax) and layer.sparse
-        assert isinstance(lm._make_output(lm.LMRunConfig(output="flat", dim=4), 30, None, counts), torch.nn.Module)
-    assert lm._make_output is original
-    # lm.py now builds sampled outputs with sparse gradients itself (the switch is a no-op for them)
-    assert lm._make_output(cfg, 30, None, counts).sparse
+        flat = lm.training._make_output(lm.LMRunConfig(output="flat", dim=4), 30, None, counts)
+        assert isinstance(flat, torch.nn.Module)
+    assert lm.training._make_output is original
+    # train_lm now builds sampled outputs with sparse gradients itself (the switch is a no-op for them)
+    assert lm.training._make_output(cfg, 30, None, counts).sparse
 
 
 def test_tree_arity_is_the_smallest_that_holds_the_vocabulary():

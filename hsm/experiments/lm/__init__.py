@@ -1,0 +1,123 @@
+"""Language modelling (arXiv §7 Table 1 and Fig. 3; ICML §7.2 Table 2 and Fig. 2).
+
+The log-bilinear LM (:class:`hsm.models.LogBilinearLM`, ``r_x = sum_k R_k U_{w_{t-k}}``) with four
+output layers behind one interface:
+
+* ``flat``: the flat softmax over the vocabulary;
+* ``random``: a hierarchical softmax on a random depth-``D`` M-ary tree (best of several seeds,
+  picked on validation; the arXiv paper takes the best of 5);
+* ``clustering``: ICML §7.2's clustering tree: 50-dimensional word embeddings, MiniBatchKMeans into
+  ``M**2`` centroids, words filled greedily into the nearest non-full centroid (M words each).
+  The paper does not say how the ``M**2`` clusters are grouped under the root; we run a second
+  k-means over the centroids into M groups of M clusters (same greedy fill). The paper learns the
+  embeddings with fastText (5 epochs, hierarchical-softmax loss); fastText is not installed here,
+  so we learn them with our own log-bilinear model (d = 50, random-tree HSM) on the same training
+  data, and use its input embeddings ``U``;
+* ``learned``: Algorithm 1 (:class:`hsm.TreeLearner`) with Algorithm 3 (depth constraint) and the
+  log-likelihood ranking of eq. 12, starting from a random tree, re-assigning 20 times per epoch
+  (arXiv) or 50 times (ICML) while the tree is learned, then fine-tuning with the tree fixed.
+
+Choices where the papers are silent (written into every result file's config):
+
+* initial tree of the learned model: a random tree (seed 0 of the random-tree seeds);
+* batch size: 128 (the largest of ICML's grid {32, 64, 128}; the fastest on our CPU); the learning
+  rate is selected from a grid on validation perplexity after a short run (``select_steps``
+  steps), separately for the flat softmax and for the trees (the random tree's choice is used for
+  all trees, so the trees differ only in structure);
+* the arXiv paper's L2 of 5e-5 on PTB is **not** applied by default: torch's Adagrad refuses
+  weight decay with sparse gradients, and sparse gradients are what makes the tree cheap.
+  ``-o l2=5e-5`` (``LMRunConfig.l2``) adds it ourselves, lazily: only on the embedding and node
+  rows a batch touches (:func:`_add_l2`);
+* examples are shuffled every epoch; perplexity is ``exp`` of the mean NLL per token over the
+  whole split, every token a target (``<eos>``-padded windows);
+* ms/batch: wall time per optimiser step (forward, backward, Adagrad, and for the learned tree the
+  statistics and the amortised re-assignments), and per test batch (forward: ``log p(target)``),
+  measured in the same run on the same machine, after ``warmup`` steps.
+
+``lm-ptb-ablation`` varies one setting of the learned tree at a time (rebuild rate, statistics
+decay and prior, ranking, learning rate, L2, schedule) on the full PTB, and retrains the final
+learned tree from scratch, to see why the learned tree gains less over the random tree than in
+the paper.
+
+Long runs are resumable: each (experiment, run) checkpoints after every epoch under
+``hsm.config.cache_dir()/lm-runs/`` and stores its finished record, so re-running the experiment
+command continues where it stopped. Those files are written atomically under unique temporary
+names (two runs of the same command do not collide; a full disk leaves the previous file); a
+finished-run or checkpoint file that cannot be read is ignored with a warning naming it, and
+the run is recomputed (from the checkpoint when only the finished-run file is bad).
+
+Result files go to ``out``, or without it under :func:`hsm.results.output_root`
+(``hsm-results/lm/...``), never over the committed ``results/`` unless ``out`` names them; a
+full-scale file is not replaced by a quick run unless ``force=True``.
+
+The package, one module per job: :mod:`.presets` (what each experiment trains on, plain values),
+:mod:`.config` (one run's configuration and its key), :mod:`.data` (the corpora),
+:mod:`.training` (one resumable run, the learning-rate search), :mod:`.embeddings` (the
+clustering tree's word vectors; the tree itself is :func:`hsm.clustering.clustering_tree`),
+:mod:`.tables` (every run of a table or of the ablation), :mod:`.report` (result records,
+tables and plots for the notebooks) and :mod:`.commands` (the registered experiments and their
+options). Every name is re-exported here (``from hsm.experiments import lm; lm.train_lm``).
+"""
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any
+
+from hsm.clustering import _kmeans_fill, clustering_tree, greedy_fill
+from hsm.data.lm import UNK, LMCorpus
+from hsm.results import atomic_write
+from hsm.tree import Tree
+
+from . import commands, config, data, embeddings, presets, report, tables, training
+from .commands import (_COUNT_MINIMUM, _OPTIONAL_COUNTS, _parse_options, _ptb_schedules, _run_experiment, _scale_for,
+                       run_lm_gutenberg_65, run_lm_gutenberg_75, run_lm_ptb, run_lm_ptb_ablation, run_lm_ptb_schedules)
+from .config import _KEY_OPTIONAL, OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMRunResult
+from .data import _slice, cap_vocabulary, load_lm_corpus
+from .embeddings import fasttext_embeddings, learn_embeddings
+from .presets import (ABLATION_VARIANTS, ABLATION_WHAT, DEFAULT_OUT, RESULTS_DIR, RUN_FOLDER, SCALES, LMScale,
+                      _ablation_changes)
+from .report import (_EMBEDDINGS, _MODEL_NAMES, _SLUGS, _ablation_records, _out_path, _records, _write,
+                     ablation_markdown, ablation_rows, best_epoch_markdown, combine_parts, leaf_table,
+                     leaf_table_markdown, load_tree_file, plot_ablation, plot_learning_evidence, plot_per_epoch,
+                     plt_colours, runs_of, table_markdown)
+from .tables import _run_dir, _table_corpus, run_ablation, run_table
+from .training import (RankedAdaptiveSoftmax, RunFiles, _add_l2, _atomic_save, _evaluate, _load_checkpoint,
+                       _load_finished, _make_output, _select_lr, _sync, train_lm)
+
+__all__ = [
+    "LMRunConfig",
+    "cap_vocabulary",
+    "clustering_tree",
+    "greedy_fill",
+    "load_lm_corpus",
+    "train_lm",
+    "run_lm_ptb",
+    "run_lm_ptb_schedules",
+    "run_lm_gutenberg_65",
+    "run_lm_gutenberg_75",
+    "run_lm_ptb_ablation",
+    "run_ablation",
+    "ABLATION_VARIANTS",
+    "OUTPUT_KINDS",
+    "SAMPLED_KINDS",
+]
+
+_SUBMODULES = (commands, config, data, embeddings, presets, report, tables, training)
+
+
+class _Package(types.ModuleType):
+    """``hsm.experiments.lm`` was one module; setting one of its names (``monkeypatch.setattr(lm,
+    "atomic_write", ...)`` in the tests) still changes what its code calls: the new value also
+    replaces the old one in every submodule that holds the same object."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        old = self.__dict__.get(name)
+        if old is not None and not isinstance(old, types.ModuleType):
+            for module in _SUBMODULES:
+                if module.__dict__.get(name) is old:
+                    setattr(module, name, value)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package

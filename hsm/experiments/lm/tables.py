@@ -1,0 +1,152 @@
+"""Training every row of a table (:func:`run_table`: flat, random, clustering, learned trees and
+the schedules) or of the ablation (:func:`run_ablation`), each row a resumable
+:func:`~hsm.experiments.lm.training.train_lm` run in the experiment's run folder under
+``hsm.config.cache_dir()/lm-runs/``."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hsm import config as hsm_config
+from hsm.clustering import clustering_tree
+from hsm.data.lm import LMCorpus
+from hsm.tree import Tree
+
+from .config import LMRunConfig, LMRunResult
+from .data import load_lm_corpus
+from .embeddings import fasttext_embeddings, learn_embeddings
+from .presets import ABLATION_VARIANTS, RUN_FOLDER, LMScale, _ablation_changes
+from .training import _select_lr, train_lm
+
+__all__ = ["run_ablation", "run_table"]
+
+
+def _run_dir(experiment_name: str) -> Path:
+    path = hsm_config.cache_dir() / "lm-runs" / experiment_name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _table_corpus(sc: LMScale, device: str) -> LMCorpus:
+    """The corpus of a table or ablation at scale ``sc``, after checking that a depth-3 tree of
+    ``sc.arity`` holds its vocabulary; on CPU, torch gets one intra-op thread (on a shared 2-core
+    machine torch's default, one thread per core, spin-waits for the busy core and runs about 10x
+    slower; HSM_THREADS overrides)."""
+    if torch.device(device).type == "cpu":
+        hsm_config.configure_threads(default=1)
+    corpus = load_lm_corpus(sc.dataset, max_books=sc.max_books, vocab_size=sc.vocab_size,
+                            train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens)
+    if sc.arity**3 < corpus.vocab_size:
+        raise ValueError(f"a {sc.arity}-ary depth-3 tree holds {sc.arity**3} words < vocabulary {corpus.vocab_size}")
+    return corpus
+
+
+def run_table(
+    name: str,
+    sc: LMScale,
+    outputs: Sequence[str],
+    device: str,
+    log: Callable[[str], None] | None = None,
+    schedules: Sequence[tuple[str, int]] | None = None,
+) -> dict[str, Any]:
+    """Train every output layer of a table at scale ``sc``; return the runs and selections.
+
+    ``schedules`` adds learned-tree runs ``(label, learn_epochs)`` (arXiv Fig. 3)."""
+    log = log or (lambda message: print(message, flush=True))
+    corpus = _table_corpus(sc, device)
+    V = corpus.vocab_size
+    run_dir = _run_dir(RUN_FOLDER.get(name, name))
+    base = LMRunConfig(output="random", context=sc.context, arity=sc.arity, depth=3, batch_size=sc.batch_size,
+                       epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch,
+                       l2=sc.l2)
+    seeds = range(sc.first_random_seed, sc.first_random_seed + sc.random_seeds)
+    random_trees = {s: Tree.random(V, sc.arity, 3, seed=s, label_names=corpus.vocab) for s in seeds}
+    first_tree = random_trees[0] if 0 in random_trees else Tree.random(V, sc.arity, 3, seed=0, label_names=corpus.vocab)
+    runs: dict[str, Any] = {}
+    selection: dict[str, Any] = {}
+    tree_lr, trials = _select_lr(corpus, base, first_tree, sc, device, run_dir, log)
+    selection["tree_lr"], selection["tree_trials"] = tree_lr, trials
+    if "flat" in outputs:
+        flat_lr, trials = _select_lr(corpus, replace(base, output="flat"), None, sc, device, run_dir, log)
+        selection["flat_lr"], selection["flat_trials"] = flat_lr, trials
+        runs["flat"] = train_lm(corpus, replace(base, output="flat", lr=flat_lr), device=device,
+                                checkpoint_dir=run_dir, log=log)
+    if "adaptive" in outputs:
+        adaptive_lr, trials = _select_lr(corpus, replace(base, output="adaptive"), None, sc, device, run_dir, log)
+        selection["adaptive_lr"], selection["adaptive_trials"] = adaptive_lr, trials
+        runs["adaptive"] = train_lm(corpus, replace(base, output="adaptive", lr=adaptive_lr), device=device,
+                                    checkpoint_dir=run_dir, log=log)
+    if "random" in outputs:
+        candidates = [train_lm(corpus, replace(base, output="random", lr=tree_lr, tree_seed=s), tree=t, device=device,
+                               checkpoint_dir=run_dir, log=log) for s, t in random_trees.items()]
+        best = min(range(len(candidates)), key=lambda i: candidates[i].valid_perplexity)
+        runs["random"] = candidates[best]
+        selection["random_seed_valid"] = [c.valid_perplexity for c in candidates]
+        selection["random_seed_test"] = [c.test_perplexity for c in candidates]
+        selection["random_best_seed"] = list(seeds)[best]
+        selection["random_seeds"] = list(seeds)
+        selection["random_seed_seconds"] = [c.seconds for c in candidates]
+    if "clustering" in outputs:
+        if sc.clustering_embeddings == "fasttext":
+            emb = fasttext_embeddings(corpus, dim=50, epochs=5, loss="hs")
+        else:
+            emb = learn_embeddings(corpus, replace(base, lr=tree_lr), dim=50, epochs=sc.embed_epochs, device=device)
+        tree = clustering_tree(emb, sc.arity, 3, seed=0, label_names=corpus.vocab)
+        runs["clustering"] = train_lm(corpus, replace(base, output="clustering", lr=tree_lr), tree=tree,
+                                      device=device, checkpoint_dir=run_dir, log=log)
+    if "learned" in outputs:
+        runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, decay=sc.decay),
+                                   tree=first_tree, device=device, checkpoint_dir=run_dir, log=log)
+    for label, learn_epochs in schedules or ():
+        runs[label] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, learn_epochs=learn_epochs,
+                                               decay=sc.decay),
+                               tree=first_tree, device=device, checkpoint_dir=run_dir, log=log)
+    return {"corpus": corpus, "runs": runs, "selection": selection}
+
+
+def run_ablation(sc: LMScale, variants: Sequence[str], device: str = "cpu",
+                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train the learned tree under each of ``variants`` (:data:`ABLATION_VARIANTS`), the random
+    tree it starts from (seed 0, with its J_n tracked at the same steps) at every learning rate
+    used, ``sc.random_seeds`` random trees for the seed-to-seed spread, and (with ``base``) the
+    base run's final tree retrained from scratch. Learning rate: ``sc.lr_grid[0]`` unless the
+    variant changes it. Runs checkpoint under the cache (``lm-runs/lm-ptb-ablation``)."""
+    unknown = [v for v in variants if v not in ABLATION_VARIANTS]
+    if unknown or not variants:
+        raise ValueError(f"unknown or no ablation variants {unknown}; known: {list(ABLATION_VARIANTS)}")
+    log = log or (lambda message: print(message, flush=True))
+    corpus = _table_corpus(sc, device)
+    V = corpus.vocab_size
+    run_dir = _run_dir("lm-ptb-ablation")
+    base = LMRunConfig(output="learned", context=sc.context, arity=sc.arity, depth=3, batch_size=sc.batch_size,
+                       epochs=sc.epochs, learn_epochs=sc.learn_epochs, reassign_per_epoch=sc.reassign_per_epoch,
+                       lr=sc.lr_grid[0])
+    trees = [Tree.random(V, sc.arity, 3, seed=s, label_names=corpus.vocab) for s in range(max(1, sc.random_seeds))]
+    runs: dict[str, LMRunResult] = {}
+    # the random tree each learned run is compared with: seed 0 (its initial tree) trained with
+    # the same learning rate and L2 (the settings that change the random tree too)
+    reference: dict[tuple[float, float], str] = {}
+    for seed, tree in enumerate(trees):
+        cfg = replace(base, output="random", tree_seed=seed, track_objective=seed == 0)
+        runs[f"random_seed{seed}"] = train_lm(corpus, cfg, tree=tree, device=device, checkpoint_dir=run_dir, log=log)
+    reference[(base.lr, base.l2)] = "random_seed0"
+    for name in variants:
+        cfg = replace(base, **_ablation_changes(name, sc.epochs))
+        if (cfg.lr, cfg.l2) not in reference:
+            label = "random_" + "_".join(f"{k}{v:g}" for k, v in (("lr", cfg.lr), ("l2", cfg.l2))
+                                          if v != getattr(base, k))
+            runs[label] = train_lm(corpus, replace(base, output="random", lr=cfg.lr, l2=cfg.l2, track_objective=True),
+                                   tree=trees[0], device=device, checkpoint_dir=run_dir, log=log)
+            reference[(cfg.lr, cfg.l2)] = label
+        runs[name] = train_lm(corpus, cfg, tree=trees[0], device=device, checkpoint_dir=run_dir, log=log)
+        if name == "base" and runs["base"].tree is not None:
+            # right after base: whether its tree is better than random, once words stop moving
+            runs["retrained"] = train_lm(corpus, replace(base, output="random", fixed_tree="retrained:base"),
+                                         tree=Tree.from_dict(runs["base"].tree), device=device,
+                                         checkpoint_dir=run_dir, log=log)
+    reference_of = {name: reference[(run.config["lr"], run.config.get("l2", 0.0))] for name, run in runs.items()}
+    return {"corpus": corpus, "runs": runs, "reference": reference_of, "variants": list(variants)}
