@@ -432,9 +432,10 @@ class _SparseSampledOutputs:
     updates are the dense path's (``tests/test_sampling.py``); only the cost changes."""
 
     def __enter__(self) -> None:
-        from hsm.experiments import lm
+        # the module whose train_lm builds the layers (hsm.experiments.lm re-exports it)
+        from hsm.experiments.lm import training
 
-        self._module, self._original = lm, lm._make_output
+        self._module, self._original = training, training._make_output
 
         def make(cfg, vocab_size, tree, counts=None):
             layer = self._original(cfg, vocab_size, tree, counts)
@@ -442,7 +443,7 @@ class _SparseSampledOutputs:
                 layer.sparse = True
             return layer
 
-        lm._make_output = make
+        training._make_output = make
 
     def __exit__(self, *exc: Any) -> None:
         self._module._make_output = self._original
@@ -499,6 +500,94 @@ def _tree_arity(vocab_size: int) -> int:
     return arity
 
 
+def _sampling_plan(cfg: dict[str, Any]) -> list[tuple[str, str, int]]:
+    """The runs of lm-ptb-sampling in order, as ``(label, output kind, K)``: the reference runs
+    (K 0), each method with ``num_negatives``, then the ``more_negatives`` runs."""
+    plan: list[tuple[str, str, int]] = [(f"{m}-K{cfg['num_negatives']}", m, cfg["num_negatives"]) for m in cfg["methods"]]
+    for item in cfg["more_negatives"]:
+        method, _, k = item.partition(":")
+        plan.append((f"{method}-K{int(k)}", method, int(k)))
+    return [(ref, ref, 0) for ref in cfg["reference"]] + plan
+
+
+def _select_sampling_lr(corpus, base, cfg: dict[str, Any], kind: str, k: int, tree, device: str,
+                        run_dir: Path | None, log) -> tuple[float, list[dict[str, Any]]]:
+    """The learning rate of output ``kind`` (K ``k``): the best of ``lr_grid`` on validation
+    perplexity after ``select_steps`` steps, the grid extended (halved or doubled, up to
+    ``lr_extend`` times) while the best rate is at its edge; with one rate in the grid, that rate."""
+    from dataclasses import replace
+
+    from hsm.experiments.lm import train_lm
+
+    trials: list[dict[str, Any]] = []
+
+    def trial(lr: float) -> None:
+        trial_cfg = replace(base, output=kind, lr=lr, epochs=1, max_steps_per_epoch=cfg["select_steps"],
+                            num_negatives=k or cfg["num_negatives"])
+        try:
+            res = train_lm(corpus, trial_cfg, tree=tree if kind == "random" else None, device=device,
+                           checkpoint_dir=run_dir, log=log)
+            ppl, seconds = res.valid_perplexity, res.seconds
+        except FloatingPointError:
+            ppl, seconds = math.inf, 0.0
+        trials.append({"lr": lr, "valid_perplexity": ppl if math.isfinite(ppl) else None, "seconds": seconds})
+        log(f"{kind} lr {lr}: valid perplexity {ppl:.1f} after {cfg['select_steps']} steps")
+
+    if len(cfg["lr_grid"]) <= 1:
+        return cfg["lr_grid"][0], trials
+    for lr in sorted(cfg["lr_grid"]):
+        trial(lr)
+    # a best rate at the edge of the grid: extend the grid that way (halve / double)
+    for _ in range(cfg["lr_extend"]):
+        rates = [t["lr"] for t in trials]
+        best = min(trials, key=lambda t: t["valid_perplexity"] or math.inf)["lr"]
+        if best == min(rates):
+            trial(best / 2)
+        elif best == max(rates):
+            trial(best * 2)
+        else:
+            break
+    return min(trials, key=lambda t: t["valid_perplexity"] or math.inf)["lr"], trials
+
+
+def _sampling_run_records(run, label: str, kind: str, k: int, lr: float, arity: int, cfg: dict[str, Any],
+                          common: dict[str, Any]) -> list[dict[str, Any]]:
+    """The test-perplexity and ms/batch records of one finished lm-ptb-sampling run."""
+    fields = dict(common, model=LM_METHOD_NAMES[kind] + (f", K = {k}" if k else ""), run=label, method=kind,
+                  num_negatives=k or None, lr=lr, epochs=cfg["epochs"], per_epoch=run.epochs, wall_time_s=run.seconds,
+                  trained_on=run.device, arity=arity if kind == "random" else None, diverged=None)
+    return [make_record(None, run.test_perplexity, measure="test_perplexity", valid_perplexity=run.valid_perplexity,
+                        **fields),
+            make_record(None, run.train_ms_per_batch, measure="train_ms_per_batch", **fields),
+            make_record(None, run.test_ms_per_batch, measure="test_ms_per_batch", **fields)]
+
+
+def _bench_contestants(cfg: dict[str, Any], plan: list[tuple[str, str, int]], arity: int) -> dict[str, dict[str, Any]]:
+    """The output layers of the round-robin step benchmark: flat, the random tree, every sampled run
+    (sparse gradient), and the first method with a dense ``[V, d]`` gradient (what the sparse path buys)."""
+    contestants: dict[str, dict[str, Any]] = {
+        "flat": {"output": "flat", "model": LM_METHOD_NAMES["flat"]},
+        "random": {"output": "random", "model": LM_METHOD_NAMES["random"] + f", {arity}-ary depth 3"},
+    }
+    for label, kind, k in plan:
+        if k:
+            contestants[label] = {"output": kind, "num_negatives": k, "sparse": True,
+                                  "model": LM_METHOD_NAMES[kind] + f", K = {k}"}
+    if cfg["methods"]:
+        first = cfg["methods"][0]
+        contestants[f"{first}-K{cfg['num_negatives']}-dense"] = {
+            "output": first, "num_negatives": cfg["num_negatives"], "sparse": False,
+            "model": LM_METHOD_NAMES[first] + f", K = {cfg['num_negatives']}, dense gradient"}
+    return contestants
+
+
+def _bench_records(bench: dict[str, dict[str, Any]] | None, common: dict[str, Any]) -> list[dict[str, Any]]:
+    return [make_record(None, spec["ms_per_step"], measure="bench_train_ms_per_step", run=label, model=spec["model"],
+                        method=spec["output"], num_negatives=spec.get("num_negatives"), sparse=spec.get("sparse"),
+                        ms_per_step_mean=spec["ms_per_step_mean"], steps=spec["steps"], **common)
+            for label, spec in (bench or {}).items()]
+
+
 @experiment("lm-ptb-sampling", "Beyond seed 004: PTB log-bilinear LM trained with sampled softmax approximations "
             "(importance, Bernoulli, BlackOut, negative sampling, ranking, NCE), exact perplexity and ms/step",
             "results/sampling/lm-ptb.json")
@@ -551,23 +640,13 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
               "valid_tokens": int(corpus.valid.numel()), "test_tokens": int(corpus.test.numel()),
               "context": cfg["context"], "dim": cfg["dim"], "batch_size": cfg["batch_size"], "scale": scale,
               "beyond_paper": True}
-    plan: list[tuple[str, str, int]] = [(f"{m}-K{cfg['num_negatives']}", m, cfg["num_negatives"]) for m in cfg["methods"]]
-    for item in cfg["more_negatives"]:
-        method, _, k = item.partition(":")
-        plan.append((f"{method}-K{int(k)}", method, int(k)))
-    plan = [(ref, ref, 0) for ref in cfg["reference"]] + plan
+    plan = _sampling_plan(cfg)
     tree = Tree.random(corpus.vocab_size, arity, 3, seed=0, label_names=corpus.vocab) if "random" in cfg["reference"] else None
     records: list[dict[str, Any]] = []
     chosen_lr: dict[str, float] = {}
     selection: dict[str, list[dict[str, Any]]] = {}
 
     def write(complete: bool, bench: dict[str, dict[str, Any]] | None = None) -> Path:
-        extra = []
-        for label, spec in (bench or {}).items():
-            extra.append(make_record(None, spec["ms_per_step"], measure="bench_train_ms_per_step", run=label,
-                                     model=spec["model"], method=spec["output"], num_negatives=spec.get("num_negatives"),
-                                     sparse=spec.get("sparse"), ms_per_step_mean=spec["ms_per_step_mean"],
-                                     steps=spec["steps"], **common))
         prov = provenance(dict(cfg, experiment="lm-ptb-sampling", device=device, optimizer="Adagrad", l2=0.0,
                                tree_arity=arity, learning_rates=chosen_lr, lr_selection=selection, complete=complete,
                                proposal="add-one-smoothed unigram counts of the training split",
@@ -575,80 +654,30 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
                                         "K negatives shared by the minibatch)",
                                note="beyond the papers: no paper number to compare with"),
                           time.perf_counter() - start, scale=scale)
-        return write_results(path, records + extra, prov, force=force)
+        return write_results(path, records + _bench_records(bench, common), prov, force=force)
 
     with _SparseSampledOutputs():
         for label, kind, k in plan:
-            method_key = kind
-            if method_key not in chosen_lr:
-                trials = []
-
-                def trial(lr: float) -> None:
-                    trial_cfg = replace(base, output=kind, lr=lr, epochs=1, max_steps_per_epoch=cfg["select_steps"],
-                                        num_negatives=k or cfg["num_negatives"])
-                    try:
-                        res = train_lm(corpus, trial_cfg, tree=tree if kind == "random" else None, device=device,
-                                       checkpoint_dir=run_dir, log=log)
-                        ppl, seconds = res.valid_perplexity, res.seconds
-                    except FloatingPointError:
-                        ppl, seconds = math.inf, 0.0
-                    trials.append({"lr": lr, "valid_perplexity": ppl if math.isfinite(ppl) else None,
-                                   "seconds": seconds})
-                    log(f"{kind} lr {lr}: valid perplexity {ppl:.1f} after {cfg['select_steps']} steps")
-
-                if len(cfg["lr_grid"]) > 1:
-                    for lr in sorted(cfg["lr_grid"]):
-                        trial(lr)
-                    # a best rate at the edge of the grid: extend the grid that way (halve / double)
-                    for _ in range(cfg["lr_extend"]):
-                        rates = [t["lr"] for t in trials]
-                        best = min(trials, key=lambda t: t["valid_perplexity"] or math.inf)["lr"]
-                        if best == min(rates):
-                            trial(best / 2)
-                        elif best == max(rates):
-                            trial(best * 2)
-                        else:
-                            break
-                    chosen_lr[method_key] = min(trials, key=lambda t: t["valid_perplexity"] or math.inf)["lr"]
-                else:
-                    chosen_lr[method_key] = cfg["lr_grid"][0]
-                selection[method_key] = trials
-            run_cfg = replace(base, output=kind, lr=chosen_lr[method_key], num_negatives=k or cfg["num_negatives"])
-            name = LM_METHOD_NAMES[kind] + (f", K = {k}" if k else "")
+            if kind not in chosen_lr:
+                chosen_lr[kind], selection[kind] = _select_sampling_lr(corpus, base, cfg, kind, k, tree, device,
+                                                                       run_dir, log)
+            run_cfg = replace(base, output=kind, lr=chosen_lr[kind], num_negatives=k or cfg["num_negatives"])
             try:
                 run = train_lm(corpus, run_cfg, tree=tree if kind == "random" else None, device=device,
                                checkpoint_dir=run_dir, log=log)
             except FloatingPointError as exc:  # recorded, not fatal: the other methods still run
                 log(f"{label}: diverged ({exc})")
                 records.append(make_record(None, math.nan, measure="test_perplexity", diverged=str(exc),
-                                           **dict(common, model=name, run=label, method=kind, num_negatives=k or None,
+                                           **dict(common, model=LM_METHOD_NAMES[kind] + (f", K = {k}" if k else ""),
+                                                  run=label, method=kind, num_negatives=k or None,
                                                   lr=run_cfg.lr, epochs=cfg["epochs"])))
                 write(False)
                 continue
-            fields = dict(common, model=name, run=label, method=kind, num_negatives=k or None, lr=run_cfg.lr,
-                          epochs=cfg["epochs"], per_epoch=run.epochs, wall_time_s=run.seconds, trained_on=run.device,
-                          arity=arity if kind == "random" else None, diverged=None)
-            records.append(make_record(None, run.test_perplexity, measure="test_perplexity",
-                                       valid_perplexity=run.valid_perplexity, **fields))
-            records.append(make_record(None, run.train_ms_per_batch, measure="train_ms_per_batch", **fields))
-            records.append(make_record(None, run.test_ms_per_batch, measure="test_ms_per_batch", **fields))
+            records.extend(_sampling_run_records(run, label, kind, k, run_cfg.lr, arity, cfg, common))
             log(f"{label}: test perplexity {run.test_perplexity:.1f}, {run.train_ms_per_batch:.1f} ms/step")
             write(False)
-        contestants: dict[str, dict[str, Any]] = {
-            "flat": {"output": "flat", "model": LM_METHOD_NAMES["flat"]},
-            "random": {"output": "random", "model": LM_METHOD_NAMES["random"] + f", {arity}-ary depth 3"},
-        }
-        for label, kind, k in plan:
-            if k:
-                contestants[label] = {"output": kind, "num_negatives": k, "sparse": True,
-                                      "model": LM_METHOD_NAMES[kind] + f", K = {k}"}
-        if cfg["methods"]:  # what the sparse path buys: the same method with a dense [V, d] gradient
-            first = cfg["methods"][0]
-            contestants[f"{first}-K{cfg['num_negatives']}-dense"] = {
-                "output": first, "num_negatives": cfg["num_negatives"], "sparse": False,
-                "model": LM_METHOD_NAMES[first] + f", K = {cfg['num_negatives']}, dense gradient"}
         log("round-robin step benchmark")
-        bench = _benchmark_steps(corpus, cfg, contestants)
+        bench = _benchmark_steps(corpus, cfg, _bench_contestants(cfg, plan, arity))
     return write(True, bench)
 
 
