@@ -112,6 +112,8 @@ def _expected_scale(path: Path, config: dict) -> str | None:
         return config["scale"]
     if family == "bench":
         return "quick" if config["quick"] else "full"
+    if family == "classification" and "vw_lr_grid" not in config:  # fast-classifier-repeats: quick = a slice
+        return "quick" if config["train_limit"] else "full"
     if family == "classification":  # quick preset: vw_lr_grid (0.5,), 40 books
         return "quick" if config["vw_lr_grid"] == [0.5] else "full"
     if family == "sampling" and "iterations" in config:  # quick: 200 iterations, one seed, no LR search

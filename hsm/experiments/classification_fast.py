@@ -324,7 +324,8 @@ def fast_repeats(scale: str = "quick", device: str = "cpu", out: Path | str | No
         records += runs + [{"kind": "summary", "config": name, "output": output, "statistics": statistics,
                             "threads": spec["threads"], "runs": len(outcomes), **counts,
                             "failures": len(outcomes) - counts["ok"], **spread}]
-    prov = provenance(config={**spec_base, "configs": {n: REPEAT_CONFIGS[n] for n in configs}, "timeout_s": timeout_s,
+    prov = provenance(config={**spec_base, "scale": scale, "configs": {n: REPEAT_CONFIGS[n] for n in configs},
+                              "timeout_s": timeout_s,
                               "startup_s": startup_s, "experiment": "fast-classifier-repeats"},
                       wall_time_s=time.perf_counter() - start, scale=scale)
     return write_results(out, records, prov, force=force)
