@@ -139,3 +139,107 @@ def test_taxonomy_tables_refuses_unknown_data_and_options(tmp_path):
         E.run_taxonomy_tables(out=tmp_path / "x.json", data="imdb")
     with pytest.raises(ValueError, match="unknown option"):
         E.run_taxonomy_tables(out=tmp_path / "x.json", data="trec", hidden="3")
+
+
+# ---- the full-scale path (issue 15): document cap, GloVe stand-ins, presets, sizing ----
+
+@given(st.lists(st.integers(0, 400), min_size=1, max_size=60).filter(lambda xs: sum(xs) > 0),
+       st.floats(0.05, 1.0))
+@settings(max_examples=200, deadline=None)
+def test_token_cap_keeps_the_share_and_is_the_smallest_that_does(lengths, share):
+    lengths = np.array(lengths)
+    cap = E.token_cap_for_share(lengths, share)
+    assert 1 <= cap <= max(lengths.max(), 1)
+    assert E.kept_token_share(lengths, cap) >= share - 1e-12
+    if cap > 1:  # one token less would keep too little
+        assert E.kept_token_share(lengths, cap - 1) < share
+
+
+def test_token_cap_examples_and_bad_input():
+    assert E.token_cap_for_share(np.array([10, 10]), 0.95) == 10  # 9 of 10 keeps 90 %
+    assert E.token_cap_for_share(np.array([1, 100]), 0.5) == 50  # kept: 1 + 50 >= 50.5
+    assert E.kept_token_share(np.array([0, 0]), 3) == 1.0
+    for bad in (np.array([]), np.array([-1, 3]), np.array([[1, 2]])):
+        with pytest.raises(ValueError, match="lengths"):
+            E.token_cap_for_share(bad)
+    with pytest.raises(ValueError, match="share"):
+        E.token_cap_for_share(np.array([3]), 0.0)
+    with pytest.raises(ValueError, match="cap"):
+        E.kept_token_share(np.array([3]), 0)
+    assert E.resolve_max_tokens("all", np.array([3, 17, 5]), 0.95) == 17
+    assert E.resolve_max_tokens("auto", np.array([10, 10]), 0.95) == 10
+    assert E.resolve_max_tokens(7, np.array([10, 10]), 0.95) == 7
+
+
+def test_full_preset_is_the_papers_setting():
+    for data, h_dim in (("trec", 150), ("20ng", 150), ("r8", 150), ("r52", 100)):
+        cfg = E._settings("full", data, {})
+        assert (cfg["embed_dim"], cfg["hidden_size"], cfg["dropout"], cfg["lr"], cfg["batch_size"]) == (300, h_dim, 0.5, 1e-3, 10)
+        assert len(cfg["seeds"]) >= 3 and cfg["embeddings"] == "fasttext" and cfg["max_vocab"] == 0
+        assert cfg["max_tokens"] == ("all" if data == "trec" else "auto") and cfg["token_share"] == 0.95
+    quick = E._settings("quick", "r8", {"max_tokens": "auto", "embeddings": "fasttext", "gutenberg_tokens": "0"})
+    assert quick["max_tokens"] == "auto" and quick["embeddings"] == "fasttext" and quick["gutenberg_tokens"] == 0
+    for bad in ({"embeddings": "glove"}, {"embeddings": "random,fasttext"}, {"max_tokens": "some"},
+                {"max_tokens": "0"}, {"token_share": "1.5"}, {"gutenberg_tokens": "-1"}):
+        with pytest.raises(ValueError):
+            E._settings("full", "r8", bad)
+
+
+def test_pretrained_rows_copy_the_vectors_of_known_words():
+    from hsm.data.text_classification import _Encoder
+
+    texts = _Encoder().encode([["a", "b", "a"], ["c"]])
+    vocab = TextVocabulary.from_texts(texts)
+    vectors = np.arange(6, dtype=np.float32).reshape(3, 2)
+    rows, coverage = E.pretrained_rows(vocab, ["b", "a", "zzz"], vectors, seed=0)
+    assert rows.shape == (len(vocab), 2) and coverage == pytest.approx(2 / 3)
+    assert rows[0].abs().sum() == 0  # padding
+    assert rows[vocab.words.index("a")].tolist() == [2.0, 3.0] and rows[vocab.words.index("b")].tolist() == [0.0, 1.0]
+    model = LSTMTextClassifier(len(vocab), 2, 3, pretrained=rows)
+    assert torch.equal(model.embedding.weight.detach(), rows)
+
+
+def test_glove_standin_vectors_are_cached_and_cover_the_training_types(tmp_path, monkeypatch):
+    pytest.importorskip("fasttext")
+    from hsm.data.text_classification import _Encoder
+
+    monkeypatch.setenv("HSM_CACHE", str(tmp_path))
+    docs = [["the", "cat", "sat"], ["a", "dog", "ran", "far"]] * 30
+    data = type("D", (), {"train_texts": _Encoder().encode(docs)})()
+    words, vectors = E.glove_standin_vectors("toy", data, dim=8, gutenberg_tokens=0, epochs=1)
+    assert sorted(words) == sorted({w for d in docs for w in d}) and vectors.shape == (len(words), 8)
+    assert np.isfinite(vectors).all() and np.abs(vectors).sum() > 0
+    cached = list((tmp_path / "derived" / "fasttext").glob("taxonomy-toy-g0-*.npy"))
+    assert len(cached) == 1
+    again_words, again = E.glove_standin_vectors("toy", data, dim=8, gutenberg_tokens=0, epochs=1)
+    assert again_words == words and np.array_equal(again, vectors)  # read back, not retrained (fastText is unseeded)
+    with pytest.raises(ValueError, match="gutenberg_tokens"):
+        E.glove_standin_vectors("toy", data, gutenberg_tokens=-1)
+
+
+@needs_data
+def test_taxonomy_tables_with_standin_vectors_and_token_cap(tmp_path, monkeypatch):
+    pytest.importorskip("fasttext")
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    monkeypatch.setenv("HSM_CACHE", str(tmp_path / "cache"))
+    path = E.run_taxonomy_tables(scale="quick", out=tmp_path / "r8.json", data="r8", models="flat,hierarchical",
+                                 train_limit="40", test_limit="30", max_tokens="auto", embeddings="fasttext",
+                                 gutenberg_tokens="0", embed_dim="8", hidden_size="4", seeds="0,1")
+    payload = load_results(path)
+    cfg = payload["provenance"]["config"]
+    assert cfg["kept_token_share_train"] >= 0.95 and cfg["max_tokens"] == "auto"
+    assert "stand-ins" in cfg["embeddings_note"] and cfg["complete"]
+    runs = [r for r in payload["records"] if r["kind_of_record"] == "run"]
+    assert len(runs) == 4 and all(0 < r["pretrained_coverage"] <= 1 for r in runs)
+    for mean in (r for r in payload["records"] if r["kind_of_record"] == "mean_over_seeds"):
+        assert len(mean["values"]) == 2 and mean["min"] <= mean["value"] <= mean["max"]
+
+
+@needs_data
+def test_estimate_epoch_seconds_extrapolates_from_the_timed_steps(monkeypatch):
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    est = E.estimate_epoch_seconds("trec", model="hierarchical", batches=2, scale="quick", train_limit="45")
+    assert est["steps_timed"] == 2 and est["steps_per_epoch"] == 5  # ceil(45 / 10)
+    assert est["epoch_wall_seconds"] >= 0 and est["epoch_cpu_seconds"] >= 0
+    with pytest.raises(ValueError, match="batches"):
+        E.estimate_epoch_seconds("trec", batches=0, scale="quick")
