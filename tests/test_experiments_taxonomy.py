@@ -243,3 +243,23 @@ def test_estimate_epoch_seconds_extrapolates_from_the_timed_steps(monkeypatch):
     assert est["epoch_wall_seconds"] >= 0 and est["epoch_cpu_seconds"] >= 0
     with pytest.raises(ValueError, match="batches"):
         E.estimate_epoch_seconds("trec", batches=0, scale="quick")
+
+
+@given(st.lists(st.integers(1, 30), min_size=1, max_size=80), st.integers(1, 7), st.integers(0, 5), st.integers(0, 99))
+@settings(max_examples=60, deadline=None)
+def test_length_bucketed_batches_show_every_document_once(lengths, batch_size, bucket, seed):
+    """With or without length buckets an epoch holds every document exactly once, its tokens intact."""
+    n = len(lengths)
+    tokens = torch.zeros(n, max(lengths), dtype=torch.long)
+    for i, length in enumerate(lengths):
+        tokens[i, :length] = i + 2
+    batches = list(E._batches(tokens, torch.arange(n), batch_size, torch.Generator().manual_seed(seed), bucket))
+    seen = torch.cat([y for _, y in batches])
+    assert sorted(seen.tolist()) == list(range(n))
+    for x, y in batches:
+        assert len(y) <= batch_size and x.shape[1] == max(lengths[i] for i in y.tolist())
+        for row, i in zip(x, y.tolist()):
+            assert int((row != 0).sum()) == lengths[i] and bool((row[: lengths[i]] == i + 2).all())
+    if bucket > 0 and n <= bucket * batch_size:  # one pool: the batches cut a length-sorted order
+        spans = sorted((min(lengths[i] for i in y.tolist()), max(lengths[i] for i in y.tolist())) for _, y in batches)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))

@@ -203,10 +203,29 @@ def category_ids(label_names: list[str], taxonomy: dict[str, list[str]]) -> np.n
     return np.array([of[name] for name in label_names])
 
 
-def _batches(tokens: torch.Tensor, labels: torch.Tensor, batch_size: int, gen: torch.Generator | None):
-    order = torch.randperm(len(labels), generator=gen) if gen is not None else torch.arange(len(labels))
-    for start in range(0, len(labels), batch_size):
-        idx = order[start:start + batch_size]
+def _batches(tokens: torch.Tensor, labels: torch.Tensor, batch_size: int, gen: torch.Generator | None,
+             bucket: int = 0):
+    """Batches of ``batch_size`` documents in random order (``gen``; None: in order), each trimmed to
+    its longest document. ``bucket`` > 0: the shuffled documents are cut into pools of ``bucket``
+    batches, each pool sorted by length before it is cut into batches, and the batches shuffled
+    again, so a batch holds documents of similar length: a batch-10 LSTM step costs about as many
+    time steps as its longest document, and on 20NG (lengths up to 12k tokens, mean 269) random
+    batches pay several times the tokens they hold. Every document is still seen once per epoch."""
+    n = len(labels)
+    order = torch.randperm(n, generator=gen) if gen is not None else torch.arange(n)
+    if bucket > 0:
+        lengths = (tokens != 0).sum(1)
+        pool = bucket * batch_size
+        pieces = []
+        for start in range(0, n, pool):
+            chunk = order[start:start + pool]
+            chunk = chunk[torch.argsort(lengths[chunk], stable=True)]
+            pieces += list(chunk.split(batch_size))
+        shuffle = torch.randperm(len(pieces), generator=gen) if gen is not None else torch.arange(len(pieces))
+        index_batches = [pieces[i] for i in shuffle.tolist()]
+    else:
+        index_batches = list(order.split(batch_size))
+    for idx in index_batches:
         x = tokens[idx]
         width = int((x != 0).sum(1).max().clamp_min(1))  # trim the padding of this batch
         yield x[:, :width], labels[idx]
@@ -288,7 +307,8 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
     for epoch in range(1, cfg["max_epochs"] + 1):
         if learner is not None and epoch > cfg["learn_tree_epochs"]:
             learner.freeze()
-        loss = train_epoch(model, layer, _batches(train_x, train_y, cfg["batch_size"], gen), optimizer, learner=learner,
+        loss = train_epoch(model, layer, _batches(train_x, train_y, cfg["batch_size"], gen, cfg["length_buckets"]),
+                           optimizer, learner=learner,
                            device=device)
         valid_metrics = classification_metrics(valid_y, _predict(model, layer, valid_x, device=device))
         history.append({"epoch": epoch, "train_loss": loss, "valid_f1": valid_metrics["f1"],
@@ -358,6 +378,7 @@ _OPTION_CHECKS = {
     "train_limit": lambda k, v: option_int(k, v, minimum=0),  # 0: no limit
     "test_limit": lambda k, v: option_int(k, v, minimum=0),
     "reassign_per_epoch": lambda k, v: option_int(k, v, minimum=1),
+    "length_buckets": lambda k, v: option_int(k, v, minimum=0),  # 0: plain random batches
     "learn_tree_epochs": lambda k, v: option_int(k, v, minimum=0),
 }
 
@@ -380,7 +401,7 @@ def _settings(scale: str, data: str, options: dict[str, Any]) -> dict[str, Any]:
         "embedding_epochs": 1 if quick else 5,
         "dropout": 0.5, "lr": 1e-3, "batch_size": 10, "max_epochs": 1 if quick else 10, "patience": 2 if quick else 3,
         "valid_fraction": 0.1, "train_limit": 200 if quick else 0, "test_limit": 200 if quick else 0,
-        "reassign_per_epoch": 10, "learn_tree_epochs": 1 if quick else 3,
+        "reassign_per_epoch": 10, "learn_tree_epochs": 1 if quick else 3, "length_buckets": 0,
     }
     for key, value in options.items():
         if key == "data":
@@ -439,7 +460,8 @@ def estimate_epoch_seconds(data: str, model: str = "flat", batches: int = 50, sc
     steps_per_epoch = math.ceil(len(train_y) / cfg["batch_size"])
     steps = min(batches, steps_per_epoch)
     wall, cpu = time.perf_counter(), time.process_time()
-    train_epoch(net, layer, _batches(train_x, train_y, cfg["batch_size"], gen), optimizer, learner=learner,
+    train_epoch(net, layer, _batches(train_x, train_y, cfg["batch_size"], gen, cfg["length_buckets"]), optimizer,
+                learner=learner,
                 device=device, max_steps=steps)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     return {"data": data, "model": model, "steps_timed": steps, "steps_per_epoch": steps_per_epoch,
