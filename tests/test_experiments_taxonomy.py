@@ -241,6 +241,9 @@ def test_estimate_epoch_seconds_extrapolates_from_the_timed_steps(monkeypatch):
     est = E.estimate_epoch_seconds("trec", model="hierarchical", batches=2, scale="quick", train_limit="45")
     assert est["steps_timed"] == 2 and est["steps_per_epoch"] == 5  # ceil(45 / 10)
     assert est["epoch_wall_seconds"] >= 0 and est["epoch_cpu_seconds"] >= 0
+    assert 0 < est["tokens_timed"] < est["tokens_per_epoch"]
+    whole = E.estimate_epoch_seconds("trec", batches=99, scale="quick", train_limit="45")
+    assert whole["steps_timed"] == 5 and whole["tokens_timed"] == whole["tokens_per_epoch"]  # the whole epoch timed
     with pytest.raises(ValueError, match="batches"):
         E.estimate_epoch_seconds("trec", batches=0, scale="quick")
 
