@@ -90,6 +90,18 @@ def _git(*args: str) -> str | None:
     return out.stdout.strip()
 
 
+def _code_state() -> tuple[str | None, bool | None]:
+    """(commit, dirty) of this package's checkout now; (None, None) outside a checkout."""
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    return commit or None, None if status is None else bool(status)
+
+
+#: the code this process runs: the checkout's state when the package was imported. A run of hours
+#: must not be credited to a commit made while it ran (the provenance records both when they differ).
+_CODE_AT_START = _code_state()
+
+
 def _cpu_model() -> str:
     """The CPU model name (Linux /proc/cpuinfo; platform.processor() elsewhere)."""
     try:
@@ -114,8 +126,9 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
             None: ``HSM_SCALE`` (:func:`hsm.config.scale`), for callers with no scale of their own.
 
     Returns:
-        A dict with ``date_utc`` (ISO 8601), ``git_commit`` and ``git_dirty`` (tracked files
-        modified; None outside a git checkout), ``hostname``, ``cpu_model``, ``cpu_count``,
+        A dict with ``date_utc`` (ISO 8601), ``git_commit`` and ``git_dirty`` (the checkout's state
+        when this process imported ``hsm``, i.e. the code that ran; tracked files modified; None
+        outside a git checkout; ``git_commit_at_write`` too when HEAD moved while it ran), ``hostname``, ``cpu_model``, ``cpu_count``,
         ``platform``, ``python``, ``torch``, ``numpy``, ``cuda_device`` (name of CUDA device 0,
         or None), ``hsm_scale`` (``scale``, else ``HSM_SCALE``: quick or full), ``config`` and
         ``wall_time_s``.
@@ -139,13 +152,14 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
     import numpy
     import torch
 
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
+    commit, dirty = _CODE_AT_START
+    now = _code_state()
     cuda_device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     return {
         "date_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
-        "git_commit": commit or None,
-        "git_dirty": None if status is None else bool(status),
+        "git_commit": commit,
+        "git_dirty": dirty,
+        **({"git_commit_at_write": now[0]} if now[0] != commit else {}),
         "hostname": socket.gethostname(),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),

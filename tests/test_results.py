@@ -189,3 +189,15 @@ def test_hardware_summary() -> None:
     assert results.hardware_summary({"cuda_device": "NVIDIA H200"}) == "NVIDIA H200"
     assert results.hardware_summary({"cpu_model": "AMD EPYC 7B13 64-Core Processor", "cpu_count": 16}) == "AMD EPYC 7B13 64-Core, 16 cores"
     assert results.hardware_summary({}) == "unknown CPU"
+
+
+def test_provenance_credits_the_code_the_process_started_with(monkeypatch):
+    from hsm import results as R
+
+    monkeypatch.setattr(R, "_CODE_AT_START", ("a" * 40, False))
+    monkeypatch.setattr(R, "_code_state", lambda: ("b" * 40, False))  # HEAD moved while the run went on
+    prov = R.provenance(config={}, scale="quick")
+    assert prov["git_commit"] == "a" * 40 and prov["git_dirty"] is False
+    assert prov["git_commit_at_write"] == "b" * 40
+    monkeypatch.setattr(R, "_code_state", lambda: ("a" * 40, False))
+    assert "git_commit_at_write" not in R.provenance(config={}, scale="quick")
