@@ -34,9 +34,9 @@ import numpy as np
 
 from hsm.experiments import (check_device, check_scale, experiment, option_choices, option_float, option_int,
                              option_ints)
-from hsm.experiments.classification import (OUTPUTS, TableConfig, _parse_options, encode_data, evaluate_bow,
-                                            load_classification_data, run_table, train_bow, _subset_rows)
-from hsm.results import atomic_write, check_replace, output_path, provenance, read_json_or_none, write_results
+from hsm.experiments.classification import (OUTPUTS, TableConfig, _default_out, _parse_options, _subset_rows,
+                                            encode_data, evaluate_bow, load_classification_data, run_table, train_bow)
+from hsm.results import atomic_write, check_replace, provenance, read_json_or_none, write_results
 
 __all__ = ["ABLATION_VARIANTS", "REPEAT_CONFIGS", "fast_ablation", "fast_repeats", "summarise_ablation"]
 
@@ -143,9 +143,7 @@ def fast_ablation(scale: str = "quick", device: str = "cpu", out: Path | str | N
     check_device(device)
     if device != "cpu":
         raise ValueError(f"the compiled trainer runs on the CPU, got device={device!r}")
-    slug = config.data if config.data in ("cooking", "gutenberg-books") else Path(config.data).name.split(".")[0]
-    out = Path(out) if out is not None else output_path(
-        f"results/classification/fast-ablation-{slug}{'' if scale == 'full' else '-quick'}.json")
+    out = Path(out) if out is not None else _default_out("fast-ablation", scale, config.data)
     check_replace(out, scale, force)
     partial_path = out.with_name(f".{out.name}.partial.json")
     key_config = json.dumps({"config": config.__dict__, "arities": list(arities)}, default=list, sort_keys=True)
@@ -301,9 +299,7 @@ def fast_repeats(scale: str = "quick", device: str = "cpu", out: Path | str | No
     }
     timeout_s = option_float("timeout_s", options.get("timeout_s", 300), positive=True)
     startup_s = option_float("startup_s", options.get("startup_s", 120), minimum=0.0)
-    slug = data if data in ("cooking", "gutenberg-books") else Path(data).name.split(".")[0]
-    out = Path(out) if out is not None else output_path(
-        f"results/classification/fast-repeats-{slug}{'' if scale == 'full' else '-quick'}.json")
+    out = Path(out) if out is not None else _default_out("fast-repeats", scale, data)
     check_replace(out, scale, force)
     start = time.perf_counter()
     records: list[dict[str, Any]] = []
