@@ -59,6 +59,7 @@ __all__ = [
     "write_results",
     "atomic_write",
     "read_json_or_none",
+    "ResumableParts",
     "output_root",
     "output_path",
     "recorded_scale",
@@ -299,6 +300,59 @@ def read_json_or_none(path: str | os.PathLike[str], what: str = "file") -> Any |
         warnings.warn(f"ignoring unreadable {what} {path} ({type(exc).__name__}: {exc}); it will be recomputed",
                       stacklevel=2)
         return None
+
+
+class ResumableParts:
+    """The finished parts of a long run, kept in ``.<out name>.partial.json`` beside its result
+    file so that a stopped run resumes where it was.
+
+    ``config`` is what the parts depend on (anything JSON can hold): a saved file written under
+    another config is ignored, so changing a setting never mixes old parts into a new table. Each
+    part is saved atomically the moment it finishes (:meth:`run`); :meth:`finish` removes the file
+    once the caller has written the result. An unreadable partial file (truncated by a full disk)
+    is warned about by name and ignored (:func:`read_json_or_none`)::
+
+        parts = ResumableParts(out, config)
+        for seed in seeds:
+            row = parts.run(f"seed{seed}", lambda: train(seed))   # skipped when already done
+        write_results(out, ...); parts.finish()
+    """
+
+    def __init__(self, out: str | os.PathLike[str], config: Any, what: str = "partial-run file",
+                 log: Callable[[str], None] | None = print) -> None:
+        out = Path(out)
+        self.path = out.with_name(f".{out.name}.partial.json")
+        # normalised through JSON, so that a tuple and the list it is read back as compare equal
+        self.config = json.loads(json.dumps(config, default=list, sort_keys=True))
+        self.parts: dict[str, Any] = {}
+        saved = read_json_or_none(self.path, what)
+        if isinstance(saved, dict) and saved.get("config") == self.config and isinstance(saved.get("parts"), dict):
+            self.parts = saved["parts"]
+            if log is not None and self.parts:
+                log(f"resuming from {self.path.name}: {len(self.parts)} parts already done")
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.parts
+
+    def __getitem__(self, key: str) -> Any:
+        return self.parts[key]
+
+    def __len__(self) -> int:
+        return len(self.parts)
+
+    def run(self, key: str, compute: Callable[[], Any]) -> Any:
+        """The saved part ``key``, or ``compute()`` saved under ``key`` before it is returned."""
+        if key not in self.parts:
+            self.parts[key] = compute()
+            self.save()
+        return self.parts[key]
+
+    def save(self) -> None:
+        atomic_write(self.path, json.dumps({"config": self.config, "parts": self.parts}))
+
+    def finish(self) -> None:
+        """Remove the partial file (call after the complete result is written)."""
+        self.path.unlink(missing_ok=True)
 
 
 #: Environment variable naming the folder that runs write to when no output path is given.

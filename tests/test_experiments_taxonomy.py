@@ -134,6 +134,39 @@ def test_taxonomy_tables_result_file(tmp_path, monkeypatch):
     assert all(r["claim"] is None for r in means if r["model"] == "learned")
 
 
+@needs_data
+def test_taxonomy_tables_resume_a_stopped_run_from_its_finished_parts(tmp_path, monkeypatch):
+    """A run cut short (here: the second model raises) keeps its finished (seed, model) runs in the
+    partial file; the rerun trains only what is missing and removes the partial file."""
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    options = dict(train_limit="60", test_limit="40", max_tokens="8", max_vocab="300", models="flat,hierarchical")
+    trained: list[str] = []
+    real_train_one = E.train_one
+
+    def stopped_at_hierarchical(kind, *args, **kwargs):
+        if kind == "hierarchical":
+            raise KeyboardInterrupt
+        trained.append(kind)
+        return real_train_one(kind, *args, **kwargs)
+
+    monkeypatch.setattr(E, "train_one", stopped_at_hierarchical)
+    with pytest.raises(KeyboardInterrupt):
+        E.run_taxonomy_tables(scale="quick", out=tmp_path / "trec.json", data="trec", **options)
+    partial = tmp_path / ".trec.json.partial.json"
+    assert partial.exists() and trained == ["flat"]
+
+    def counted(kind, *args, **kwargs):
+        trained.append(kind)
+        return real_train_one(kind, *args, **kwargs)
+
+    monkeypatch.setattr(E, "train_one", counted)
+    path = E.run_taxonomy_tables(scale="quick", out=tmp_path / "trec.json", data="trec", **options)
+    assert trained == ["flat", "hierarchical"]
+    assert not partial.exists()
+    runs = [r for r in load_results(path)["records"] if r["kind_of_record"] == "run"]
+    assert [r["model"] for r in runs] == ["flat", "hierarchical"]
+
+
 def test_taxonomy_tables_refuses_unknown_data_and_options(tmp_path):
     with pytest.raises(ValueError, match="data must be"):
         E.run_taxonomy_tables(out=tmp_path / "x.json", data="imdb")

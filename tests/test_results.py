@@ -201,3 +201,38 @@ def test_provenance_credits_the_code_the_process_started_with(monkeypatch):
     assert prov["git_commit_at_write"] == "b" * 40
     monkeypatch.setattr(R, "_code_state", lambda: ("a" * 40, False))
     assert "git_commit_at_write" not in R.provenance(config={}, scale="quick")
+
+
+def test_resumable_parts_skip_finished_parts_and_ignore_another_config(tmp_path: Path) -> None:
+    from hsm.results import ResumableParts
+
+    out = tmp_path / "table.json"
+    calls: list[str] = []
+
+    def compute(key: str):
+        return lambda: calls.append(key) or {"key": key, "values": (1, 2)}
+
+    parts = ResumableParts(out, {"lr": 0.5, "seeds": (0, 1)}, log=None)
+    assert parts.run("a", compute("a")) == {"key": "a", "values": (1, 2)}
+    assert parts.path == tmp_path / ".table.json.partial.json" and parts.path.exists()
+    # a new process with the same config (a tuple read back as a list) resumes: "a" is not recomputed
+    again = ResumableParts(out, {"seeds": [0, 1], "lr": 0.5}, log=None)
+    assert "a" in again and len(again) == 1
+    assert again.run("a", compute("a")) == {"key": "a", "values": [1, 2]}
+    again.run("b", compute("b"))
+    assert calls == ["a", "b"]
+    # another config starts afresh
+    other = ResumableParts(out, {"lr": 0.25, "seeds": [0, 1]}, log=None)
+    assert len(other) == 0
+    again.finish()
+    assert not again.path.exists()
+    again.finish()  # twice is harmless
+
+
+def test_resumable_parts_warn_about_an_unreadable_file(tmp_path: Path) -> None:
+    from hsm.results import ResumableParts
+
+    (tmp_path / ".t.json.partial.json").write_text('{"config": ', encoding="utf-8")
+    with pytest.warns(UserWarning, match="partial-run file"):
+        parts = ResumableParts(tmp_path / "t.json", {}, log=None)
+    assert len(parts) == 0

@@ -47,7 +47,7 @@ from hsm.config import configure_threads, seed_everything
 from hsm.experiments import (check_device, check_scale, experiment, option_choices, option_float, option_int,
                              option_ints)
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
-from hsm.results import check_replace, make_record, output_path, provenance, write_results
+from hsm.results import ResumableParts, check_replace, make_record, output_path, provenance, write_results
 from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classification_metrics, encode_texts
 from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
@@ -514,10 +514,17 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
                 note=f"{embeddings_note}; one 10% stratified validation split from train (no 4-fold CV; the paper's "
                      f"selected h_dim); documents cut at {cfg['max_tokens_used']} tokens "
                      f"({100 * cfg['kept_token_share_train']:.1f}% of the training tokens kept)")
+    # a stopped run (a session cut at its time limit) resumes from its finished (seed, model) runs;
+    # the parts depend on every setting but the lists of seeds and models, so adding a seed reuses them
+    parts = ResumableParts(path, {k: v for k, v in cfg.items() if k not in ("seeds", "models")} | {"device": str(device)},
+                           what="partial taxonomy-table file", log=lambda m: print(m, file=sys.stderr, flush=True))
     for seed in cfg["seeds"]:
-        valid = dataset.validation_split(cfg["valid_fraction"], seed=seed)
+        valid = None
         for kind in cfg["models"]:
-            result = train_one(kind, dataset, valid, cfg, seed, pretrained=pretrained, device=device)
+            if f"seed{seed}/{kind}" not in parts:
+                valid = valid or dataset.validation_split(cfg["valid_fraction"], seed=seed)
+            result = parts.run(f"seed{seed}/{kind}", lambda: train_one(kind, dataset, valid, cfg, seed,
+                                                                       pretrained=pretrained, device=device))
             extra = {k: v for k, v in result.items() if k != "test"}
             run_records.append(make_record(None, result["test"]["f1"], kind_of_record="run", dataset=data, model=kind,
                                            seed=seed, scale=scale, test=result["test"], **extra))
@@ -528,6 +535,7 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
             records = run_records + _mean_records(per_model, table, key, data, scale, cfg["seeds"])
             path = write_results(path, records, provenance(dict(cfg, **info, complete=done), time.perf_counter() - start,
                                                            scale=scale), force=force)
+    parts.finish()
     return path
 
 
