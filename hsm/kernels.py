@@ -372,7 +372,11 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
     per-thread scratch row and consumed while in cache, instead of being written to
     ``grad_weight`` and read back by the optimiser (two passes over the batch's node blocks
     saved); ``grad_weight`` and ``grad_bias`` are then not written. The same arithmetic, so the
-    same bits as the optimiser's update of the gradient this kernel would otherwise return."""
+    same bits as the optimiser's update of the gradient this kernel would otherwise return.
+
+    Longer than the package's ~120-line rule on purpose: the two blocked products and the fused
+    update share one pass over a node's pairs (splitting them into functions would read each
+    node block again, the cost this kernel exists to avoid)."""
     dim = h.shape[1]
     arity = node_prob.shape[1]
     count = node_prob.shape[0]

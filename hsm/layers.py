@@ -140,7 +140,13 @@ def _decode_tree(state: Any, layer: "HierarchicalSoftmax") -> Tree:
 class _TreeInStateDict:
     """The state-dict hooks of :class:`HierarchicalSoftmax`: the tree travels with the node
     parameters (their meaning depends on it), encoded by :func:`_encode_tree`. Mixed into the layer,
-    whose ``tree``, ``set_tree``, ``statistics`` and shape attributes they use."""
+    whose ``tree``, ``set_tree``, ``statistics`` and shape attributes they use.
+
+    ``load_state_dict`` into a layer built on *any* tree of the same K, M, N and ``in_features``
+    installs the saved tree (and refuses, before copying anything, a state dict of another shape,
+    naming both). Label names are not saved: the loaded tree keeps the layer's. A state dict without
+    a tree (written by an older version) still loads, with a warning, and the layer keeps its tree.
+    The learner's statistics and step count are in ``TreeLearner.state_dict()``."""
 
     def get_extra_state(self) -> Tensor:
         """The tree, for ``state_dict()`` (see :meth:`set_extra_state` and :func:`_encode_tree`)."""
@@ -221,13 +227,8 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     nodes named in ``reset_nodes`` (new positions) are re-initialised, as the thesis does for a
     new node (its Fig. 3.6 h).
 
-    The tree is part of :meth:`state_dict` (key ``_extra_state``), so a layer trained with a
-    :class:`~hsm.TreeLearner` round-trips: ``load_state_dict`` into a layer built on *any* tree
-    of the same K, M, N and ``in_features`` installs the saved tree (and refuses, before copying
-    anything, a state dict of another shape, naming both). Label names are not saved: the loaded
-    tree keeps the layer's. A state dict without a tree (written by an older version) still loads,
-    with a warning, and the layer keeps its tree. The learner's statistics and step count are in
-    ``TreeLearner.state_dict()``.
+    The tree is part of :meth:`state_dict` (key ``_extra_state``; :class:`_TreeInStateDict`), so a
+    layer trained with a :class:`~hsm.TreeLearner` round-trips through ``load_state_dict``.
 
     Input checks (every entry point): TypeError when ``input``'s dtype is not the parameters'
     (as ``nn.Linear``: convert one of them), ValueError for a wrong shape or device and for rows

@@ -134,7 +134,7 @@ class LogBilinearLM(nn.Module):
     the layout of :meth:`hsm.data.LMCorpus.windows`) -> ``r_x`` [B, d].
 
     The papers write the flat softmax as ``softmax(r_x^T U + b)``, i.e. output embeddings tied to
-    the input ones (inventory §2.1 [AMBIG]). A tree softmax has node vectors, not word vectors, so
+    the input ones (ICML eq. 1-2; the papers do not say whether U is shared). A tree softmax has node vectors, not word vectors, so
     it cannot be tied; to compare the output layers on equal terms we use an untied output layer
     for the flat softmax too (:class:`hsm.FlatSoftmax`).
     """

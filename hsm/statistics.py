@@ -12,7 +12,8 @@ only ever reaches the D nodes on its path, so we store the statistics by (label,
   reaches every node of its path, so Counts[n, i] is the same for all of them);
 * ``stat_node[i, d]``: the node those sums were collected at.
 
-The papers leave three things open (inventory §3.1); our choices:
+The papers leave three things open (Algorithm 1's pseudocode in ICML §4 and arXiv §4; the
+book's errata chapter, notebooks/errata.md); our choices:
 
 1. **Initialisation / prior (0/0 in the arXiv and ICML pseudocode).** A pseudo-count ``prior``
    (default 1, the thesis' Counts = 1) of a prior distribution, applied at read time. Two priors:

@@ -1,9 +1,9 @@
 """The bag-of-words text classifier of the ICML extreme-classification experiments (§7.1).
 
-ICML §7.1 (inventory §6.2): "the representation of a caption is obtained by summing the
+ICML §7.1: "the representation of a caption is obtained by summing the
 embeddings of its words", ``f_Theta(x) = sum_{w in x} U_w`` with ``U_w in R^d``, ``d in {50, 200}``;
 the output layer (flat softmax, Huffman tree, learned tree) turns ``f_Theta(x)`` into ``p(y | x)``.
-The released code (a fastText fork, inventory §9 a) *averages* the embeddings, as fastText does;
+The released code (a fastText fork, github.com/yjernite/fastTextLearnTree) *averages* the embeddings, as fastText does;
 :class:`BagOfWordsClassifier` does either (``reduce="sum"`` or ``"mean"``).
 
 Pieces:

@@ -1,7 +1,7 @@
 """Gutenberg: 678 Project Gutenberg books as a language-modelling corpus and as passage -> book classification.
 
 The paper's Gutenberg corpus (ICML §7.2, Table 2; arXiv §7) has "about 50M tokens" and a 250,000-word
-vocabulary; which books, which tokenizer and which split it used are not said (inventory §6.1, [AMBIG]). This
+vocabulary; which books, which tokenizer and which split it used are not said. This
 module builds **our** corpus from the 678-book archive of the data mirror; every choice below is ours.
 
 Pipeline (one streaming pass over the archive, one book in memory at a time):

@@ -2,7 +2,8 @@
 
 The log-bilinear LM of the paper (arXiv §6, ICML §7.2) predicts word ``w_t`` from the ``T`` previous words
 ``w_{t-T}, ..., w_{t-1}``: ``T = 3`` on PTB and ``4`` on Gutenberg in the arXiv version, ``4`` in the ICML
-version (inventory §6.1, §6.3). :func:`context_windows` turns a token stream into those (context, target) pairs.
+version (the two versions disagree on PTB's T). :func:`context_windows` turns a token stream into those
+(context, target) pairs.
 """
 from __future__ import annotations
 

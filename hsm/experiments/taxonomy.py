@@ -81,8 +81,8 @@ def kept_token_share(lengths: np.ndarray, cap: int) -> float:
 
 def token_cap_for_share(lengths: np.ndarray, share: float = 0.95) -> int:
     """The smallest cap ``L`` with ``sum(min(len_i, L)) >= share * sum(len_i)``: truncating every
-    document to ``L`` tokens keeps at least ``share`` of the tokens (issue 15: >= 95 % of the tokens
-    of 20NG / R8 / R52, computed on the training split). Binary search: the kept count is
+    document to ``L`` tokens keeps at least ``share`` of the tokens (the full preset keeps >= 95 % of the
+    tokens of 20NG / R8 / R52, computed on the training split; notebooks/taxonomy_softmax.md). Binary search: the kept count is
     non-decreasing in ``L`` and reaches the total at ``L = max(len_i)``."""
     lengths = np.asarray(lengths, dtype=np.int64)
     if lengths.ndim != 1 or lengths.size == 0 or (lengths < 0).any():
@@ -449,7 +449,7 @@ def _prepare(scale: str, data: str, options: dict[str, Any]):
 def estimate_epoch_seconds(data: str, model: str = "flat", batches: int = 50, scale: str = "full", seed: int = 0,
                            device: str = "cpu", **options: Any) -> dict[str, Any]:
     """Time ``batches`` training steps of ``model`` at the preset of ``scale`` (+ ``options``) and
-    extrapolate to one epoch: the sizing of the full tables (issue 15). Both wall time and this
+    extrapolate to one epoch: the sizing of the full tables (notebooks/taxonomy_softmax.md). Both wall time and this
     process's CPU time are given (on a shared machine the CPU time is what the steps cost a free
     core). The fastText vectors are not timed (built, or read from the cache, before the clock)."""
     if batches < 1:
