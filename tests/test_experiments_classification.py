@@ -5,6 +5,7 @@ check the result file's structure and invariants, not accuracy or timings.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -178,12 +179,38 @@ def test_a_stopped_table_resumes_from_its_partial_file(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         C.run_table(config, "table1", out=out, log=lambda s: None)
     partial = json.loads((tmp_path / ".t.json.partial.json").read_text())
-    assert list(partial["rows"]) == ["d8/flat"]
+    assert list(partial["parts"]) == ["d8/flat"]  # hsm.results.ResumableParts' file
+    # a run under another config does not take the saved row (stopped at once: the file stays as it was)
+    calls.clear()
+
+    def stop_at_once(*args, **kwargs):
+        calls.append(args[2])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(C, "_run_ours", stop_at_once)
+    with pytest.raises(KeyboardInterrupt):
+        C.run_table(dataclasses.replace(config, epochs=1), "table1", out=out, log=lambda s: None)
+    assert calls == ["flat"]
+    assert json.loads((tmp_path / ".t.json.partial.json").read_text()) == partial
     calls.clear()
     monkeypatch.setattr(C, "_run_ours", lambda *a, **k: (calls.append(a[2]), original(*a, **k))[1])
     records = C.run_table(config, "table1", out=out, log=lambda s: None)
     assert calls == ["huffman5"]  # flat was not trained again
     assert [r["output"] for r in records if r.get("model") != "gain"] == ["flat", "huffman5"]
+    assert not (tmp_path / ".t.json.partial.json").exists()  # removed once every row is done
+
+
+def test_names_set_on_the_package_reach_the_modules_that_call_them(monkeypatch):
+    """The module became a package: monkeypatching ``C.X`` still changes what its code calls."""
+    original = C.train_bow
+
+    def fake(*args, **kwargs):
+        raise AssertionError("not called")
+
+    monkeypatch.setattr(C, "train_bow", fake)
+    assert C.train_bow is fake and C.table.train_bow is fake and C.training.train_bow is fake
+    monkeypatch.undo()
+    assert C.train_bow is original and C.table.train_bow is original and C.training.train_bow is original
 
 
 def test_released_code_prior_keeps_unseen_labels_in_place_where_the_uniform_prior_scatters_them():

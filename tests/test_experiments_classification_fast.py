@@ -1,6 +1,7 @@
 """The compiled trainer's experiments: the statistics/schedule ablation and the threaded repeats."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -50,6 +51,44 @@ def test_ablation_runs_every_seed_and_variant(tmp_path, monkeypatch):
     assert summaries["released/every_tokens"]["gain_mean"] == pytest.approx(sum(learned) / 2)
     assert payload["provenance"]["config"]["seeds"] == [0, 1]
     assert not (tmp_path / ".ablation.json.partial.json").exists()
+
+
+def test_a_stopped_ablation_resumes_from_its_finished_parts(tmp_path, monkeypatch):
+    """Each (seed, variant) is a part of hsm.results.ResumableParts: a run stopped in its third part
+    keeps the first two, a run under other options ignores them, and the next run trains only the rest."""
+    calls = []
+
+    def fake_rows(config, seed, variant, arities, log, stop_at=None):
+        calls.append((seed, variant))
+        if len(calls) == stop_at:
+            raise KeyboardInterrupt
+        return [{"output": f"{'learned' if variant else 'huffman'}5", "arity": 5, "d": 50, "seed": seed,
+                 "variant": variant or "huffman", "p_at_1": 40.0 + seed + (2.0 if variant else 0.0)}]
+
+    options = dict(out=tmp_path / "ablation.json", seeds="0,1", variants="ours/first_half", arities="5", **TINY)
+    partial = tmp_path / ".ablation.json.partial.json"
+    monkeypatch.setattr(CF, "_ablation_rows", lambda *a: fake_rows(*a, stop_at=3))
+    with pytest.raises(KeyboardInterrupt):
+        CF.fast_ablation("quick", **options)
+    assert list(json.loads(partial.read_text())["parts"]) == ["seed0/huffman", "seed0/ours/first_half"]
+    saved = partial.read_text()
+
+    calls.clear()  # other options (one more epoch): the saved parts are not taken
+    monkeypatch.setattr(CF, "_ablation_rows", lambda *a: fake_rows(*a, stop_at=1))
+    with pytest.raises(KeyboardInterrupt):
+        CF.fast_ablation("quick", **dict(options, epochs=3))
+    assert calls == [(0, None)] and partial.read_text() == saved
+
+    calls.clear()
+    monkeypatch.setattr(CF, "_ablation_rows", fake_rows)
+    payload = load_results(CF.fast_ablation("quick", **options))
+    assert calls == [(1, None), (1, "ours/first_half")]  # only the parts not done before
+    runs = [r for r in payload["records"] if r["kind"] == "run"]
+    assert [(r["seed"], r["variant"]) for r in runs] == [(0, "huffman"), (0, "ours/first_half"), (1, "huffman"),
+                                                        (1, "ours/first_half")]
+    learned = next(s for s in payload["records"] if s["kind"] == "summary" and s["variant"] == "ours/first_half")
+    assert learned["gain_mean"] == pytest.approx(2.0)
+    assert not partial.exists()  # removed once the result file is written
 
 
 @pytest.mark.parametrize("options, message", [

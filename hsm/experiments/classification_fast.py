@@ -36,7 +36,7 @@ from hsm.experiments import (check_device, check_scale, experiment, option_choic
                              option_ints)
 from hsm.experiments.classification import (OUTPUTS, TableConfig, _default_out, _parse_options, _subset_rows,
                                             encode_data, evaluate_bow, load_classification_data, run_table, train_bow)
-from hsm.results import atomic_write, check_replace, provenance, read_json_or_none, write_results
+from hsm.results import ResumableParts, check_replace, provenance, write_results
 
 __all__ = ["ABLATION_VARIANTS", "REPEAT_CONFIGS", "fast_ablation", "fast_repeats", "summarise_ablation"]
 
@@ -145,33 +145,26 @@ def fast_ablation(scale: str = "quick", device: str = "cpu", out: Path | str | N
         raise ValueError(f"the compiled trainer runs on the CPU, got device={device!r}")
     out = Path(out) if out is not None else _default_out("fast-ablation", scale, config.data)
     check_replace(out, scale, force)
-    partial_path = out.with_name(f".{out.name}.partial.json")
-    key_config = json.dumps({"config": config.__dict__, "arities": list(arities)}, default=list, sort_keys=True)
-    saved = read_json_or_none(partial_path, "partial ablation file")
-    done: dict[str, list[dict[str, Any]]] = {}
-    if isinstance(saved, dict) and saved.get("config") == key_config and isinstance(saved.get("parts"), dict):
-        done = saved["parts"]
-        print(f"resuming: {len(done)} parts already done")
-    start = time.perf_counter()
     log = lambda message: print(message, flush=True)  # noqa: E731
-    for seed in seeds:
-        for variant in [None, *variants]:
-            key = f"seed{seed}/{variant or 'huffman'}"
-            if key not in done:
-                log(f"== {key}")
-                done[key] = _ablation_rows(config, seed, variant, arities, log)
-                out.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write(partial_path, json.dumps({"config": key_config, "parts": done}))
-    rows = [dict(r, kind="run") for seed in seeds for variant in [None, *variants]
-            for r in done[f"seed{seed}/{variant or 'huffman'}"]]
+    # each (seed, variant) is one part: the parts depend on the table config and the arities
+    parts = ResumableParts(out, {"config": config.__dict__, "arities": list(arities)}, "partial ablation file",
+                           log=log)
+    start = time.perf_counter()
+
+    def part(seed: int, variant: str | None) -> list[dict[str, Any]]:
+        key = f"seed{seed}/{variant or 'huffman'}"
+        if key not in parts:
+            log(f"== {key}")
+        return parts.run(key, lambda: _ablation_rows(config, seed, variant, arities, log))
+
+    rows = [dict(r, kind="run") for seed in seeds for variant in [None, *variants] for r in part(seed, variant)]
     records = rows + summarise_ablation(rows)
     prov = provenance(config={**json.loads(json.dumps(config.__dict__, default=list)), "seeds": list(seeds),
                               "variants": {v: ABLATION_VARIANTS[v] for v in variants}, "arities": list(arities),
                               "experiment": "icml-fast-ablation"},
                       wall_time_s=time.perf_counter() - start, scale=scale)
     path = write_results(out, records, prov, force=force)
-    if partial_path.exists():
-        partial_path.unlink()
+    parts.finish()
     return path
 
 
