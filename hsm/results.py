@@ -125,6 +125,8 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         scale: the scale that actually ran (``quick`` or ``full``), recorded as ``hsm_scale``.
             Experiments always pass it: the ``--scale`` of a run can differ from ``HSM_SCALE``.
             None: ``HSM_SCALE`` (:func:`hsm.config.scale`), for callers with no scale of their own.
+            A label that qualifies the scale, ``"full, <what differs>"``, is recorded as given (its
+            first word is the scale): the landing page lists it apart from the plain ``full`` rows.
 
     Returns:
         A dict with ``date_utc`` (ISO 8601), ``git_commit`` and ``git_dirty`` (the checkout's state
@@ -135,7 +137,7 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         ``wall_time_s``.
 
     Raises:
-        ValueError: ``scale`` is not ``quick`` or ``full``; ``wall_time_s`` negative or not finite.
+        ValueError: ``scale`` (its first word) is not ``quick`` or ``full``; ``wall_time_s`` negative or not finite.
     """
     if config is not None and not isinstance(config, Mapping):
         raise TypeError(f"config must be a dict (or None), got {type(config).__name__}")
@@ -147,7 +149,7 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
     if scale is not None:
         from hsm.experiments import check_scale
 
-        check_scale(scale)
+        check_scale(str(scale).split(",", 1)[0].strip())
     recorded = scale if scale is not None else _scale()
 
     import numpy

@@ -299,3 +299,19 @@ def test_length_bucketed_batches_show_every_document_once(lengths, batch_size, b
     if bucket > 0 and n <= bucket * batch_size:  # one pool: the batches cut a length-sorted order
         spans = sorted((min(lengths[i] for i in y.tolist()), max(lengths[i] for i in y.tolist())) for _, y in batches)
         assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+
+
+@needs_data
+def test_full_scale_random_reference_is_labelled_apart_from_the_papers_setting(tmp_path, monkeypatch):
+    """A full-scale run with random embeddings is the lower reference: its scale label keeps it out
+    of the landing page's "full" rows, while a quick run keeps the plain label."""
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    small = dict(train_limit="60", test_limit="40", max_tokens="8", max_vocab="300", models="flat", seeds="0",
+                 max_epochs="1", embed_dim="8", hidden_size="4")
+    path = E.run_taxonomy_tables(scale="full", out=tmp_path / "trec.json", data="trec", embeddings="random", **small)
+    label = load_results(path)["provenance"]["hsm_scale"]
+    assert label.startswith("full, ") and "lower reference" in label
+    from hsm.results import reproduction_rows
+
+    rows = [r for r in reproduction_rows(tmp_path, claims=[]) if r.claim == "sf2020.table1.trec.flat.f1"]
+    assert [r.scale for r in rows] == [label]

@@ -236,3 +236,10 @@ def test_resumable_parts_warn_about_an_unreadable_file(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="partial-run file"):
         parts = ResumableParts(tmp_path / "t.json", {}, log=None)
     assert len(parts) == 0
+
+
+def test_provenance_records_a_qualified_scale_and_rejects_an_unknown_one() -> None:
+    assert results.provenance(scale="full, 300-d random-init embeddings")["hsm_scale"] == \
+        "full, 300-d random-init embeddings"
+    with pytest.raises(ValueError, match="scale"):
+        results.provenance(scale="huge, everything")
