@@ -126,18 +126,30 @@ def train_bow(
     model = BagOfWordsClassifier(vocab_size, dim, ngrams=ngrams, reduce=reduce, buckets=buckets).to(device)
     layer, start_tree = build_output_layer(output, dim, _label_counts(train))
     layer = layer.to(device)
-    n = len(train)
-    steps_per_epoch = math.ceil(n / batch_size)
-    total_steps = epochs * steps_per_epoch
     learner = None
-    half = total_steps // 2
     if kind == "learned":
-        every = max(1, half // reassigns)
-        learner = TreeLearner(layer, reassign_every=every, score="eq12", algorithm="well_formed", decay=tree_decay,
-                              reset_moved_nodes=reset_moved_nodes,
+        half = epochs * math.ceil(len(train) / batch_size) // 2
+        learner = TreeLearner(layer, reassign_every=max(1, half // reassigns), score="eq12", algorithm="well_formed",
+                              decay=tree_decay, reset_moved_nodes=reset_moved_nodes,
                               prior_mode="current_child" if tree_prior == "sticky" else "uniform")
     params = list(model.parameters()) + list(layer.parameters())
     optimizer = RowSparseSGD(params, lr=lr)  # torch.optim.SGD's update, without its sort of sparse rows
+    seconds, loss = _sgd(model, layer, learner, optimizer, train, rng, lr, epochs, batch_size, reassigns, device)
+    moved = [record.moved_labels for record in learner.history] if learner is not None else []
+    return TrainedBow(model, layer, learner, start_tree, seconds, loss, moved)
+
+
+def _sgd(model: BagOfWordsClassifier, layer: torch.nn.Module, learner: TreeLearner | None,
+         optimizer: torch.optim.Optimizer, train: EncodedSplit, rng: np.random.Generator, lr: float, epochs: int,
+         batch_size: int, reassigns: int, device: str) -> tuple[float, float]:
+    """:func:`train_bow`'s loop: ``epochs`` shuffled passes of mini-batches of ``batch_size``, one
+    label sampled per example and epoch, the rate schedule of its docstring; for a learned tree,
+    Algorithm 1's statistics and AssignLabels at every step until ``reassigns`` rebuilds or half of
+    training, then the tree is frozen. (train seconds, mean loss per example of the last epoch);
+    FloatingPointError when the loss or the representation is not finite."""
+    n = len(train)
+    total_steps = epochs * math.ceil(n / batch_size)
+    half = total_steps // 2
     step = 0
     loss_sum, loss_count = 0.0, 0
     start = time.perf_counter()
@@ -175,9 +187,7 @@ def train_bow(
                     learner.freeze()
             loss_sum += value
             loss_count += rows.size
-    seconds = time.perf_counter() - start
-    moved = [record.moved_labels for record in learner.history] if learner is not None else []
-    return TrainedBow(model, layer, learner, start_tree, seconds, loss_sum / max(loss_count, 1), moved)
+    return time.perf_counter() - start, loss_sum / max(loss_count, 1)
 
 
 def _train_bow_fast(train: EncodedSplit, output: str, dim: int, lr: float, epochs: int, reduce: str, ngrams: int,
