@@ -1,5 +1,5 @@
-"""Algorithm 1 (joint learning of the representation, the node functions and the tree) and the
-training loops the experiments share.
+"""Algorithm 1 (joint learning of the representation, the node functions and the tree), and a
+generic training loop for a model with an ``hsm`` output layer.
 
 Algorithm 1 interleaves two things:
 
@@ -11,8 +11,12 @@ Algorithm 1 interleaves two things:
   Algorithm 3 (fixed depth) or Algorithm 2 (well-formed trees).
 
 :class:`TreeLearner` is that second half, attached to any :class:`HierarchicalSoftmax`; call
-:meth:`TreeLearner.step` after each optimiser step. :func:`train_epoch` and :func:`evaluate`
-are the loops (device-agnostic, progress bar, NaN check).
+:meth:`TreeLearner.step` after each optimiser step. Every experiment that learns a tree uses it.
+:func:`train_epoch` and :func:`evaluate` are the loops for a user's model (device-agnostic,
+progress bar, NaN check), and the taxonomy experiment's. The language-model and classification
+experiments run their own loops around the same :class:`TreeLearner`: the first checkpoints inside
+an epoch (an epoch at the paper's scale is longer than a session), the second changes the rate at
+every step (the paper's linear decay) and freezes the tree half-way.
 """
 from __future__ import annotations
 
