@@ -46,9 +46,7 @@ tables) and :mod:`.commands` (the registered experiments). Every name is re-expo
 """
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
+from hsm.experiments._package import patches_reach_submodules
 
 from . import commands, config, data, evaluation, peers, presets, report, table, training, trees
 from .commands import _default_out, _reissue_table1, _run_command, icml_table1, icml_table3
@@ -79,26 +77,6 @@ __all__ = [
 ]
 
 
-def _patches_reach_submodules(package: types.ModuleType) -> None:
-    """Make setting a name on ``package`` also set it in each of its submodules that holds the same
-    object, so that code split out of one module still calls what a test monkeypatches on the
-    module's old name (``monkeypatch.setattr(C, "run_fasttext", fake)`` reaches
-    :func:`~.table._run_peer`; undoing it restores every copy). ``hsm.experiments.lm`` was split
-    the same way and keeps its own copy of this class; both could call one helper in
-    :mod:`hsm.experiments`."""
-    prefix = package.__name__ + "."
-
-    class Package(types.ModuleType):
-        def __setattr__(self, name: str, value: Any) -> None:
-            old = self.__dict__.get(name)
-            if old is not None and not isinstance(old, types.ModuleType):
-                for module in [m for m in vars(self).values() if isinstance(m, types.ModuleType)
-                               and m.__name__.startswith(prefix)]:
-                    if vars(module).get(name) is old:
-                        setattr(module, name, value)
-            super().__setattr__(name, value)
-
-    package.__class__ = Package
-
-
-_patches_reach_submodules(sys.modules[__name__])
+# the package was one module: ``monkeypatch.setattr(C, "run_fasttext", fake)`` still reaches the
+# submodule that calls it (:func:`~.table._run_peer`)
+patches_reach_submodules(__name__)

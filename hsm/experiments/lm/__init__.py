@@ -60,12 +60,9 @@ options). Every name is re-exported here (``from hsm.experiments import lm; lm.t
 """
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
 from hsm.clustering import _kmeans_fill, clustering_tree, greedy_fill
 from hsm.data.lm import UNK, LMCorpus
+from hsm.experiments._package import patches_reach_submodules
 from hsm.results import atomic_write
 from hsm.tree import Tree
 
@@ -103,21 +100,6 @@ __all__ = [
     "SAMPLED_KINDS",
 ]
 
-_SUBMODULES = (commands, config, data, embeddings, presets, report, tables, training)
-
-
-class _Package(types.ModuleType):
-    """``hsm.experiments.lm`` was one module; setting one of its names (``monkeypatch.setattr(lm,
-    "atomic_write", ...)`` in the tests) still changes what its code calls: the new value also
-    replaces the old one in every submodule that holds the same object."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        old = self.__dict__.get(name)
-        if old is not None and not isinstance(old, types.ModuleType):
-            for module in _SUBMODULES:
-                if module.__dict__.get(name) is old:
-                    setattr(module, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
+# the package was one module: setting one of its names (``monkeypatch.setattr(lm, "atomic_write", ...)``
+# in the tests) still changes what its code calls
+patches_reach_submodules(__name__)
