@@ -5,6 +5,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hsm.experiments import classification_fast as CF
 from hsm.results import load_results
@@ -133,3 +135,29 @@ def test_repeats_kills_a_hanging_run(tmp_path, monkeypatch):
 def test_repeats_options_are_checked(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
         CF.fast_repeats("quick", out=tmp_path / "r.json", **options)
+
+
+@given(st.floats(0.0, 100.0), st.floats(0.0, 100.0), st.integers(2, 50))
+def test_split_time_is_the_line_through_the_two_runs(fixed, per_epoch, epochs):
+    one, many = fixed + per_epoch, fixed + epochs * per_epoch
+    got_fixed, got_per_epoch = CF.split_time(one, many, epochs)
+    assert got_fixed == pytest.approx(fixed, abs=1e-9) and got_per_epoch == pytest.approx(per_epoch, abs=1e-9)
+
+
+def test_split_time_needs_two_epoch_counts():
+    with pytest.raises(ValueError, match="epochs must be >= 2"):
+        CF.split_time(1.0, 2.0, 1)
+
+
+def test_time_split_times_every_row_at_one_and_e_epochs(tmp_path):
+    out = CF.fast_time_split("quick", out=tmp_path / "split.json", threads="1", outputs="huffman5", peers="",
+                             train_limit=400, test_limit=150, epochs=3)
+    records = load_results(out)["records"]
+    runs = [(r["output"], r["epochs"]) for r in records if r["kind"] == "run"]
+    assert runs == [("huffman5", 1), ("huffman5", 3)]
+    split = next(r for r in records if r["kind"] == "split")
+    times = {e: r["train_seconds"] for r in records if r["kind"] == "run" for e in [r["epochs"]]}
+    assert split["fixed_seconds"] + split["seconds_per_epoch"] == pytest.approx(times[1])
+    assert split["fixed_seconds"] + 3 * split["seconds_per_epoch"] == pytest.approx(times[3])
+    with pytest.raises(ValueError, match="epochs must be >= 2"):
+        CF.fast_time_split("quick", out=tmp_path / "x.json", epochs=1)

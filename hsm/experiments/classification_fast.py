@@ -38,7 +38,8 @@ from hsm.experiments.classification import (OUTPUTS, TableConfig, _default_out, 
                                             encode_data, evaluate_bow, load_classification_data, run_table, train_bow)
 from hsm.results import ResumableParts, check_replace, provenance, write_results
 
-__all__ = ["ABLATION_VARIANTS", "REPEAT_CONFIGS", "fast_ablation", "fast_repeats", "summarise_ablation"]
+__all__ = ["ABLATION_VARIANTS", "REPEAT_CONFIGS", "fast_ablation", "fast_repeats", "fast_time_split", "split_time",
+           "summarise_ablation"]
 
 #: the tree-learning variants of the ablation, in the order they run: (statistics, schedule) crossed,
 #: then two changes to our statistics (TableConfig fields)
@@ -322,3 +323,94 @@ def fast_repeats(scale: str = "quick", device: str = "cpu", out: Path | str | No
 
 if __name__ == "__main__" and len(sys.argv) == 3 and sys.argv[1] == "--worker":
     _repeat_worker(json.loads(sys.argv[2]))
+
+
+# ====================================================================================== time split
+def split_time(one_epoch_s: float, many_epochs_s: float, epochs: int) -> tuple[float, float]:
+    """(fixed seconds, seconds per epoch) of the line through (1, ``one_epoch_s``) and (``epochs``,
+    ``many_epochs_s``): what a run costs before its first example, and what each pass adds."""
+    if epochs < 2:
+        raise ValueError(f"epochs must be >= 2 to separate the two parts, got {epochs}")
+    per_epoch = (many_epochs_s - one_epoch_s) / (epochs - 1)
+    return one_epoch_s - per_epoch, per_epoch
+
+
+@experiment("fast-time-split", "Where the training time goes: the compiled trainer and fastText at 1 and E "
+            "epochs on the same threads", "results/classification/fast-time-split-gutenberg-books.json")
+def fast_time_split(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
+                    **options: Any) -> Path:
+    """Each row trained at 1 and at ``epochs`` epochs (default 5) at one rate (``lr``, default 0.5:
+    the rate every tree row and fastText's ``-loss hs`` pick on both stand-ins) on ``threads``
+    (default 2) threads, and its time split into a fixed part and a per-epoch part
+    (:func:`split_time`). Rows: ``outputs`` (default huffman20, learned20; the compiled trainer) and
+    ``peers`` (default fasttext-hs). fastText's fixed part is reading its text file and building its
+    dictionary, which its ``train_supervised`` time includes; ours takes the encoded data, whose
+    encoding time is recorded beside it (``encode_seconds``). Options as ``icml-table1`` (``data``,
+    default gutenberg-books; quick: a slice of cooking); ``dims`` gives the d (first value)."""
+    from hsm.experiments.classification.peers import _doc_tokens, _fasttext_lines, peer_available, run_fasttext
+
+    check_device(device)
+    if device != "cpu":
+        raise ValueError(f"the compiled trainer runs on the CPU, got device={device!r}")
+    options = dict(options)
+    lr = option_float("lr", options.pop("lr", 0.5), positive=True)
+    defaults = {"data": "gutenberg-books" if check_scale(scale) == "full" else "cooking", "dims": "50",
+                "threads": "2", "outputs": "huffman20,learned20", "peers": "fasttext-hs"}
+    config = _parse_options(scale, {**defaults, **options, "trainer": "fast"})
+    if config.epochs < 2:
+        raise ValueError(f"option epochs must be >= 2 to split the time, got {config.epochs}")
+    out = Path(out) if out is not None else _default_out("fast-time-split", scale, config.data)
+    check_replace(out, scale, force)
+    start = time.perf_counter()
+    data = load_classification_data(config.data, config.test, config.max_books, config.min_label_count)
+    data = _subset_rows(data, config.train_limit, "train", config.seed)
+    data = _subset_rows(data, config.test_limit, "test", config.seed + 1)
+    clock = time.perf_counter()
+    vocab, train_split, test_split = encode_data(data, ngrams=config.ngrams)
+    encode_seconds = time.perf_counter() - clock
+    dim = config.dims[0]
+    records: list[dict[str, Any]] = []
+    timed: dict[str, dict[int, float]] = {}
+
+    def record(output: str, epochs: int, seconds: float, p_at_1: float) -> None:
+        timed.setdefault(output, {})[epochs] = seconds
+        records.append({"kind": "run", "output": output, "epochs": epochs, "train_seconds": seconds, "p_at_1": p_at_1,
+                        "d": dim, "lr": lr, "threads": config.threads, "data": config.data,
+                        "train_examples": len(train_split), "num_labels": data.num_labels})
+        print(f"{output} {epochs} epoch(s): train {seconds:.1f} s, P@1 {p_at_1:.2f}", flush=True)
+
+    warm_up = _subset_rows(data, min(len(data.train_texts), 500), "train", config.seed)
+    _, warm_split, _ = encode_data(warm_up, ngrams=config.ngrams)
+    for output in config.outputs:
+        # compile the kernels first (numba caches them on disk, but the first call still loads them)
+        train_bow(warm_split, output, dim, lr, epochs=1, vocab_size=len(vocab), trainer="fast", threads=config.threads,
+                  seed=config.seed, reduce=config.reduce, reassigns=config.reassigns, statistics=config.statistics,
+                  schedule=config.schedule)
+        for epochs in (1, config.epochs):
+            trained = train_bow(train_split, output, dim, lr, epochs=epochs, vocab_size=len(vocab), trainer="fast",
+                                threads=config.threads, seed=config.seed, reduce=config.reduce,
+                                reassigns=config.reassigns, statistics=config.statistics, schedule=config.schedule)
+            record(output, epochs, trained.train_seconds, evaluate_bow(trained, test_split)["p_at_1"])
+    import tempfile
+
+    for peer in config.peers:
+        why = peer_available(peer) if peer.startswith("fasttext") else f"{peer}: only fastText peers are timed here"
+        if why:
+            records.append({"kind": "run", "output": peer, "skipped": why})
+            continue
+        lines = _fasttext_lines(train_split, _doc_tokens(data.train_texts), np.random.default_rng(config.seed))
+        test_texts = [" ".join(f"w{t}" for t in words.tolist()) for words in _doc_tokens(data.test_texts)]
+        with tempfile.TemporaryDirectory() as tmp:
+            for epochs in (1, config.epochs):
+                got = run_fasttext(lines, test_texts, test_split, peer.split("-", 1)[1], dim, lr, epochs,
+                                   config.ngrams, config.seed, Path(tmp), config.threads)
+                record(peer, epochs, got["train_seconds"], got["p_at_1"])
+    for output, by_epochs in timed.items():
+        fixed, per_epoch = split_time(by_epochs[1], by_epochs[config.epochs], config.epochs)
+        records.append({"kind": "split", "output": output, "fixed_seconds": fixed, "seconds_per_epoch": per_epoch,
+                        "epochs": config.epochs, "threads": config.threads, "data": config.data, "d": dim,
+                        "encode_seconds": None if output.startswith("fasttext") else encode_seconds})
+    prov = provenance(config={**json.loads(json.dumps(config.__dict__, default=list)), "lr": lr,
+                              "experiment": "fast-time-split", "encode_seconds": encode_seconds},
+                      wall_time_s=time.perf_counter() - start, scale=scale)
+    return write_results(out, records, prov, force=force)
