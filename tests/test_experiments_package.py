@@ -74,13 +74,15 @@ def test_bad_package_is_refused():
         patches_reach_submodules(42)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("package", ["hsm.experiments.lm", "hsm.experiments.classification"])
+@pytest.mark.parametrize("package", ["hsm.experiments.lm", "hsm.experiments.classification",
+                                     "hsm.experiments.sampling"])
 def test_every_split_experiment_package_forwards_what_is_set_on_it(package, monkeypatch):
     """Each package sets a name its submodules share: the copy in every submodule that holds it follows."""
     import importlib
 
     module = importlib.import_module(package)
-    name = {"hsm.experiments.lm": "atomic_write", "hsm.experiments.classification": "train_bow"}[package]
+    name = {"hsm.experiments.lm": "atomic_write", "hsm.experiments.classification": "train_bow",
+            "hsm.experiments.sampling": "train_softmax_regression"}[package]
     real = getattr(module, name)
     holders = [m for key, m in sys.modules.items() if key.startswith(package + ".") and vars(m).get(name) is real]
     assert holders  # the name is really used by a submodule
