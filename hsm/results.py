@@ -523,7 +523,8 @@ def reproduction_rows(
 
     A claim measured at several scales gets one row per scale (full first), each from the most
     recent result (by ``provenance.date_utc``); a claim with no result gets one row with
-    ``ours=None``.
+    ``ours=None``. A file whose ``provenance.config.complete`` is False (a run still going, which
+    rewrites its file after every part) is left out until it is complete.
     """
     root_path = default_results_root() if root is None else Path(root)
     order = list(paper.HEADLINE if claims is None else claims)
@@ -532,6 +533,9 @@ def reproduction_rows(
     latest: dict[tuple[str, str], tuple[str, float, Mapping[str, Any], Path]] = {}
     for path, payload in iter_results(root_path):
         prov = payload["provenance"]
+        config = prov.get("config")
+        if isinstance(config, Mapping) and config.get("complete") is False:
+            continue  # a run still going (or cut short) writes its partial means: not a measurement of the claim yet
         for index, record in enumerate(payload["records"]):
             claim = record.get("claim") if isinstance(record, dict) else None
             if claim is None:

@@ -243,3 +243,15 @@ def test_provenance_records_a_qualified_scale_and_rejects_an_unknown_one() -> No
         "full, 300-d random-init embeddings"
     with pytest.raises(ValueError, match="scale"):
         results.provenance(scale="huge, everything")
+
+
+def test_rows_leave_out_a_run_that_is_still_going(tmp_path: Path) -> None:
+    root = tmp_path / "results"
+    prov = {"date_utc": "2026-01-01T00:00:00Z", "git_commit": "abc", "hsm_scale": "full", "cpu_model": "x",
+            "cpu_count": 2, "cuda_device": None}
+    claim = "sf2020.table3.r8.flat.f1"
+    results.write_results(root / "going.json", [results.make_record(claim, 88.0)],
+                          dict(prov, config={"complete": False}))
+    assert [r.ours for r in results.reproduction_rows(root, claims=[]) if r.claim == claim] == []
+    results.write_results(root / "done.json", [results.make_record(claim, 87.0)], dict(prov, config={"complete": True}))
+    assert [r.ours for r in results.reproduction_rows(root, claims=[]) if r.claim == claim] == [87.0]
