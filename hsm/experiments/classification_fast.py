@@ -35,7 +35,8 @@ import numpy as np
 from hsm.experiments import (check_device, check_scale, experiment, option_choices, option_float, option_int,
                              option_ints)
 from hsm.experiments.classification import (OUTPUTS, TableConfig, _default_out, _parse_options, _subset_rows,
-                                            encode_data, evaluate_bow, load_classification_data, run_table, train_bow)
+                                            encode_data, evaluate_bow, load_classification_data, load_table_data,
+                                            run_table, train_bow)
 from hsm.results import ResumableParts, check_replace, provenance, write_results
 
 __all__ = ["ABLATION_VARIANTS", "REPEAT_CONFIGS", "fast_ablation", "fast_repeats", "fast_time_split", "split_time",
@@ -362,9 +363,7 @@ def fast_time_split(scale: str = "quick", device: str = "cpu", out: Path | str |
     out = Path(out) if out is not None else _default_out("fast-time-split", scale, config.data)
     check_replace(out, scale, force)
     start = time.perf_counter()
-    data = load_classification_data(config.data, config.test, config.max_books, config.min_label_count)
-    data = _subset_rows(data, config.train_limit, "train", config.seed)
-    data = _subset_rows(data, config.test_limit, "test", config.seed + 1)
+    data = load_table_data(config)
     clock = time.perf_counter()
     vocab, train_split, test_split = encode_data(data, ngrams=config.ngrams)
     encode_seconds = time.perf_counter() - clock
@@ -381,15 +380,13 @@ def fast_time_split(scale: str = "quick", device: str = "cpu", out: Path | str |
 
     warm_up = _subset_rows(data, min(len(data.train_texts), 500), "train", config.seed)
     _, warm_split, _ = encode_data(warm_up, ngrams=config.ngrams)
+    ours = dict(vocab_size=len(vocab), trainer="fast", threads=config.threads, seed=config.seed, reduce=config.reduce,
+                reassigns=config.reassigns, statistics=config.statistics, schedule=config.schedule)
     for output in config.outputs:
         # compile the kernels first (numba caches them on disk, but the first call still loads them)
-        train_bow(warm_split, output, dim, lr, epochs=1, vocab_size=len(vocab), trainer="fast", threads=config.threads,
-                  seed=config.seed, reduce=config.reduce, reassigns=config.reassigns, statistics=config.statistics,
-                  schedule=config.schedule)
+        train_bow(warm_split, output, dim, lr, epochs=1, **ours)
         for epochs in (1, config.epochs):
-            trained = train_bow(train_split, output, dim, lr, epochs=epochs, vocab_size=len(vocab), trainer="fast",
-                                threads=config.threads, seed=config.seed, reduce=config.reduce,
-                                reassigns=config.reassigns, statistics=config.statistics, schedule=config.schedule)
+            trained = train_bow(train_split, output, dim, lr, epochs=epochs, **ours)
             record(output, epochs, trained.train_seconds, evaluate_bow(trained, test_split)["p_at_1"])
     import tempfile
 

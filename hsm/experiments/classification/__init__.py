@@ -52,7 +52,7 @@ from . import commands, config, data, evaluation, peers, presets, report, table,
 from .commands import _default_out, _reissue_table1, _run_command, icml_table1, icml_table3
 from .config import TableConfig, _config_json, _parse_options
 from .data import (EncodedSplit, _data_slug, _label_counts, _open_count, _ragged_labels, _subset_rows, encode_data,
-                   load_classification_data)
+                   load_classification_data, load_table_data)
 from .evaluation import _precision_recall, evaluate_bow
 from .peers import _doc_tokens, _fasttext_lines, _package_version, peer_available, run_fasttext, run_vw
 from .presets import OUTPUTS, PAPER_LR_GRID, PEERS, QUICK, REASSIGNS, STAND_INS, VW_LR_GRID
@@ -72,6 +72,7 @@ __all__ = [
     "icml_table1",
     "icml_table3",
     "load_classification_data",
+    "load_table_data",
     "run_table",
     "train_bow",
 ]

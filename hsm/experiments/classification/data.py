@@ -122,3 +122,12 @@ class _open_count:
 def _data_slug(data: str) -> str:
     """The data set's name in file names: the stand-in's, or the file's stem (``train.txt.gz`` -> ``train``)."""
     return data if data in STAND_INS else Path(data).name.split(".")[0]
+
+
+def load_table_data(config: Any) -> Any:
+    """The data set a table run uses: ``config.data`` loaded (:func:`load_classification_data`) and
+    its train and test splits cut to ``config.train_limit`` / ``config.test_limit`` rows (seeded by
+    ``config.seed``, as every table run since the first)."""
+    data = load_classification_data(config.data, config.test, config.max_books, config.min_label_count)
+    data = _subset_rows(data, config.train_limit, "train", config.seed)
+    return _subset_rows(data, config.test_limit, "test", config.seed + 1)

@@ -17,7 +17,7 @@ from hsm.layers import NonFiniteInputError
 from hsm.results import ResumableParts
 
 from .config import TableConfig, _config_json
-from .data import _data_slug, _label_counts, _subset_rows, encode_data, load_classification_data
+from .data import _data_slug, _label_counts, encode_data, load_table_data
 from .evaluation import evaluate_bow
 from .peers import _doc_tokens, _fasttext_lines, _package_version, peer_available, run_fasttext, run_vw
 from .presets import STAND_INS
@@ -37,9 +37,7 @@ def run_table(config: TableConfig, table: str, device: str = "cpu", out: Path | 
     (:class:`hsm.results.ResumableParts`, under this config) so that a stopped run resumes where
     it was; the file is removed once every row is done."""
     torch.set_num_threads(1)  # one core: the same budget as fastText's -thread 1
-    data = load_classification_data(config.data, config.test, config.max_books, config.min_label_count)
-    data = _subset_rows(data, config.train_limit, "train", config.seed)
-    data = _subset_rows(data, config.test_limit, "test", config.seed + 1)
+    data = load_table_data(config)
     valid_data = data.validation_split(config.validation_fraction, seed=config.seed)
     encoded = {}
     for name, source in (("valid", valid_data), ("test", data)):
