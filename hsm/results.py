@@ -93,9 +93,15 @@ def _git(*args: str) -> str | None:
 
 def _code_state() -> tuple[str | None, bool | None]:
     """(commit, dirty) of this package's checkout now; (None, None) outside a checkout."""
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no") if commit else None
-    return commit or None, None if status is None else bool(status)
+    # one git call, not two (rev-parse + status): this runs at every import of the package
+    status = _git("status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    if status is None:
+        return None, None
+    lines = status.splitlines()
+    oid = next((line.split()[2] for line in lines if line.startswith("# branch.oid ")), None)
+    if oid is None or oid == "(initial)":  # a repository without commits
+        return None, None
+    return oid, any(not line.startswith("#") for line in lines)
 
 
 #: the code this process runs: the checkout's state when the package was imported. A run of hours

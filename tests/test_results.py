@@ -203,6 +203,26 @@ def test_provenance_credits_the_code_the_process_started_with(monkeypatch):
     assert "git_commit_at_write" not in R.provenance(config={}, scale="quick")
 
 
+def test_code_state_reads_commit_and_dirtiness_of_the_checkout(monkeypatch, tmp_path: Path) -> None:
+    import subprocess
+
+    from hsm import results as R
+
+    monkeypatch.setattr(R, "_PACKAGE_DIR", tmp_path)
+    assert R._code_state() == (None, None)  # not a checkout
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    assert R._code_state() == (None, None)  # a checkout without a commit
+    (tmp_path / "f.py").write_text("a = 1\n")
+    subprocess.run([*git, "add", "f.py"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], cwd=tmp_path, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
+    (tmp_path / "untracked.txt").write_text("ignored: untracked files do not make the code dirty")
+    assert R._code_state() == (head, False)
+    (tmp_path / "f.py").write_text("a = 2\n")
+    assert R._code_state() == (head, True)
+
+
 def test_resumable_parts_skip_finished_parts_and_ignore_another_config(tmp_path: Path) -> None:
     from hsm.results import ResumableParts
 

@@ -348,7 +348,8 @@ def fast_time_split(scale: str = "quick", device: str = "cpu", out: Path | str |
     dictionary, which its ``train_supervised`` time includes; ours takes the encoded data, whose
     encoding time is recorded beside it (``encode_seconds``). Options as ``icml-table1`` (``data``,
     default gutenberg-books; quick: a slice of cooking); ``dims`` gives the d (first value)."""
-    from hsm.experiments.classification.peers import _doc_tokens, _fasttext_lines, peer_available, run_fasttext
+    from hsm.experiments.classification.peers import (_doc_tokens, _fasttext_lines, _word_text, peer_available,
+                                                      run_fasttext)
 
     check_device(device)
     if device != "cpu":
@@ -396,7 +397,7 @@ def fast_time_split(scale: str = "quick", device: str = "cpu", out: Path | str |
             records.append({"kind": "run", "output": peer, "skipped": why})
             continue
         lines = _fasttext_lines(train_split, _doc_tokens(data.train_texts), np.random.default_rng(config.seed))
-        test_texts = [" ".join(f"w{t}" for t in words.tolist()) for words in _doc_tokens(data.test_texts)]
+        test_texts = [_word_text(words) for words in _doc_tokens(data.test_texts)]
         with tempfile.TemporaryDirectory() as tmp:
             for epochs in (1, config.epochs):
                 got = run_fasttext(lines, test_texts, test_split, peer.split("-", 1)[1], dim, lr, epochs,

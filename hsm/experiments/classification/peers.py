@@ -19,6 +19,12 @@ from .evaluation import _precision_recall
 __all__ = ["peer_available", "run_fasttext", "run_vw"]
 
 
+def _word_text(words: np.ndarray) -> str:
+    """One document as the text fastText and Vowpal Wabbit read: word ids as words ``w<id>``, so they
+    see exactly our tokens (no re-tokenisation of their own)."""
+    return " ".join(f"w{t}" for t in words.tolist())
+
+
 def _fasttext_lines(split: EncodedSplit, tokens: Sequence[np.ndarray], rng: np.random.Generator | None) -> list[str]:
     """fastText lines ``__label__<id> w<id> ...``; word ids as words so fastText reads exactly our
     tokens (no re-tokenisation). All labels of an example are written (fastText samples one).
@@ -30,8 +36,7 @@ def _fasttext_lines(split: EncodedSplit, tokens: Sequence[np.ndarray], rng: np.r
     lines = []
     gold = split.gold_sets()
     for labels, words in zip(gold, tokens):
-        text = " ".join(f"w{t}" for t in words.tolist())
-        lines.append(" ".join(f"__label__{label}" for label in labels.tolist()) + " " + text)
+        lines.append(" ".join(f"__label__{label}" for label in labels.tolist()) + " " + _word_text(words))
     if rng is not None:
         lines = [lines[i] for i in rng.permutation(len(lines))]
     return lines
@@ -71,8 +76,8 @@ def run_vw(train: EncodedSplit, train_tokens: Sequence[np.ndarray], test: Encode
     import vowpalwabbit
 
     rng = np.random.default_rng(seed)
-    feats_train = [" ".join(f"w{t}" for t in words.tolist()) for words in train_tokens]
-    feats_test = ["| " + " ".join(f"w{t}" for t in words.tolist()) for words in test_tokens]
+    feats_train = [_word_text(words) for words in train_tokens]
+    feats_test = ["| " + _word_text(words) for words in test_tokens]
     workspace = vowpalwabbit.Workspace(f"--log_multi {train.num_labels} -b 24 -l {lr} --random_seed {seed} --quiet")
     start = time.perf_counter()
     for _ in range(epochs):

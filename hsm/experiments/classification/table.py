@@ -19,7 +19,8 @@ from hsm.results import ResumableParts
 from .config import TableConfig, _config_json
 from .data import _data_slug, _label_counts, encode_data, load_table_data
 from .evaluation import evaluate_bow
-from .peers import _doc_tokens, _fasttext_lines, _package_version, peer_available, run_fasttext, run_vw
+from .peers import (_doc_tokens, _fasttext_lines, _package_version, _word_text, peer_available, run_fasttext,
+                    run_vw)
 from .presets import STAND_INS
 from .report import _gains, _record
 from .training import train_bow
@@ -171,7 +172,7 @@ def _run_peer(config: TableConfig, encoded: dict, peer: str, dim: int, log: Call
                 (Path(tmp) / name).mkdir()
             train_split, eval_split, train_tokens, eval_tokens = results["valid"]
             train_lines = _fasttext_lines(train_split, train_tokens, np.random.default_rng(config.seed))
-            eval_texts = [" ".join(f"w{t}" for t in words.tolist()) for words in eval_tokens]
+            eval_texts = [_word_text(words) for words in eval_tokens]
             for lr in config.lr_grid:
                 got = run_fasttext(train_lines, eval_texts, eval_split, loss, dim, lr, config.epochs, config.ngrams,
                                    config.seed, Path(tmp) / "valid", threads)
@@ -180,7 +181,7 @@ def _run_peer(config: TableConfig, encoded: dict, peer: str, dim: int, log: Call
             best = _select(scores)
             train_split, eval_split, train_tokens, eval_tokens = results["test"]
             train_lines = _fasttext_lines(train_split, train_tokens, np.random.default_rng(config.seed))
-            eval_texts = [" ".join(f"w{t}" for t in words.tolist()) for words in eval_tokens]
+            eval_texts = [_word_text(words) for words in eval_tokens]
             result = run_fasttext(train_lines, eval_texts, eval_split, loss, dim, best, config.epochs, config.ngrams,
                                   config.seed, Path(tmp) / "test", threads)
             result["threads"] = threads
