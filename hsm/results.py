@@ -310,6 +310,35 @@ def read_json_or_none(path: str | os.PathLike[str], what: str = "file") -> Any |
         return None
 
 
+def save_checkpoint(state: Any, path: str | os.PathLike[str]) -> Path:
+    """``torch.save(state)`` to ``path`` through :func:`atomic_write` (unique temporary, fsync,
+    rename): a run killed while it saves leaves the previous checkpoint whole."""
+    import torch
+
+    return atomic_write(path, lambda handle: torch.save(state, handle))
+
+
+def load_checkpoint(path: str | os.PathLike[str], required: str = "model") -> dict[str, Any] | None:
+    """The checkpoint dict in ``path``, or None when it is missing; a file that cannot be read
+    (truncated by a full disk, say) or is not a dict holding ``required`` also gives None, with a
+    :class:`UserWarning` naming it, and the run starts over instead of failing on every rerun."""
+    import torch
+
+    path = Path(path)
+    if not path.exists():
+        return None
+    try:
+        state = torch.load(path, weights_only=False)  # our own file: trees and records are plain objects
+    except Exception as exc:  # noqa: BLE001 - torch/pickle raise many types for a bad file
+        warnings.warn(f"ignoring unreadable checkpoint {path} ({type(exc).__name__}: {exc}); "
+                      "the run starts over", stacklevel=2)
+        return None
+    if not isinstance(state, dict) or required not in state:
+        warnings.warn(f"ignoring checkpoint {path}: not a training checkpoint; the run starts over", stacklevel=2)
+        return None
+    return state
+
+
 class ResumableParts:
     """The finished parts of a long run, kept in ``.<out name>.partial.json`` beside its result
     file so that a stopped run resumes where it was.

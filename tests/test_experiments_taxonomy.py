@@ -163,6 +163,7 @@ def test_taxonomy_tables_resume_a_stopped_run_from_its_finished_parts(tmp_path, 
     path = E.run_taxonomy_tables(scale="quick", out=tmp_path / "trec.json", data="trec", **options)
     assert trained == ["flat", "hierarchical"]
     assert not partial.exists()
+    assert not (tmp_path / ".trec.json.checkpoints").exists()  # each run's epoch checkpoint went with it
     runs = [r for r in load_results(path)["records"] if r["kind_of_record"] == "run"]
     assert [r["model"] for r in runs] == ["flat", "hierarchical"]
 
@@ -315,3 +316,62 @@ def test_full_scale_random_reference_is_labelled_apart_from_the_papers_setting(t
 
     rows = [r for r in reproduction_rows(tmp_path, claims=[]) if r.claim == "sf2020.table1.trec.flat.f1"]
     assert [r.scale for r in rows] == [label]
+
+
+@needs_data
+@pytest.mark.parametrize("kind", ["hierarchical", "learned"])
+def test_train_one_resumed_from_its_epoch_checkpoint_matches_a_run_never_stopped(tmp_path, monkeypatch, capsys, kind):
+    """Stopped after its 2nd of 4 epochs (while Algorithm 1 still moves the learned tree) and run
+    again, a model ends exactly as the run that was never stopped: weights, optimiser moments, tree,
+    learner statistics, example order and dropout masks all come back from the checkpoint."""
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    cfg, dataset, pretrained = E._prepare("quick", "trec", dict(
+        train_limit="80", test_limit="40", max_tokens="8", max_vocab="300", max_epochs="4", patience="4",
+        learn_tree_epochs="3", reassign_per_epoch="4"))
+    valid = dataset.validation_split(cfg["valid_fraction"], seed=3)
+    never_stopped = E.train_one(kind, dataset, valid, cfg, seed=3, pretrained=pretrained)
+
+    ckpt = tmp_path / "run.pt"
+    save = E.save_checkpoint
+
+    def save_then_stop(state, path):
+        save(state, path)
+        if state["epoch"] == 2:
+            raise KeyboardInterrupt  # a session cut at its time limit
+
+    monkeypatch.setattr(E, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        E.train_one(kind, dataset, valid, cfg, seed=3, pretrained=pretrained, checkpoint=ckpt)
+    assert ckpt.exists()
+    capsys.readouterr()
+    resumed = E.train_one(kind, dataset, valid, cfg, seed=3, pretrained=pretrained, checkpoint=ckpt)
+    assert "resuming after epoch 2" in capsys.readouterr().err
+    assert not ckpt.exists()  # removed once the run finished
+    assert resumed["test"] == never_stopped["test"]
+    assert resumed["best_epoch"] == never_stopped["best_epoch"]
+    assert [h["train_loss"] for h in resumed["history"]] == [h["train_loss"] for h in never_stopped["history"]]
+    if kind == "learned":
+        assert resumed["moved_labels"] == never_stopped["moved_labels"]
+        assert resumed["top_level_split"] == never_stopped["top_level_split"]
+        assert resumed["ari_top_level_initial"] == never_stopped["ari_top_level_initial"]
+
+
+@needs_data
+def test_train_one_ignores_a_checkpoint_of_another_run(tmp_path, monkeypatch):
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    cfg, dataset, pretrained = E._prepare("quick", "trec", dict(
+        train_limit="60", test_limit="30", max_tokens="8", max_vocab="300", max_epochs="2", patience="2"))
+    valid = dataset.validation_split(cfg["valid_fraction"], seed=0)
+    ckpt = tmp_path / "run.pt"
+    save = E.save_checkpoint
+    monkeypatch.setattr(E, "save_checkpoint", lambda state, path: save(state, path) and (_ for _ in ()).throw(
+        KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        E.train_one("flat", dataset, valid, cfg, seed=0, pretrained=pretrained, checkpoint=ckpt)
+    monkeypatch.setattr(E, "save_checkpoint", save)
+    with pytest.warns(UserWarning, match="saved by another run"):
+        other = E.train_one("flat", dataset, valid, cfg, seed=1, pretrained=pretrained, checkpoint=ckpt)
+    assert [h["epoch"] for h in other["history"]] == [1, 2]  # trained from the start
+    ckpt.write_bytes(b"not a checkpoint")
+    with pytest.warns(UserWarning, match="unreadable checkpoint"):
+        E.train_one("flat", dataset, valid, cfg, seed=0, pretrained=pretrained, checkpoint=ckpt)

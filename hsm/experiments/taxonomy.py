@@ -31,9 +31,11 @@ Departures from the paper, all forced by this machine (2 shared CPU cores, no ne
 from __future__ import annotations
 
 import copy
+import json
 import math
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -47,7 +49,8 @@ from hsm.config import configure_threads, seed_everything
 from hsm.experiments import (check_device, check_scale, experiment, option_choices, option_float, option_int,
                              option_ints)
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
-from hsm.results import ResumableParts, check_replace, make_record, output_path, provenance, write_results
+from hsm.results import (ResumableParts, check_replace, load_checkpoint, make_record, output_path, provenance,
+                         save_checkpoint, write_results)
 from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classification_metrics, encode_texts
 from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
@@ -286,12 +289,16 @@ def _build(kind: str, data, valid, cfg: dict[str, Any], seed: int, pretrained, d
 
 
 def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
-              pretrained: tuple[list[str], np.ndarray] | None = None, device: torch.device | str = "cpu") -> dict[str, Any]:
+              pretrained: tuple[list[str], np.ndarray] | None = None, device: torch.device | str = "cpu",
+              checkpoint: Path | str | None = None) -> dict[str, Any]:
     """Train one model with early stopping on validation macro-F1; test metrics of the best epoch.
 
     ``cfg["max_tokens_used"]`` is the document cap (an int, see :func:`resolve_max_tokens`);
     ``pretrained`` = ``(words, vectors)`` initialises the embeddings (:func:`pretrained_rows`),
-    None leaves them random."""
+    None leaves them random. ``checkpoint``: a file the run is saved to after every epoch and
+    resumed from (when it was saved by the same kind, seed and ``cfg``), so a run stopped mid-way
+    (a session's time limit, a GPU lease) loses at most one epoch; a resumed run gives the same
+    result as one never stopped. The file is removed when the run finishes."""
     device = torch.device(device)
     vocab, train_x, train_y, model, layer, optimizer, learner, coverage = _build(kind, data, valid, cfg, seed,
                                                                                  pretrained, device)
@@ -305,8 +312,34 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
     best: dict[str, Any] = {"valid_f1": -1.0}
     history = []
     bad_epochs = 0
-    start = time.perf_counter()
-    for epoch in range(1, cfg["max_epochs"] + 1):
+    first_epoch, seconds_before = 1, 0.0
+    run_id = {"kind": kind, "seed": seed, "cfg": json.loads(json.dumps(cfg, default=str))}
+    saved = None if checkpoint is None else load_checkpoint(checkpoint)
+    if saved is not None and saved.get("run") != run_id:
+        warnings.warn(f"ignoring checkpoint {checkpoint}: it was saved by another run (kind, seed or settings "
+                      "differ); this run starts over", stacklevel=2)
+        saved = None
+    if saved is not None:
+        model.load_state_dict(saved["model"])
+        layer.load_state_dict(saved["layer"])  # installs the saved tree too (a learned tree moves)
+        for opt, state in zip(optimizer.optimizers, saved["optimizers"]):
+            opt.load_state_dict(state)
+        if learner is not None:
+            learner.load_state_dict(saved["learner"])
+            initial_tree = Tree.from_dict(saved["initial_tree"])
+        gen.set_state(saved["generator"])
+        torch.set_rng_state(saved["torch_rng"])  # dropout masks continue as if never stopped
+        if device.type == "cuda" and saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(saved["cuda_rng"], device)
+        best, history, bad_epochs = saved["best"], saved["history"], saved["bad_epochs"]
+        first_epoch, seconds_before = saved["epoch"] + 1, saved["seconds"]
+        print(f"[{cfg['data']}] {kind} seed {seed}: resuming after epoch {saved['epoch']} from {checkpoint}",
+              file=sys.stderr, flush=True)
+    start = time.perf_counter() - seconds_before
+    stopped = bad_epochs >= cfg["patience"]
+    for epoch in range(first_epoch, cfg["max_epochs"] + 1):
+        if stopped:
+            break
         if learner is not None and epoch > cfg["learn_tree_epochs"]:
             learner.freeze()
         loss = train_epoch(model, layer, _batches(train_x, train_y, cfg["batch_size"], gen, cfg["length_buckets"]),
@@ -324,8 +357,17 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
             bad_epochs = 0
         else:
             bad_epochs += 1
-            if bad_epochs >= cfg["patience"]:
-                break
+        stopped = bad_epochs >= cfg["patience"]
+        if checkpoint is not None and epoch < cfg["max_epochs"] and not stopped:
+            save_checkpoint({
+                "run": run_id, "epoch": epoch, "seconds": time.perf_counter() - start,
+                "model": model.state_dict(), "layer": layer.state_dict(),
+                "optimizers": [opt.state_dict() for opt in optimizer.optimizers],
+                "learner": learner.state_dict() if learner is not None else None,
+                "initial_tree": initial_tree.to_dict() if initial_tree is not None else None,
+                "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "best": best, "history": history, "bad_epochs": bad_epochs}, checkpoint)
     model.load_state_dict(best["state"][0])
     if best["state"][2] is not None:
         layer.set_tree(best["state"][2])
@@ -345,6 +387,8 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
         out["moved_labels"] = [rec.moved_labels for rec in learner.history]
         out["top_level_split"] = {str(g): [data.label_names[i] for i in np.flatnonzero(top_level_groups(layer.tree) == g)]
                                   for g in np.unique(top_level_groups(layer.tree))}
+    if checkpoint is not None:
+        Path(checkpoint).unlink(missing_ok=True)  # finished: the result is the caller's to keep
     return out
 
 
@@ -522,13 +566,16 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
     # the parts depend on every setting but the lists of seeds and models, so adding a seed reuses them
     parts = ResumableParts(path, {k: v for k, v in cfg.items() if k not in ("seeds", "models")} | {"device": str(device)},
                            what="partial taxonomy-table file", log=lambda m: print(m, file=sys.stderr, flush=True))
+    # within a (seed, model) run, an epoch-level checkpoint (train_one), removed as each run finishes
+    checkpoints = path.parent / f".{path.name}.checkpoints"
     for seed in cfg["seeds"]:
         valid = None
         for kind in cfg["models"]:
             if f"seed{seed}/{kind}" not in parts:
                 valid = valid or dataset.validation_split(cfg["valid_fraction"], seed=seed)
             result = parts.run(f"seed{seed}/{kind}", lambda: train_one(kind, dataset, valid, cfg, seed,
-                                                                       pretrained=pretrained, device=device))
+                                                                       pretrained=pretrained, device=device,
+                                                                       checkpoint=checkpoints / f"seed{seed}-{kind}.pt"))
             extra = {k: v for k, v in result.items() if k != "test"}
             run_records.append(make_record(None, result["test"]["f1"], kind_of_record="run", dataset=data, model=kind,
                                            seed=seed, scale=scale, test=result["test"], **extra))
@@ -540,6 +587,8 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
             path = write_results(path, records, provenance(dict(cfg, **info, complete=done), time.perf_counter() - start,
                                                            scale=scale), force=force)
     parts.finish()
+    if checkpoints.is_dir() and not any(checkpoints.iterdir()):
+        checkpoints.rmdir()
     return path
 
 

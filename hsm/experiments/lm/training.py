@@ -27,6 +27,8 @@ from hsm.experiments import check_device
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError, RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.results import atomic_write, read_json_or_none
+from hsm.results import load_checkpoint as _load_checkpoint  # module names the LM tests patch
+from hsm.results import save_checkpoint as _atomic_save
 from hsm.sampling import SampledSoftmax
 from hsm.training import TreeLearner
 from hsm.tree import Tree
@@ -131,11 +133,6 @@ def _evaluate(model: torch.nn.Module, output: torch.nn.Module, contexts: torch.T
     return math.exp(nll / len(targets)), ms
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
-    """``torch.save`` through :func:`hsm.results.atomic_write` (unique temporary, fsync, rename)."""
-    atomic_write(path, lambda handle: torch.save(obj, handle))
-
-
 def _load_finished(done_path: Path) -> LMRunResult | None:
     """The finished run stored in ``done_path``, or None (missing; unreadable or not a run record:
     warned about by name, and recomputed)."""
@@ -148,23 +145,6 @@ def _load_finished(done_path: Path) -> LMRunResult | None:
         warnings.warn(f"ignoring finished-run file {done_path}: not a run record ({exc}); it will be recomputed",
                       stacklevel=2)
         return None
-
-
-def _load_checkpoint(ckpt_path: Path) -> dict[str, Any] | None:
-    """The checkpoint in ``ckpt_path``, or None when missing or unreadable (truncated by a full
-    disk, say: warned about by name; the run then starts over)."""
-    if not ckpt_path.exists():
-        return None
-    try:
-        state = torch.load(ckpt_path, weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - torch/pickle raise many types for a bad file
-        warnings.warn(f"ignoring unreadable checkpoint {ckpt_path} ({type(exc).__name__}: {exc}); "
-                      "the run starts over", stacklevel=2)
-        return None
-    if not isinstance(state, dict) or "model" not in state:
-        warnings.warn(f"ignoring checkpoint {ckpt_path}: not a training checkpoint; the run starts over", stacklevel=2)
-        return None
-    return state
 
 
 def _check_run(corpus: LMCorpus, cfg: LMRunConfig, tree: Tree | None) -> None:
