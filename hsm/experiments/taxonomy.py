@@ -313,7 +313,9 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
     history = []
     bad_epochs = 0
     first_epoch, seconds_before = 1, 0.0
-    run_id = {"kind": kind, "seed": seed, "cfg": json.loads(json.dumps(cfg, default=str))}
+    # what the run depends on: every setting but the lists of seeds and models (as for the finished parts)
+    run_id = {"kind": kind, "seed": seed,
+              "cfg": json.loads(json.dumps({k: v for k, v in cfg.items() if k not in ("seeds", "models")}, default=str))}
     saved = None if checkpoint is None else load_checkpoint(checkpoint)
     if saved is not None and saved.get("run") != run_id:
         warnings.warn(f"ignoring checkpoint {checkpoint}: it was saved by another run (kind, seed or settings "
