@@ -375,3 +375,25 @@ def test_train_one_ignores_a_checkpoint_of_another_run(tmp_path, monkeypatch):
     ckpt.write_bytes(b"not a checkpoint")
     with pytest.warns(UserWarning, match="unreadable checkpoint"):
         E.train_one("flat", dataset, valid, cfg, seed=0, pretrained=pretrained, checkpoint=ckpt)
+
+
+def test_headline_file_is_the_complete_standin_run_with_the_largest_budget(tmp_path):
+    from hsm.results import write_results
+
+    folder = tmp_path / "taxonomy"
+
+    def result(name: str, max_epochs: int, complete: bool = True) -> None:
+        write_results(folder / name, [], {"date_utc": "2026-01-01T00:00:00Z", "git_commit": None, "hsm_scale": "full",
+                                          "config": {"max_epochs": max_epochs, "complete": complete}})
+
+    assert E.headline_file("r8", tmp_path) is None
+    result("r8-full-ft300-5ep.json", 5)
+    result("r8-full-random300-40ep.json", 40)      # the lower reference never stands for the table
+    result("r8.json", 99)                           # nor a reduced run
+    assert E.headline_file("r8", tmp_path).name == "r8-full-ft300-5ep.json"
+    result("r8-full-ft300-40ep.json", 40, complete=False)  # still running
+    assert E.headline_file("r8", tmp_path).name == "r8-full-ft300-5ep.json"
+    result("r8-full-ft300-40ep.json", 40)
+    assert E.headline_file("r8", tmp_path).name == "r8-full-ft300-40ep.json"
+    with pytest.raises(ValueError, match="data must be one of"):
+        E.headline_file("imdb", tmp_path)

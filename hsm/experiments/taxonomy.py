@@ -55,8 +55,8 @@ from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classificati
 from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
 
-__all__ = ["DATASETS", "build_output_layer", "estimate_epoch_seconds", "glove_standin_vectors", "kept_token_share",
-           "pretrained_rows", "resolve_max_tokens", "token_cap_for_share", "top_level_groups", "train_one",
+__all__ = ["DATASETS", "build_output_layer", "estimate_epoch_seconds", "glove_standin_vectors", "headline_file",
+           "kept_token_share", "pretrained_rows", "resolve_max_tokens", "token_cap_for_share", "top_level_groups", "train_one",
            "run_taxonomy_tables"]
 
 #: data option -> (loader name, paper table number, paper key, hidden size the paper selected)
@@ -592,6 +592,24 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
     if checkpoints.is_dir() and not any(checkpoints.iterdir()):
         checkpoints.rmdir()
     return path
+
+
+def headline_file(data: str, root: Path | str | None = None) -> Path | None:
+    """The result file that stands for ``data``'s table at the paper's scale: among the complete
+    full-path files with the GloVe stand-ins (``<root>/taxonomy/<data>-full-ft*.json``), the one with
+    the largest epoch budget; None when there is none yet. ``root``: the results folder
+    (default :func:`hsm.results.default_results_root`)."""
+    from hsm.results import default_results_root, load_results
+
+    if data not in DATASETS:
+        raise ValueError(f"data must be one of {sorted(DATASETS)}, got {data!r}")
+    folder = (default_results_root() if root is None else Path(root)) / "taxonomy"
+    best: tuple[int, Path] | None = None
+    for path in sorted(folder.glob(f"{data}-full-ft*.json")):
+        cfg = load_results(path)["provenance"]["config"]
+        if cfg.get("complete", True) and (best is None or cfg["max_epochs"] > best[0]):
+            best = (cfg["max_epochs"], path)
+    return None if best is None else best[1]
 
 
 def _mean_records(per_model: dict[tuple[str, str], list[float]], table: int, key: str, data: str, scale: str,
