@@ -56,8 +56,8 @@ from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
 
 __all__ = ["DATASETS", "build_output_layer", "estimate_epoch_seconds", "glove_standin_vectors", "headline_file",
-           "kept_token_share", "pretrained_rows", "resolve_max_tokens", "token_cap_for_share", "top_level_groups", "train_one",
-           "run_taxonomy_tables"]
+           "kept_token_share", "pretrained_rows", "resolve_max_tokens", "token_cap_for_share", "top_level_groups",
+           "train_one", "run_taxonomy_tables"]
 
 #: data option -> (loader name, paper table number, paper key, hidden size the paper selected)
 DATASETS = {
@@ -288,6 +288,12 @@ def _build(kind: str, data, valid, cfg: dict[str, Any], seed: int, pretrained, d
     return vocab, train_x, train_y, model, layer, optimizer, learner, coverage
 
 
+def _run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
+    """What one (seed, model) run depends on: every setting but the lists of seeds and models, so that
+    adding a seed or a model reuses the finished runs and the epoch checkpoint of the one going."""
+    return {k: v for k, v in cfg.items() if k not in ("seeds", "models")}
+
+
 def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
               pretrained: tuple[list[str], np.ndarray] | None = None, device: torch.device | str = "cpu",
               checkpoint: Path | str | None = None) -> dict[str, Any]:
@@ -313,9 +319,7 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
     history = []
     bad_epochs = 0
     first_epoch, seconds_before = 1, 0.0
-    # what the run depends on: every setting but the lists of seeds and models (as for the finished parts)
-    run_id = {"kind": kind, "seed": seed,
-              "cfg": json.loads(json.dumps({k: v for k, v in cfg.items() if k not in ("seeds", "models")}, default=str))}
+    run_id = {"kind": kind, "seed": seed, "cfg": json.loads(json.dumps(_run_settings(cfg), default=str))}
     saved = None if checkpoint is None else load_checkpoint(checkpoint)
     if saved is not None and saved.get("run") != run_id:
         warnings.warn(f"ignoring checkpoint {checkpoint}: it was saved by another run (kind, seed or settings "
@@ -338,10 +342,7 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
         print(f"[{cfg['data']}] {kind} seed {seed}: resuming after epoch {saved['epoch']} from {checkpoint}",
               file=sys.stderr, flush=True)
     start = time.perf_counter() - seconds_before
-    stopped = bad_epochs >= cfg["patience"]
     for epoch in range(first_epoch, cfg["max_epochs"] + 1):
-        if stopped:
-            break
         if learner is not None and epoch > cfg["learn_tree_epochs"]:
             learner.freeze()
         loss = train_epoch(model, layer, _batches(train_x, train_y, cfg["batch_size"], gen, cfg["length_buckets"]),
@@ -359,8 +360,9 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
             bad_epochs = 0
         else:
             bad_epochs += 1
-        stopped = bad_epochs >= cfg["patience"]
-        if checkpoint is not None and epoch < cfg["max_epochs"] and not stopped:
+            if bad_epochs >= cfg["patience"]:
+                break  # no checkpoint after the last epoch: a checkpoint always has epochs left to run
+        if checkpoint is not None and epoch < cfg["max_epochs"]:
             save_checkpoint({
                 "run": run_id, "epoch": epoch, "seconds": time.perf_counter() - start,
                 "model": model.state_dict(), "layer": layer.state_dict(),
@@ -564,9 +566,8 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
                 note=f"{embeddings_note}; one 10% stratified validation split from train (no 4-fold CV; the paper's "
                      f"selected h_dim); documents cut at {cfg['max_tokens_used']} tokens "
                      f"({100 * cfg['kept_token_share_train']:.1f}% of the training tokens kept)")
-    # a stopped run (a session cut at its time limit) resumes from its finished (seed, model) runs;
-    # the parts depend on every setting but the lists of seeds and models, so adding a seed reuses them
-    parts = ResumableParts(path, {k: v for k, v in cfg.items() if k not in ("seeds", "models")} | {"device": str(device)},
+    # a stopped run (a session cut at its time limit) resumes from its finished (seed, model) runs
+    parts = ResumableParts(path, _run_settings(cfg) | {"device": str(device)},
                            what="partial taxonomy-table file", log=lambda m: print(m, file=sys.stderr, flush=True))
     # within a (seed, model) run, an epoch-level checkpoint (train_one), removed as each run finishes
     checkpoints = path.parent / f".{path.name}.checkpoints"
