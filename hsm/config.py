@@ -16,7 +16,8 @@ import numpy as np
 
 Scale = Literal["quick", "full"]
 
-#: Environment variable naming a directory laid out like ``../shared/data`` (one folder per data set).
+#: Environment variable naming a local data mirror: one folder per source, laid out as in
+#: :mod:`hsm.data.registry` (``ptb/ptb.train.txt``, ...).
 MIRROR_ENV = "HSM_DATA_MIRROR"
 #: Environment variable naming the cache directory (downloaded archives, processed token ids).
 CACHE_ENV = "HSM_CACHE"

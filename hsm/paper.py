@@ -1,17 +1,18 @@
 """The papers' reported numbers, as plain data.
 
-Every number here is copied from the papers this project reproduces (plain text in
-``../shared/seeds/``; structured reading in ``../shared/reference/seeds-inventory.md`` §5) and
-carries the table it comes from. They are the *papers'* numbers: nothing in this module is
+Every number here is copied from the papers this project reproduces and carries the table it
+comes from. They are the *papers'* numbers: nothing in this module is
 measured. Experiments compare against them through :func:`get`; the landing page of the book
-lists the :data:`HEADLINE` claims next to our measured values (see :mod:`hsm.results`).
+gives a verdict per claim from them (see :mod:`hsm.report`), and its appendix lists every
+measured one beside ours.
 
-Sources (seed numbers as in ``../shared/seeds/README.md``):
+Sources (the key prefix, the paper, and its key in the book's bibliography, ``PaperNumber.paper``):
 
-* ``arxiv2016``: Jernite, Choromanska, Sontag & LeCun, arXiv:1610.04658 (seed 000), Table 1.
-* ``icml2017``: Jernite, Choromanska & Sontag, ICML 2017 with supplement (seed 001),
-  Tables 1-4, and the speed-ups claimed in §7.2.
-* ``sf2020``: Schuurmans & Frasincar, SAC 2020 (seed 003), Tables 1-4.
+* ``arxiv2016``: Jernite, Choromanska, Sontag & LeCun, arXiv:1610.04658, Table 1
+  (``jernite2016simultaneous``).
+* ``icml2017``: Jernite, Choromanska & Sontag, ICML 2017 with supplement, Tables 1-4, and the
+  speed-ups claimed in §7.2 (``jernite2017simultaneous``).
+* ``sf2020``: Schuurmans & Frasincar, SAC 2020, Tables 1-4 (``schuurmans2020global``).
 
 Keys are dotted paths, e.g. ``icml2017.table2.learned_tree.perplexity``; :data:`NUMBERS` maps
 every key to its :class:`PaperNumber`.
@@ -46,7 +47,8 @@ class PaperNumber:
         metric: what is measured (``"perplexity"``, ``"P@1"``, ``"train time"`` ...).
         unit: ``""`` for unitless, ``"%"``, ``"ms/batch"``, ``"min"``, ``"x"`` (a ratio).
         source: where it is printed, e.g. ``"ICML 2017, Table 2"``.
-        seed: the seed file number (``"000"`` ... ``"004"``).
+        paper: the paper's key in the book's bibliography (``book/references.bib``), e.g.
+            ``"jernite2017simultaneous"``.
         setting: what distinguishes the row (data set, model, arity, dimension ...).
         printed: the number exactly as printed, when that differs from ``value``'s repr.
         higher_is_better: direction of the metric, None for a setting-free quantity.
@@ -58,7 +60,7 @@ class PaperNumber:
     metric: str
     unit: str
     source: str
-    seed: str
+    paper: str
     setting: Mapping[str, object] = field(default_factory=dict)
     printed: str = ""
     higher_is_better: bool | None = None
@@ -101,6 +103,9 @@ def _slug(text: str) -> str:
 
 _numbers: dict[str, PaperNumber] = {}
 
+# the papers' keys in book/references.bib
+_ARXIV, _ICML, _SF = "jernite2016simultaneous", "jernite2017simultaneous", "schuurmans2020global"
+
 
 def _add(number: PaperNumber) -> PaperNumber:
     if number.key in _numbers:
@@ -109,7 +114,7 @@ def _add(number: PaperNumber) -> PaperNumber:
     return number
 
 
-# --- arXiv (seed 000) Table 1: flat vs depth-3 HSM; 25-ary PTB, 75-ary Gutenberg; GTX TITAN -----
+# --- arXiv Table 1: flat vs depth-3 HSM; 25-ary PTB, 75-ary Gutenberg; GTX TITAN -----
 _ARXIV_T1 = "arXiv 2016, Table 1"
 for _model, _ptb_perp, _ptb_ms, _gut_perp, _gut_ms in (
     ("Random Tree", 172, 61, 160, 111),
@@ -120,8 +125,8 @@ for _model, _ptb_perp, _ptb_ms, _gut_perp, _gut_ms in (
         _tree = _model != "Flat soft-max"
         _setting = {"dataset": _dataset, "model": _model, "arity": _arity if _tree else None, "depth": 3 if _tree else None}
         _base = f"arxiv2016.table1.{_dataset.lower()}.{_slug(_model)}"
-        _add(PaperNumber(f"{_base}.perplexity", float(_perp), "perplexity", "", _ARXIV_T1, "000", _setting, higher_is_better=False))
-        _add(PaperNumber(f"{_base}.ms_per_batch", float(_ms), "time", "ms/batch", _ARXIV_T1, "000", _setting, higher_is_better=False))
+        _add(PaperNumber(f"{_base}.perplexity", float(_perp), "perplexity", "", _ARXIV_T1, _ARXIV, _setting, higher_is_better=False))
+        _add(PaperNumber(f"{_base}.ms_per_batch", float(_ms), "time", "ms/batch", _ARXIV_T1, _ARXIV, _setting, higher_is_better=False))
 
 #: arXiv Table 2: words in four deepest internal nodes ("leaves") of the PTB tree (7 rows).
 ARXIV_TABLE2_LEAVES: Mapping[str, tuple[str, ...]] = MappingProxyType({
@@ -131,7 +136,7 @@ ARXIV_TABLE2_LEAVES: Mapping[str, tuple[str, ...]] = MappingProxyType({
     "Leaf 231": ("operates", "includes", "intends", "makes", "means", "helps", "seeks"),
 })
 
-# --- ICML (seed 001) Table 1 and supplement Table 3: YFCC100M tag prediction, 312K labels ---------
+# --- ICML Table 1 and supplement Table 3: YFCC100M tag prediction, 312K labels ---------
 # (d, model, arity, P@1, recall (Table 3), train, test); recall is None where printed "-".
 _YFCC_ROWS = (
     (50, "TagSpace", None, 30.1, None, "3h8", "6h"),
@@ -151,11 +156,11 @@ for _table, _source in (("table1", "ICML 2017, Table 1"), ("table3", "ICML 2017,
     for _d, _model, _arity, _p1, _rec, _train, _test in _YFCC_ROWS:
         _setting = {"dataset": "YFCC100M", "d": _d, "model": _model, "arity": _arity}
         _base = f"icml2017.{_table}.d{_d}.{_slug(_model)}" + (f".arity{_arity}" if _arity else "")
-        _add(PaperNumber(f"{_base}.p_at_1", _p1, "P@1", "%", _source, "001", _setting, higher_is_better=True))
+        _add(PaperNumber(f"{_base}.p_at_1", _p1, "P@1", "%", _source, _ICML, _setting, higher_is_better=True))
         if _table == "table3" and _rec is not None:
-            _add(PaperNumber(f"{_base}.recall", _rec, "recall", "%", _source, "001", _setting, higher_is_better=True))
-        _add(PaperNumber(f"{_base}.train_time", minutes(_train), "train time", "min", _source, "001", _setting, _train, False))
-        _add(PaperNumber(f"{_base}.test_time", minutes(_test), "test time", "min", _source, "001", _setting, _test, False))
+            _add(PaperNumber(f"{_base}.recall", _rec, "recall", "%", _source, _ICML, _setting, higher_is_better=True))
+        _add(PaperNumber(f"{_base}.train_time", minutes(_train), "train time", "min", _source, _ICML, _setting, _train, False))
+        _add(PaperNumber(f"{_base}.test_time", minutes(_test), "test time", "min", _source, _ICML, _setting, _test, False))
 
 # --- ICML Table 2: Gutenberg LM, 65-ary depth-3 trees, GTX TITAN ---------------------------------
 _ICML_T2 = "ICML 2017, Table 2"
@@ -168,9 +173,9 @@ for _model, _perp, _train_ms, _test_ms in (
     _tree = _model != "Flat soft-max"
     _setting = {"dataset": "Gutenberg", "model": _model, "arity": 65 if _tree else None, "depth": 3 if _tree else None}
     _base = f"icml2017.table2.{_slug(_model)}"
-    _add(PaperNumber(f"{_base}.perplexity", float(_perp), "perplexity", "", _ICML_T2, "001", _setting, higher_is_better=False))
-    _add(PaperNumber(f"{_base}.train_ms_per_batch", _train_ms, "train time", "ms/batch", _ICML_T2, "001", _setting, higher_is_better=False))
-    _add(PaperNumber(f"{_base}.test_ms_per_batch", _test_ms, "test time", "ms/batch", _ICML_T2, "001", _setting, higher_is_better=False))
+    _add(PaperNumber(f"{_base}.perplexity", float(_perp), "perplexity", "", _ICML_T2, _ICML, _setting, higher_is_better=False))
+    _add(PaperNumber(f"{_base}.train_ms_per_batch", _train_ms, "train time", "ms/batch", _ICML_T2, _ICML, _setting, higher_is_better=False))
+    _add(PaperNumber(f"{_base}.test_ms_per_batch", _test_ms, "test time", "ms/batch", _ICML_T2, _ICML, _setting, higher_is_better=False))
 
 #: ICML supplement Table 4 (= thesis Table 3.2): labels reaching four nodes of the final tree
 #: (10 rows printed, then an ellipsis). "pa." is printed twice in Leaf 230.
@@ -186,30 +191,30 @@ _n = _numbers  # shorthand for the ratios below
 _add(PaperNumber(
     "icml2017.speedup.train", _n["icml2017.table2.flat_soft_max.train_ms_per_batch"].value
     / _n["icml2017.table2.learned_tree.train_ms_per_batch"].value,
-    "train speed-up over flat", "x", "ICML 2017, §7.2 and Table 2", "001",
+    "train speed-up over flat", "x", "ICML 2017, §7.2 and Table 2", _ICML,
     {"dataset": "Gutenberg", "arity": 65, "depth": 3}, "nearly three times (12.5/4.5)", True,
     "Learned tree trains faster than the flat softmax (Gutenberg)"))
 _add(PaperNumber(
     "icml2017.speedup.test", _n["icml2017.table2.flat_soft_max.test_ms_per_batch"].value
     / _n["icml2017.table2.learned_tree.test_ms_per_batch"].value,
-    "test speed-up over flat", "x", "ICML 2017, §7.2 and Table 2", "001",
+    "test speed-up over flat", "x", "ICML 2017, §7.2 and Table 2", _ICML,
     {"dataset": "Gutenberg", "arity": 65, "depth": 3}, "seven times (6.9/0.9)", True,
     "Learned tree evaluates faster than the flat softmax (Gutenberg)"))
 _add(PaperNumber(
     "arxiv2016.speedup.gutenberg", _n["arxiv2016.table1.gutenberg.flat_soft_max.ms_per_batch"].value
     / _n["arxiv2016.table1.gutenberg.learned_tree.ms_per_batch"].value,
-    "speed-up over flat", "x", "arXiv 2016, §7 and Table 1", "000",
+    "speed-up over flat", "x", "arXiv 2016, §7 and Table 1", _ARXIV,
     {"dataset": "Gutenberg", "arity": 75, "depth": 3}, "twice as fast (198/112)", True,
     "Learned tree is faster than the flat softmax (Gutenberg, arXiv)"))
 _add(PaperNumber(
     "icml2017.gain.d50.arity5", round(_n["icml2017.table1.d50.learned_tree.arity5.p_at_1"].value
                                       - _n["icml2017.table1.d50.huffman_tree.arity5.p_at_1"].value, 1),
-    "P@1 gain of learned over Huffman tree", "points", "ICML 2017, §7.1 and Table 1", "001",
+    "P@1 gain of learned over Huffman tree", "points", "ICML 2017, §7.1 and Table 1", _ICML,
     {"dataset": "YFCC100M", "d": 50, "arity": 5}, "up to 3.3 precision points (31.6 - 28.3)", True,
     "Learning the tree beats the Huffman tree (YFCC100M, 5-ary, d=50)"))
 del _n
 
-# --- Schuurmans & Frasincar (seed 003) Tables 1-4: BiLSTM, flat vs two-level HSM (macro %) --------
+# --- Schuurmans & Frasincar Tables 1-4: BiLSTM, flat vs two-level HSM (macro %) --------
 _SF_TABLES = {
     # dataset: (table number, h_dim, {measure: (flat, hierarchical)})
     "TREC": (1, 150, {"F1": (72.595, 74.258), "Precision": (74.937, 75.882), "Recall": (73.370, 74.952), "Accuracy": (84.800, 86.000)}),
@@ -227,9 +232,9 @@ for _dataset, (_tab, _hdim, _measures) in _SF_TABLES.items():
             # macro-averaged except accuracy, which the paper reports as micro-accuracy
             _metric = "accuracy" if _measure == "Accuracy" else f"macro-{_measure.lower()}"
             _add(PaperNumber(f"sf2020.table{_tab}.{_dataset.lower()}.{_model}.{_slug(_measure)}", _value,
-                             _metric, "%", _source, "003", _setting, higher_is_better=True))
+                             _metric, "%", _source, _SF, _setting, higher_is_better=True))
     _add(PaperNumber(f"sf2020.table{_tab}.{_dataset.lower()}.sota.accuracy", _SF_SOTA[_dataset], "accuracy", "%",
-                     _source, "003", {"dataset": _dataset, "model": "state of the art cited by the paper"},
+                     _source, _SF, {"dataset": _dataset, "model": "state of the art cited by the paper"},
                      higher_is_better=True))
 
 #: Every paper number by key (read-only).

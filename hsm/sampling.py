@@ -1,4 +1,4 @@
-"""Approximations of the softmax likelihood that avoid the sum over all classes (Barber & Botev, seed 004).
+"""Approximations of the softmax likelihood that avoid the sum over all classes (Barber & Botev).
 
 The softmax ``p(c|x) = u(c, x) / Z(x)`` with ``u = exp(s)`` needs ``Z(x) = sum_d u(d, x)`` over all C
 classes (their Eq. 1-2). This module gives, as losses to *minimise* (so each is minus the paper's

@@ -1,6 +1,6 @@
-"""(Bi)LSTM text classifier with a flat or a hierarchical softmax output (Schuurmans & Frasincar, seed 003).
+"""(Bi)LSTM text classifier with a flat or a hierarchical softmax output (Schuurmans & Frasincar, 2020).
 
-The model of seed 003 §3-4: word embeddings -> (Bi)LSTM -> last hidden state ``h`` -> output layer.
+The model of Schuurmans & Frasincar §3-4: word embeddings -> (Bi)LSTM -> last hidden state ``h`` -> output layer.
 The output layer is either the flat softmax over the C classes or the two-level hierarchical
 softmax over the natural taxonomy, ``P(class) = P(category | root) P(class | category)`` (their
 Eq. 1-3), i.e. :class:`hsm.HierarchicalSoftmax` on ``Tree.from_taxonomy`` (a taxonomy tree is not
@@ -118,7 +118,7 @@ def classification_metrics(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[
     """Macro-F1, macro-precision, macro-recall (in %) over the classes present in ``y_true`` or
     ``y_pred`` (scikit-learn's default; a class never predicted has precision 0), and accuracy (%).
 
-    Macro-F1 is the mean of the per-class F1 scores (seed 003's main metric), which differs from
+    Macro-F1 is the mean of the per-class F1 scores (Schuurmans & Frasincar's main metric), which differs from
     the harmonic mean of macro-P and macro-R.
     """
     from sklearn.metrics import accuracy_score, precision_recall_fscore_support

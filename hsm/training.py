@@ -15,7 +15,7 @@ Algorithm 1 interleaves two things:
 :func:`train_epoch` and :func:`evaluate` are the loops for a user's model (device-agnostic,
 progress bar, NaN check), and the taxonomy experiment's. The language-model and classification
 experiments run their own loops around the same :class:`TreeLearner`: the first checkpoints inside
-an epoch (an epoch at the paper's scale is longer than a session), the second changes the rate at
+an epoch (an epoch at the paper's scale can outlast a job's time limit), the second changes the rate at
 every step (the paper's linear decay) and freezes the tree half-way.
 """
 from __future__ import annotations

@@ -262,7 +262,7 @@ def download(url: str, dest: Path, *, label: str | None = None, timeout: float =
         raise NetworkError(
             f"cannot download {label} from {url}: {getattr(exc, 'reason', exc)}. "
             f"Fix: check the network, or point {config.MIRROR_ENV} at a directory holding {label} "
-            f"(laid out like ../shared/data), or put a verified copy at {config.cache_dir() / label}."
+            f"(one folder per source, as in hsm.data.registry), or put a verified copy at {config.cache_dir() / label}."
         ) from exc
     with response:
         total = response.headers.get("Content-Length")
@@ -356,7 +356,7 @@ def _fetch_uncached(data_file: DataFile, cache: Path, download_missing: bool) ->
         if bundled is None:
             raise MirrorFileMissingError(
                 f"{relpath} is missing from the data mirror {mirror} ({config.MIRROR_ENV}); looked for {mirrored}. "
-                f"Fix: copy the file there (see ../shared/data/README.md for its source), or unset "
+                f"Fix: copy the file there (its source: `python -m hsm data list`), or unset "
                 f"{config.MIRROR_ENV} to download it from {data_file.url or 'its canonical source'}."
             )
     if bundled is not None:

@@ -1,7 +1,7 @@
 """The data-set registry: every file the reproduction reads, where it comes from, and its checksum.
 
 Each *source* (``ptb``, ``gutenberg``, ``cooking``, ``trec``, ``cachopo``) is a folder of files laid out
-exactly like the data mirror (``../shared/data``): ``ptb/ptb.train.txt``, ``cachopo/r8-train-all-terms.txt.xz``,
+exactly like a data mirror (``HSM_DATA_MIRROR``): ``ptb/ptb.train.txt``, ``cachopo/r8-train-all-terms.txt.xz``,
 and so on. The sha256 of every mirror file is the one in the mirror's ``SHA256SUMS``.
 
 Each *data set* (what a loader returns: ``ptb``, ``gutenberg``, ``cooking``, ``gutenberg-books``,
@@ -196,7 +196,7 @@ SOURCES: dict[str, Source] = {
         homepage=_CACHOPO_SITE,
         licence="research use",
         citation="Cardoso-Cachopo (2007), Improving methods for single-label text categorization, PhD thesis, "
-        "IST Lisbon; taxonomies from Schuurmans & Frasincar (seed 003, Appendix B)",
+        "IST Lisbon; taxonomies from Schuurmans & Frasincar (2020, Appendix B)",
         files=(
             _cachopo(
                 "20ng-train-all-terms",

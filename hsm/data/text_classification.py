@@ -1,4 +1,4 @@
-"""Text classification data sets: tag prediction stand-ins for YFCC100M and the taxonomy benchmarks of seed 003.
+"""Text classification data sets: tag prediction stand-ins for YFCC100M and the taxonomy benchmarks of Schuurmans & Frasincar.
 
 Encoding (our choice, for memory): texts are a :class:`TokenizedTexts`, a read-only sequence whose item ``i`` is
 the token list of document ``i`` (``texts[i] -> list[str]``), stored as one int32 array of ids into ``vocab`` plus

@@ -31,8 +31,8 @@ MODULES = [
     "hsm.experiments.lm_timing",  # the same tables' ms/batch at the papers' full vocabularies
     "hsm.experiments.classification",  # ICML Tables 1 and 3 on stand-ins
     "hsm.experiments.classification_fast",  # the compiled trainer: statistics/schedule ablation, threaded repeats
-    "hsm.experiments.taxonomy",  # seed 003: two-level softmax over natural taxonomies
-    "hsm.experiments.sampling",  # seed 004: sampling approximations of the softmax
+    "hsm.experiments.taxonomy",  # Schuurmans & Frasincar: two-level softmax over natural taxonomies
+    "hsm.experiments.sampling",  # Barber & Botev: sampling approximations of the softmax
 ]
 
 

@@ -1,4 +1,4 @@
-"""Seed 003 (Schuurmans & Frasincar): BiLSTM with a flat softmax against a two-level hierarchical
+"""Schuurmans & Frasincar (SAC 2020): BiLSTM with a flat softmax against a two-level hierarchical
 softmax over the natural class taxonomy, Tables 1-4 (TREC, 20NG, R8, R52), plus a learned tree.
 
 ``python -m hsm run taxonomy-tables -o data=trec|20ng|r8|r52 [--scale quick|full]`` writes
@@ -120,7 +120,7 @@ def glove_standin_vectors(data_name: str, dataset, dim: int = 300, gutenberg_tok
     for every type of ``dataset``'s training split, trained on its training documents followed by
     the first ``gutenberg_tokens`` tokens of the mirror's Gutenberg books (lower-cased, in
     :func:`hsm.data.gutenberg.book_order`; 0: the training documents only). Our stand-in for the
-    GloVe 6B-300d vectors of seed 003, which cannot be downloaded here.
+    GloVe 6B-300d vectors of Schuurmans & Frasincar, which cannot be downloaded here.
 
     Reuses :func:`hsm.experiments.lm.embeddings.fasttext_embeddings` (cached under
     ``hsm.config.cache_dir()/derived/fasttext``, atomic writes): the corpus is handed to it as the
@@ -184,7 +184,7 @@ def learned_tree_start(num_labels: int, seed: int, label_names: list[str] | None
 def build_output_layer(kind: str, in_features: int, label_names: list[str], taxonomy: dict[str, list[str]] | None,
                        seed: int = 0) -> nn.Module:
     """``flat``: :class:`FlatSoftmax`; ``hierarchical``: :class:`HierarchicalSoftmax` over
-    ``Tree.from_taxonomy`` (seed 003's two-level softmax); ``learned``: a HierarchicalSoftmax over
+    ``Tree.from_taxonomy`` (Schuurmans & Frasincar's two-level softmax); ``learned``: a HierarchicalSoftmax over
     a random depth-2 tree, to be learned with a :class:`TreeLearner`."""
     if kind == "flat":
         return FlatSoftmax(in_features, len(label_names))
@@ -303,7 +303,7 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
     ``pretrained`` = ``(words, vectors)`` initialises the embeddings (:func:`pretrained_rows`),
     None leaves them random. ``checkpoint``: a file the run is saved to after every epoch and
     resumed from (when it was saved by the same kind, seed and ``cfg``), so a run stopped mid-way
-    (a session's time limit, a GPU lease) loses at most one epoch; a resumed run gives the same
+    (a time limit, a killed job) loses at most one epoch; a resumed run gives the same
     result as one never stopped. The file is removed when the run finishes."""
     device = torch.device(device)
     vocab, train_x, train_y, model, layer, optimizer, learner, coverage = _build(kind, data, valid, cfg, seed,
@@ -536,7 +536,7 @@ def estimate_epoch_seconds(data: str, model: str = "flat", batches: int = 50, sc
             "results/taxonomy/trec.json")
 def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | str | None = None,
                         data: str = "trec", force: bool = False, **options: Any) -> Path:
-    """One table of seed 003 (``data`` = trec, 20ng, r8 or r52) at the configured scale.
+    """One table of Schuurmans & Frasincar (``data`` = trec, 20ng, r8 or r52) at the configured scale.
 
     ``out`` None: ``hsm-results/taxonomy/<data>.json`` (:func:`hsm.results.output_path`); a
     full-scale file at ``out`` is not replaced by a quick run unless ``force``. ValueError for a
@@ -566,7 +566,7 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
                 note=f"{embeddings_note}; one 10% stratified validation split from train (no 4-fold CV; the paper's "
                      f"selected h_dim); documents cut at {cfg['max_tokens_used']} tokens "
                      f"({100 * cfg['kept_token_share_train']:.1f}% of the training tokens kept)")
-    # a stopped run (a session cut at its time limit) resumes from its finished (seed, model) runs
+    # a stopped run (cut at a time limit) resumes from its finished (seed, model) runs
     parts = ResumableParts(path, _run_settings(cfg) | {"device": str(device)},
                            what="partial taxonomy-table file", log=lambda m: print(m, file=sys.stderr, flush=True))
     # within a (seed, model) run, an epoch-level checkpoint (train_one), removed as each run finishes

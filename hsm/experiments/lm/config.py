@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["LMRunConfig", "LMRunResult", "OUTPUT_KINDS", "SAMPLED_KINDS", "RANKING_SCORE"]
 
 OUTPUT_KINDS = ("flat", "random", "clustering", "learned", "adaptive")
-#: flat softmax trained with a sampling approximation of the normaliser (seed 004,
+#: flat softmax trained with a sampling approximation of the normaliser (Barber & Botev,
 #: :class:`hsm.sampling.SampledSoftmax`); exact at evaluation, so perplexities compare directly
 SAMPLED_KINDS = ("importance", "bernoulli", "ranking", "blackout", "nce", "negative_sampling")
 
@@ -41,7 +41,7 @@ class LMRunConfig:
     max_steps_per_epoch: int | None = None  #: LR selection runs stop early
     eval_per_epoch: bool = True
     decay: float = 0.5  #: NodeStatistics decay at each re-assignment (hsm.statistics)
-    num_negatives: int = 20  #: sampled outputs: negatives per batch (seed 004's K)
+    num_negatives: int = 20  #: sampled outputs: negatives per batch (Barber & Botev's K)
     prior: float = 1.0  #: NodeStatistics pseudo-count (hsm.statistics, point 1)
     prior_mode: str = "current_child"  #: NodeStatistics prior: "current_child" (released code) or "uniform" (thesis)
     #: AssignLabels ranking: "logp" (eq. 12, the LM variant) or "p" (eq. 10); the old spelling of

@@ -453,7 +453,7 @@ def train_lm(
         files = RunFiles.in_folder(checkpoint_dir, cfg, corpus)
         finished = files.load_finished()
         if finished is not None:
-            log(f"{cfg.output}: finished earlier, loading {files.finished.name}")
+            log(f"{cfg.output}: already trained, reading {files.finished.name}")
             if finished.device is not None and finished.device != str(device):
                 warnings.warn(f"finished run {files.finished} trained on {finished.device}, not {device}: its "
                               f"ms/batch are {finished.device}'s (recorded per run as trained_on)", stacklevel=2)

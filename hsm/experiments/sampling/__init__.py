@@ -1,4 +1,4 @@
-"""Barber & Botev (seed 004): softmax regression trained with approximations of the likelihood.
+"""Barber & Botev: softmax regression trained with approximations of the likelihood.
 
 Two registered experiments redraw the paper's figures:
 

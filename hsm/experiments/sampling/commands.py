@@ -89,13 +89,13 @@ def run_fig1(scale: str = "quick", device: str = "cpu", out: Path | str | None =
     return _run_figure("fig1", _fig1_methods, scale, device, out, force, options)
 
 
-@experiment("lm-ptb-sampling", "Beyond seed 004: PTB log-bilinear LM trained with sampled softmax approximations "
+@experiment("lm-ptb-sampling", "Beyond Barber & Botev: PTB log-bilinear LM trained with sampled softmax approximations "
             "(importance, Bernoulli, BlackOut, negative sampling, ranking, NCE), exact perplexity and ms/step",
             DEFAULT_OUT["lm-ptb-sampling"])
 def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | str | None = None,
                         force: bool = False, **options: Any) -> Path:
     """"Tree or sampling?": the log-bilinear LM of ``lm-ptb`` (arXiv Table 1's PTB setting) with its
-    output layer trained by each approximation of Barber & Botev (seed 004), evaluated exactly.
+    output layer trained by each approximation of Barber & Botev, evaluated exactly.
 
     Every sampled run is :func:`hsm.experiments.lm.train_lm` with ``output`` one of
     :data:`hsm.experiments.lm.SAMPLED_KINDS` (add-one-smoothed training counts as proposal; the
