@@ -86,7 +86,7 @@ def tree_arity(num_labels: int, depth: int) -> int:
 #: words and tails of growing size, the shape of Grave et al.'s large-vocabulary setups; among
 #: the configurations of that shape timed at V = 250k, d = 200, B = 128 (head 1k-5k words, two or
 #: three tails, ``div_value`` 2 or 4; the performance chapter), among the fastest (three tails with
-#: ``div_value=4`` and a head of 1k-2k words were equally fast within this machine's noise)
+#: ``div_value=4`` and a head of 1k-2k words were equally fast within the timing noise)
 ADAPTIVE_CUTOFFS = (2_000, 20_000, 100_000)
 #: the cutoffs of this benchmark's first committed runs (method ``adaptive-x5``): smaller tail
 #: clusters, about 2.5 times slower at V = 250k (the performance chapter compares both)

@@ -40,7 +40,7 @@ with, in ``train.py``::
         average_gradients(layer)
         optimizer.step(); learner.step()
 
-Only the CPU/gloo path is tested here (this machine has no GPU); the NCCL path uses the same
+Only the CPU/gloo path is tested (the tests run without a GPU); the NCCL path uses the same
 collectives (all_gather, all_reduce, broadcast) on CUDA tensors.
 """
 from __future__ import annotations

@@ -168,7 +168,7 @@ def group_pairs(node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:  # pragma: n
 #: pairs from which a node's products go through BLAS (``np.dot``: OpenBLAS, via scipy) on a
 #: gathered copy of the examples' rows, rather than the register-blocked loops: a node shared by
 #: many examples (the root: all of them) is a small matrix product, which BLAS does 3x faster
-#: (root of a batch of 128 at M = 63, d = 200: 40 us against 110 us on one core of this machine)
+#: (root of a batch of 128 at M = 63, d = 200: 40 us against 110 us on one core of a 2-core AMD EPYC)
 BLAS_MIN_PAIRS = 16
 
 
@@ -725,7 +725,7 @@ def sum_rows_by_id(ids, rows):  # pragma: no cover - compiled
 class _Worker:
     """A pool thread with the lightest hand-off Python has: two bare locks (a futex each way).
     ``concurrent.futures`` adds a queue, a Future and a Condition per task, about 0.1 ms per batch
-    on this machine, a quarter of a log-probability pass."""
+    on a 2-core AMD EPYC, a quarter of a log-probability pass."""
 
     def __init__(self) -> None:
         self.start, self.done = threading.Lock(), threading.Lock()

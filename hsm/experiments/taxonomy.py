@@ -8,7 +8,8 @@ test macro-F1 / macro-precision / macro-recall / micro-accuracy of the epoch wit
 validation macro-F1, and for the learned tree the adjusted Rand index between its top-level split
 of the classes and the taxonomy's categories.
 
-Departures from the paper, all forced by this machine (2 shared CPU cores, no network):
+Departures from the paper, all forced by the hardware the results were produced on (2 CPU cores,
+no GPU, no network):
 
 * no GloVe 6B-300d (cannot be downloaded): ``embeddings=fasttext`` (the full preset) initialises
   the embeddings with 300-d fastText skip-gram vectors trained here on the training documents plus
@@ -437,7 +438,7 @@ def _settings(scale: str, data: str, options: dict[str, Any]) -> dict[str, Any]:
     """The preset of ``scale`` with ``options`` applied; ValueError naming an unknown option or a
     bad value (counts >= 1, rates finite and > 0, fractions in (0, 1), known models).
 
-    The full preset is the paper's setting as far as this machine allows: 300-d embeddings
+    The full preset is the paper's setting as far as 2 CPU cores allow: 300-d embeddings
     initialised with our GloVe stand-ins, h_dim 150 (R52 100), dropout 0.5, Adam 1e-3, batch 10,
     every training type in the vocabulary, whole TREC questions and the 95 % token cap elsewhere,
     three seeds, early stopping on validation macro-F1."""
