@@ -1,0 +1,109 @@
+"""hsm.report: the landing page's verdicts and the appendix's table of every measured number."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from hsm import paper, report
+
+
+def _write(root: Path, rel: str, records: list[dict], scale: str = "full", date: str = "2026-01-01T00:00:00Z",
+           **config) -> None:
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    prov = {"date_utc": date, "git_commit": "0" * 40, "hsm_scale": scale, "cpu_model": "AMD EPYC", "cpu_count": 2,
+            "cuda_device": None, "config": config}
+    path.write_text(json.dumps({"schema": 1, "provenance": prov, "records": records}))
+
+
+def _ppl(claim: str, value: float, valid: float | None = None) -> dict:
+    return {"claim": claim, "value": value, "measure": "test_perplexity", "valid_perplexity": valid}
+
+
+def test_main_run_follows_the_rules(tmp_path: Path) -> None:
+    ptb = "arxiv2016.table1.ptb.learned_tree.perplexity"
+    rnd = "icml2017.table2.random_tree.perplexity"
+    trec = "sf2020.table1.trec.flat.f1"
+    _write(tmp_path, "lm/ptb.json", [_ppl(ptb, 169.0)], date="2026-03-01T00:00:00Z")
+    _write(tmp_path, "lm/ptb-l2-decay1.json", [_ppl(ptb, 157.8)], date="2026-01-01T00:00:00Z")
+    _write(tmp_path, "lm/gutenberg-678books-250k-65ary-2ep-random-seed0.json", [_ppl(rnd, 177.4, 159.0)])
+    _write(tmp_path, "lm/gutenberg-678books-250k-65ary-2ep-random-seed1.json", [_ppl(rnd, 177.0, 159.3)])
+    _write(tmp_path, "taxonomy/trec-full-ft300-10ep.json", [{"claim": trec, "value": 55.0}], max_epochs=10)
+    _write(tmp_path, "taxonomy/trec-full-ft300-40ep.json", [{"claim": trec, "value": 60.9}], max_epochs=40)
+    _write(tmp_path, "taxonomy/trec.json", [{"claim": trec, "value": 49.0}], scale="full, reduced: x=1")
+    # a run still going is not a measurement yet
+    _write(tmp_path, "lm/ptb-l2-decay1-bis.json", [_ppl(ptb, 1.0)], complete=False, date="2026-09-01T00:00:00Z")
+    found = report.measurements(tmp_path)
+    assert len(found[ptb]) == 2
+    assert report.main_measurement(ptb, found).file == "lm/ptb-l2-decay1.json"  # the rule, not the latest
+    assert report.main_measurement(rnd, found).value == 177.4  # the seed with the best validation perplexity
+    assert report.main_measurement(trec, found).value == 60.9  # the largest epoch budget
+    assert report.main_measurement("icml2017.speedup.train", found) is None
+
+
+def test_each_number_is_listed_once_with_its_other_runs_named(tmp_path: Path) -> None:
+    ptb = "arxiv2016.table1.ptb.learned_tree.perplexity"
+    _write(tmp_path, "lm/ptb.json", [_ppl(ptb, 169.0)])
+    _write(tmp_path, "lm/ptb-l2-decay1.json", [_ppl(ptb, 157.8, 171.1)])
+    groups = report.number_groups(tmp_path)
+    claims = [c for g in groups for c in g.claims]
+    assert claims.count(ptb) == 1 and set(report.NOT_RUN) <= set(claims)
+    text = report.numbers_markdown(groups)
+    assert "157.8 (valid 171.1)" in text and "1.2 lower (better)" in text
+    assert "Other runs of these numbers" in text and "`ptb.json`" in text
+    assert "169.0" not in text  # named, not repeated
+    assert "not run here: the flat softmax over 250,000 words needs a GPU" in text
+
+
+def test_times_are_ratios_on_one_device_never_differences(tmp_path: Path) -> None:
+    records = []
+    for model, train, test in (("flat_soft_max", 570.0, 187.0), ("learned_tree", 5.2, 1.4)):
+        records += [{"claim": f"icml2017.table2.{model}.train_ms_per_batch", "value": train},
+                    {"claim": f"icml2017.table2.{model}.test_ms_per_batch", "value": test}]
+    records += [{"claim": "icml2017.speedup.train", "value": 570.0 / 5.2},
+                {"claim": "icml2017.speedup.test", "value": 187.0 / 1.4}]
+    _write(tmp_path, "lm/timing.json", records)
+    text = report.numbers_markdown(report.number_groups(tmp_path))
+    assert "paper, GTX TITAN" in text and "ours, AMD EPYC, 2 cores" in text
+    assert "4.5 (2.78×; the paper: “nearly three times”)" in text
+    assert f"5.2 ({570.0 / 5.2:.1f}×)" in text
+    assert "+" not in text.split("Time per batch")[1].split("Ours")[0]  # no signed deltas across devices
+
+
+def test_perplexity_and_percent_differences_say_which_way_is_better() -> None:
+    assert report.compare_in_words(167.8, 148.0, higher_is_better=False) == "19.8 higher (worse)"
+    assert report.compare_in_words(141.8, 151.0, higher_is_better=False) == "9.2 lower (better)"
+    assert report.compare_in_words(60.9, 72.6, higher_is_better=True, unit="%") == "11.7 points lower (worse)"
+    assert report.compare_in_words(109.0, 2.78, higher_is_better=True, unit="x") == "39× the paper's"
+
+
+def test_non_finite_values_show_a_marker() -> None:
+    for value in (math.nan, math.inf, -math.inf):
+        assert report.format_value(value) == report.NOT_FINITE
+        assert report.compare_in_words(value, 148.0, higher_is_better=False) == report.NOT_FINITE
+    number = paper.get("arxiv2016.table1.ptb.learned_tree.perplexity")
+    bad = report.Measurement(number.key, math.nan, "lm/ptb-l2-decay1.json", "full", "AMD EPYC, 2 cores", "",
+                             {"valid_perplexity": math.inf}, {})
+    row = report.NumberRow(number.key, "Learned Tree (25-ary)", number, bad)
+    text = report.numbers_markdown([report.NumberGroup("PTB", "/notebooks/lm_ptb", (row,))])
+    assert "nan" not in text.lower().replace("not a finite number", "") and report.NOT_FINITE in text
+
+
+def test_a_measured_number_of_no_chapter_is_an_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _write(tmp_path, "lm/x.json", [{"claim": "icml2017.gain.d50.arity5", "value": 1.0}])
+    with pytest.raises(ValueError, match="in no chapter"):
+        report.number_groups(tmp_path)
+
+
+def test_committed_results_give_at_most_fifteen_verdicts() -> None:
+    rows = report.verdicts()
+    assert 8 <= len(rows) <= 15
+    assert all(row.verdict in report.VERDICT_WORDS and row.doc.startswith("/notebooks/") for row in rows)
+    table = report.verdict_table_markdown(rows)
+    assert table.count("\n") == len(rows) + 2 and "nan" not in table
+    groups = report.number_groups()
+    listed = [c for g in groups for c in g.claims]
+    assert len(listed) == len(set(listed)) and set(report.measurements()) <= set(listed)
