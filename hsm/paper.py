@@ -241,7 +241,8 @@ for _dataset, (_tab, _hdim, _measures) in _SF_TABLES.items():
 NUMBERS: Mapping[str, PaperNumber] = MappingProxyType(dict(_numbers))
 del _numbers
 
-#: The claims the landing page of the book tracks, in order: the headline results of the papers.
+#: The headline results of the papers, in order: :func:`hsm.results.reproduction_rows` lists them
+#: first, measured or not.
 HEADLINE: tuple[str, ...] = (
     "icml2017.table2.learned_tree.perplexity",
     "icml2017.table2.random_tree.perplexity",

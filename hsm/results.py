@@ -13,12 +13,13 @@ Every experiment writes its measured numbers to a JSON file under ``results/`` (
 A record is a flat dict of JSON values. Two keys have a meaning here:
 
 * ``claim`` (optional): the key of the paper number it reproduces (:data:`hsm.paper.NUMBERS`);
-  records with a claim appear on the landing page of the book next to the paper's number.
+  records with a claim appear in the book's table of measured numbers next to the paper's number
+  (:mod:`hsm.report`).
 * ``value``: the measured number, in the paper number's unit, when ``claim`` is set.
 
 Anything else (data set, arity, seed, epoch, ...) is free-form and kept as is.
-The book's landing page calls :func:`reproduction_rows` at build time, so the table never goes
-stale: a claim with no result file says so.
+The book reads the files at build time (:mod:`hsm.report` builds its verdicts and its table of
+measured numbers from them), so its tables never go stale.
 
 Usage::
 
