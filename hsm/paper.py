@@ -291,7 +291,7 @@ def table(prefix: str) -> list[PaperNumber]:
 
 
 # The headline list must only name numbers that exist (checked at import: a typo here would
-# otherwise show up as a silently missing row on the landing page).
+# otherwise show up as a silently missing row in the reproduction table).
 for _key in HEADLINE:
     get(_key)
 del _key

@@ -133,7 +133,7 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
             Experiments always pass it: the ``--scale`` of a run can differ from ``HSM_SCALE``.
             None: ``HSM_SCALE`` (:func:`hsm.config.scale`), for callers with no scale of their own.
             A label that qualifies the scale, ``"full, <what differs>"``, is recorded as given (its
-            first word is the scale): the landing page lists it apart from the plain ``full`` rows.
+            first word is the scale): the reproduction table lists it apart from the plain ``full`` rows.
 
     Returns:
         A dict with ``date_utc`` (ISO 8601), ``git_commit`` and ``git_dirty`` (the checkout's state
@@ -554,7 +554,7 @@ class ReproductionRow:
 def reproduction_rows(
     root: str | os.PathLike[str] | None = None, claims: Iterable[str] | None = None
 ) -> list[ReproductionRow]:
-    """The rows of the landing page's table: every claim in ``claims`` (default
+    """The rows of the reproduction-status table: every claim in ``claims`` (default
     :data:`hsm.paper.HEADLINE`) plus every other claim that a result file reports.
 
     A claim measured at several scales gets one row per scale (full first), each from the most

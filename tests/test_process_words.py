@@ -31,7 +31,7 @@ RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern
     ("seed-file label", r"\bseeds? 00[0-4]\b|\bbeyond seed\b|\bseed 00[0-4]_"),
     ("working session", r"\bsessions?\b(?!\s*(?:storage|id)\b)|\bhelper agent\b|\bhelpers? (?:session|wrote|ran)\b"
                         r"|\bintegrator\b|\bworktrees?\b"),
-    ("GPU loan", r"\bGPU (?:was |were |is )?(?:lent|leased?)\b|\bGPU lease\b|\bno GPU was\b|\blent to this\b"),
+    ("GPU loan", r"\bGPU (?:was |were |is )?(?:lent|leased?)\b|\bGPU lease\b|\bno GPU was (?:lent|available to)\b|\blent to this\b"),
     ("shared-machine note", r"\bthis machine was shared\b|\bmachine (?:is|was) shared\b"),
     ("commit narrative", r"\b(?:is|was|at|since|before|after|until|by|in|from) commits? [0-9a-f]{7,40}\b"
                          r"|\((?:commit )?(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,12}\)"),
