@@ -107,3 +107,12 @@ def test_committed_results_give_at_most_fifteen_verdicts() -> None:
     groups = report.number_groups()
     listed = [c for g in groups for c in g.claims]
     assert len(listed) == len(set(listed)) and set(report.measurements()) <= set(listed)
+
+
+def test_every_link_names_a_chapter_of_the_book() -> None:
+    """{doc} links inside a cell's Markdown output are not checked by the build: check them here."""
+    root = Path(__file__).resolve().parent.parent
+    toc = (root / "_toc.yml").read_text(encoding="utf-8")
+    docs = {row.doc for row in report.verdicts()} | {group.doc for group in report.number_groups()}
+    for doc in docs:
+        assert (root / f"{doc.lstrip('/')}.md").is_file() and f"file: {doc.lstrip('/')}" in toc, doc
