@@ -330,10 +330,10 @@ def _runs_lines(rows: Sequence[NumberRow]) -> str:
 
 
 def _scale_words(label: str) -> str:
-    """A run's scale label in reader terms: ``"full, reduced: decay=1, epochs=2"`` (the paper's
-    sizes with these settings changed) reads ``"full size; decay=1, epochs=2"``."""
+    """A run's scale label in reader terms: ``"full, reduced: decay=1, epochs=2"`` (the full
+    preset with these settings changed) reads ``"full preset with decay=1, epochs=2"``."""
     head, _, rest = label.partition(", reduced: ")
-    return f"{head} size; {rest}" if rest else label
+    return f"{head} preset with {rest}" if rest else label
 
 
 def _generic_table(rows: Sequence[NumberRow]) -> str:
