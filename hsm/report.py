@@ -276,7 +276,8 @@ def number_groups(root: str | os.PathLike[str] | None = None) -> list[NumberGrou
     groups = _regroup_timings(groups)
     missing = set(found) - listed
     if missing:
-        raise ValueError(f"measured paper numbers in no chapter of the appendix: {sorted(missing)}")
+        raise ValueError(f"measured paper numbers in no chapter of the appendix: {sorted(missing)}; "
+                         "add their key prefix to a chapter in hsm.report._CHAPTERS")
     return groups
 
 
