@@ -1,4 +1,4 @@
-"""Command line: ``python -m hsm {data,run,bench} ...``."""
+"""Command line: ``python -m hsm {data,run,bench,reproduce} ...``."""
 from __future__ import annotations
 
 import argparse
@@ -10,6 +10,7 @@ _COMMANDS = {
     "data": ("hsm.data.cli", "list, fetch, verify and describe the data sets"),
     "run": ("hsm.experiments.cli", "run an experiment (a table or figure of the papers)"),
     "bench": ("hsm.bench", "benchmark the output layers side by side"),
+    "reproduce": ("hsm.reproduce", "run a result file's recorded command again and compare its numbers"),
 }
 
 

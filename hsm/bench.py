@@ -759,6 +759,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes, in-process (CI); sizes given explicitly are kept")
     parser.add_argument("--json", default=None, help="write the result file here (hsm.results format)")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="write --json at full scale although the code has uncommitted changes (recorded)")
     parser.add_argument("--force", action="store_true",
                         help="let a --quick run replace a full-scale result file given with --json")
     parser.add_argument("--algorithm1", action="store_true",
@@ -770,7 +772,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
     if args.one is not None:  # child process of an isolated run
         config = json.loads(args.one)
         if config.get("threads"):
@@ -778,20 +781,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(run_one(config)))
         return 0
     from hsm.experiments import check_device
-    from hsm.results import check_replace
+    from hsm.results import check_code_committed, check_replace, recording_invocation
 
     scale = "quick" if args.quick else "full"
     try:
         args.device = check_device(args.device)
         if args.json:  # a quick run must not replace a full-scale file by accident: refuse before measuring
             check_replace(args.json, scale, args.force)
+            check_code_committed(scale, args.allow_dirty)
     except ValueError as exc:
         print(f"hsm bench: {exc}", file=sys.stderr)
         return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    # the result file records the command (less where it was written) for `python -m hsm reproduce`
+    invocation = {"command": "bench", "argv": _without_json(argv)}
+    with recording_invocation(invocation):
+        return _measure(args, scale)
+
+
+def _without_json(argv: list[str]) -> list[str]:
+    """``argv`` less ``--json PATH`` / ``--json=PATH`` (where a run writes is not what it measures)."""
+    out, skip = [], False
+    for item in argv:
+        if skip:
+            skip = False
+        elif item == "--json":
+            skip = True
+        elif not item.startswith("--json="):
+            out.append(item)
+    return out
+
+
+def _measure(args: argparse.Namespace, scale: str) -> int:
+    """The measurement ``main`` asked for, after its checks; writes ``args.json`` when given."""
     # explicit sizes win; --quick only changes the defaults (it used to overwrite them silently)
     given = {name for name in _FULL if getattr(args, name) is not None}
+    if args.threads:
+        torch.set_num_threads(args.threads)
     for name, value in (_QUICK if args.quick else _FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -37,7 +37,9 @@ Only an explicit ``--out results/lm/ptb.json`` updates a committed file, and eve
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
+import hashlib
 import json
 import math
 import os
@@ -55,7 +57,10 @@ from hsm.config import scale as _scale
 
 __all__ = [
     "SCHEMA_VERSION",
+    "CODE_PATHSPECS",
     "provenance",
+    "recording_invocation",
+    "check_code_committed",
     "make_record",
     "write_results",
     "atomic_write",
@@ -81,7 +86,13 @@ SCHEMA_VERSION = 1
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-def _git(*args: str) -> str | None:
+#: what counts as "the code" in a result's provenance: the package and its pins. A change
+#: anywhere else (the book, notes, result files, untracked scratch files) leaves the code that made a
+#: result known, so it does not make the result dirty.
+CODE_PATHSPECS = (":(top)hsm", ":(top)pyproject.toml", ":(top)constraints.txt")
+
+
+def _git(*args: str, strip: bool = True) -> str | None:
     """Output of a git command run in this package's checkout, or None outside a checkout."""
     try:
         out = subprocess.run(
@@ -89,13 +100,16 @@ def _git(*args: str) -> str | None:
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return out.stdout.strip()
+    return out.stdout.strip() if strip else out.stdout
 
 
 def _code_state() -> tuple[str | None, bool | None]:
-    """(commit, dirty) of this package's checkout now; (None, None) outside a checkout."""
+    """(commit, dirty) of this package's checkout now; (None, None) outside a checkout.
+
+    ``dirty`` is True when a tracked file of the code (:data:`CODE_PATHSPECS`) differs from the
+    commit; untracked files and changes outside the code do not count."""
     # one git call, not two (rev-parse + status): this runs at every import of the package
-    status = _git("status", "--porcelain=v2", "--branch", "--untracked-files=no")
+    status = _git("status", "--porcelain=v2", "--branch", "--untracked-files=no", "--", *CODE_PATHSPECS)
     if status is None:
         return None, None
     lines = status.splitlines()
@@ -105,9 +119,70 @@ def _code_state() -> tuple[str | None, bool | None]:
     return oid, any(not line.startswith("#") for line in lines)
 
 
+def _code_diff() -> dict[str, Any] | None:
+    """The uncommitted change to the code (:data:`CODE_PATHSPECS`) against HEAD: the sha256 of
+    ``git diff HEAD --binary``, the files it touches and its line counts; None when there is none
+    or outside a checkout. With the commit, the hash identifies the exact code that ran: that
+    commit plus a diff with this hash."""
+    diff = _git("diff", "HEAD", "--binary", "--", *CODE_PATHSPECS, strip=False)
+    if not diff:
+        return None
+    numstat = _git("diff", "HEAD", "--numstat", "--", *CODE_PATHSPECS) or ""
+    files, insertions, deletions = [], 0, 0
+    for line in numstat.splitlines():
+        added, removed, name = line.split("\t", 2)
+        files.append(name)
+        insertions += int(added) if added.isdigit() else 0  # "-" for binary files
+        deletions += int(removed) if removed.isdigit() else 0
+    return {"sha256": hashlib.sha256(diff.encode("utf-8", "surrogateescape")).hexdigest(),
+            "files": files, "insertions": insertions, "deletions": deletions}
+
+
 #: the code this process runs: the checkout's state when the package was imported. A run of hours
 #: must not be credited to a commit made while it ran (the provenance records both when they differ).
 _CODE_AT_START = _code_state()
+#: and, when that code had uncommitted changes, what they were (:func:`_code_diff`)
+_DIFF_AT_START = _code_diff() if _CODE_AT_START[1] else None
+
+
+#: the command now running, set by the command line (:func:`recording_invocation`): every result
+#: file it writes records it, so that ``python -m hsm reproduce FILE`` can run it again
+_INVOCATION: dict[str, Any] | None = None
+
+
+@contextlib.contextmanager
+def recording_invocation(invocation: Mapping[str, Any]) -> Iterator[None]:
+    """Within the block, :func:`provenance` records ``invocation`` (a JSON-able dict such as
+    ``{"command": "run", "experiment": "lm-ptb", "scale": "quick", "device": "cpu",
+    "options": {"epochs": "2"}}``) as the command that made the result."""
+    global _INVOCATION
+    previous, _INVOCATION = _INVOCATION, _to_json_value(dict(invocation), "invocation")
+    try:
+        yield
+    finally:
+        _INVOCATION = previous
+
+
+def check_code_committed(scale: str, allow_dirty: bool = False) -> None:
+    """Refuse a full-scale run from code with uncommitted changes, unless ``allow_dirty``.
+
+    A full-scale result is meant to be committed and cited; made from uncommitted code, nobody can
+    tell what made it (its provenance then records the diff's hash, :func:`_code_diff`, but not the
+    diff). Quick runs, and runs outside a git checkout, are never refused.
+
+    Raises:
+        ValueError: ``scale`` is ``full`` (its first word), the code differs from its commit and
+            ``allow_dirty`` is False; the message names the changed files and both ways out.
+    """
+    if str(scale).split(",", 1)[0].strip() != "full" or allow_dirty:
+        return
+    commit, dirty = _CODE_AT_START
+    if not dirty:
+        return
+    files = (_DIFF_AT_START or {}).get("files") or ["(unknown files)"]
+    shown = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+    raise ValueError(f"the code has uncommitted changes ({shown}): commit them first so that the result "
+                     f"names the code that made it, or pass --allow-dirty (recorded in the result)")
 
 
 def _cpu_model() -> str:
@@ -169,6 +244,8 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         "date_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "git_commit": commit,
         "git_dirty": dirty,
+        # the code that ran is the commit plus this change (its hash, files and line counts)
+        **({"git_diff": _DIFF_AT_START} if dirty and _DIFF_AT_START else {}),
         **({"git_commit_at_write": now[0]} if now[0] != commit else {}),
         "hostname": socket.gethostname(),
         "cpu_model": _cpu_model(),
@@ -181,6 +258,7 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         "hsm_scale": recorded,
         "config": _to_json_value(dict(config), "config") if config is not None else None,
         "wall_time_s": None if wall_time_s is None else float(wall_time_s),
+        **({"invocation": _INVOCATION} if _INVOCATION is not None else {}),
     }
 
 

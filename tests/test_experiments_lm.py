@@ -545,3 +545,18 @@ def test_setting_a_package_name_reaches_the_code_that_calls_it(monkeypatch) -> N
     assert len(calls) == 1 and calls[0][0] == Path("never-written.json")
     monkeypatch.undo()
     assert lm.atomic_write is real and lm.training.atomic_write is real and lm.report.atomic_write is real
+
+
+def test_scale_label_calls_only_smaller_runs_reductions() -> None:
+    from hsm.experiments.lm.presets import SCALES
+    from hsm.experiments.lm.report import scale_label
+
+    full = SCALES["lm-gutenberg-65"]["full"]
+    assert scale_label("full", {}, full) == "full"
+    assert scale_label("full", {"decay": "1", "epochs": "2", "learn_epochs": "1"}, full) == (
+        "full, reduced: epochs=2; settings: decay=1, learn_epochs=1")
+    # a setting alone is not a reduction, and a grid of one rate is fewer trials than the preset's
+    assert scale_label("full", {"decay": "1", "l2": "5e-5"}, full) == "full, settings: decay=1, l2=5e-5"
+    assert scale_label("full", {"lr_grid": "0.05"}, full) == "full, reduced: lr_grid=0.05"
+    # more epochs than the preset is a setting, not a reduction
+    assert scale_label("full", {"epochs": str(full.epochs + 1)}, full) == f"full, settings: epochs={full.epochs + 1}"

@@ -213,13 +213,14 @@ def test_code_state_reads_commit_and_dirtiness_of_the_checkout(monkeypatch, tmp_
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
     subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
     assert R._code_state() == (None, None)  # a checkout without a commit
-    (tmp_path / "f.py").write_text("a = 1\n")
-    subprocess.run([*git, "add", "f.py"], cwd=tmp_path, check=True)
+    (tmp_path / "hsm").mkdir()
+    (tmp_path / "hsm" / "f.py").write_text("a = 1\n")
+    subprocess.run([*git, "add", "hsm/f.py"], cwd=tmp_path, check=True)
     subprocess.run([*git, "commit", "-q", "-m", "c"], cwd=tmp_path, check=True)
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=tmp_path, capture_output=True, text=True).stdout.strip()
     (tmp_path / "untracked.txt").write_text("ignored: untracked files do not make the code dirty")
     assert R._code_state() == (head, False)
-    (tmp_path / "f.py").write_text("a = 2\n")
+    (tmp_path / "hsm" / "f.py").write_text("a = 2\n")
     assert R._code_state() == (head, True)
 
 
@@ -275,3 +276,69 @@ def test_rows_leave_out_a_run_that_is_still_going(tmp_path: Path) -> None:
     assert [r.ours for r in results.reproduction_rows(root, claims=[]) if r.claim == claim] == []
     results.write_results(root / "done.json", [results.make_record(claim, 87.0)], dict(prov, config={"complete": True}))
     assert [r.ours for r in results.reproduction_rows(root, claims=[]) if r.claim == claim] == [87.0]
+
+
+def _scratch_repo(tmp_path: Path) -> list[str]:
+    import subprocess
+
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    (tmp_path / "hsm").mkdir()
+    (tmp_path / "hsm" / "f.py").write_text("a = 1\n")
+    (tmp_path / "README.md").write_text("text\n")
+    subprocess.run([*git, "add", "."], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "c"], cwd=tmp_path, check=True)
+    return git
+
+
+def test_only_changes_to_the_code_make_a_result_dirty(monkeypatch, tmp_path: Path) -> None:
+    from hsm import results as R
+
+    _scratch_repo(tmp_path)
+    monkeypatch.setattr(R, "_PACKAGE_DIR", tmp_path / "hsm")
+    (tmp_path / "README.md").write_text("edited prose is not code\n")
+    (tmp_path / "scratch.py").write_text("untracked")
+    assert R._code_state()[1] is False and R._code_diff() is None
+    (tmp_path / "hsm" / "f.py").write_text("a = 2\nb = 3\n")
+    assert R._code_state()[1] is True
+    diff = R._code_diff()
+    assert diff["files"] == ["hsm/f.py"] and (diff["insertions"], diff["deletions"]) == (2, 1)
+    assert len(diff["sha256"]) == 64
+    (tmp_path / "hsm" / "f.py").write_text("a = 2\nb = 4\n")
+    assert R._code_diff()["sha256"] != diff["sha256"]  # another change, another hash
+
+
+def test_a_dirty_result_records_the_diff_and_a_full_run_is_refused(monkeypatch) -> None:
+    from hsm import results as R
+
+    diff = {"sha256": "f" * 64, "files": ["hsm/layers.py"], "insertions": 3, "deletions": 1}
+    monkeypatch.setattr(R, "_CODE_AT_START", ("a" * 40, True))
+    monkeypatch.setattr(R, "_DIFF_AT_START", diff)
+    monkeypatch.setattr(R, "_code_state", lambda: ("a" * 40, True))
+    assert R.provenance(config={}, scale="quick")["git_diff"] == diff
+    R.check_code_committed("quick")  # quick runs are never refused
+    R.check_code_committed("full", allow_dirty=True)
+    with pytest.raises(ValueError, match=r"uncommitted changes \(hsm/layers.py\).*--allow-dirty"):
+        R.check_code_committed("full, reduced: epochs=2")
+    monkeypatch.setattr(R, "_CODE_AT_START", ("a" * 40, False))
+    R.check_code_committed("full")
+    assert "git_diff" not in R.provenance(config={}, scale="quick")
+
+
+def test_the_command_line_refuses_a_dirty_full_run_before_any_work(monkeypatch, capsys) -> None:
+    from hsm import results as R
+    from hsm.experiments import cli
+
+    monkeypatch.setattr(R, "_CODE_AT_START", ("a" * 40, True))
+    monkeypatch.setattr(R, "_DIFF_AT_START", {"sha256": "f" * 64, "files": ["hsm/x.py"], "insertions": 1,
+                                              "deletions": 0})
+    assert cli.main(["sampling-fig2", "--scale", "full"]) == 2
+    assert "uncommitted changes (hsm/x.py)" in capsys.readouterr().err
+
+
+def test_provenance_records_the_invocation_within_its_block() -> None:
+    from hsm import results as R
+
+    with R.recording_invocation({"command": "run", "experiment": "lm-ptb", "options": {"epochs": "2"}}):
+        assert R.provenance(config={}, scale="quick")["invocation"]["options"] == {"epochs": "2"}
+    assert "invocation" not in R.provenance(config={}, scale="quick")

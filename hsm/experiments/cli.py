@@ -7,7 +7,9 @@ there, and a file recorded at full scale is not replaced by a quick run without 
 
 Bad input (an unknown experiment or option, an option value out of range, a scale other than
 quick/full, a device torch cannot use here, a refused replacement) is one line on stderr and exit
-status 2, before any work is done.
+status 2, before any work is done. So is a full-scale run from code with uncommitted changes,
+unless ``--allow-dirty`` (:func:`hsm.results.check_code_committed`). Every result file records the
+command that made it (``provenance.invocation``), which ``python -m hsm reproduce`` runs again.
 """
 from __future__ import annotations
 
@@ -16,11 +18,12 @@ import sys
 from pathlib import Path
 
 from hsm.data.errors import DataError
+from hsm.results import check_code_committed, recording_invocation
 
 from . import REGISTRY, check_device, check_scale, get, load_all
 
 #: keyword arguments the CLI passes itself; ``-o`` may not set them
-_RESERVED = {"scale", "device", "out", "force"}
+_RESERVED = {"scale", "device", "out", "force", "allow_dirty"}
 
 
 def main(argv: list[str]) -> int:
@@ -36,6 +39,9 @@ def main(argv: list[str]) -> int:
                         help="replace an existing result file even when it was recorded at a larger scale")
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
                         help="experiment-specific option (repeatable)")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="run at full scale although the code has uncommitted changes (recorded in the "
+                             "result; by default such a run is refused, since its result could not be traced)")
     args = parser.parse_args(argv)
     failed = load_all()
     if args.name in (None, "list"):
@@ -67,7 +73,11 @@ def main(argv: list[str]) -> int:
             if key in options:
                 raise ValueError(f"option {key!r} given twice ({options[key]!r} and {value!r})")
             options[key] = value
-        path = exp.func(scale=scale, device=device, out=args.out, force=args.force, **options)
+        check_code_committed(scale, args.allow_dirty)
+        invocation = {"command": "run", "experiment": exp.name, "scale": scale, "device": device,
+                      "options": options, **({"allow_dirty": True} if args.allow_dirty else {})}
+        with recording_invocation(invocation):
+            path = exp.func(scale=scale, device=device, out=args.out, force=args.force, **options)
     except (ValueError, DataError) as exc:
         # bad input: one line naming the problem, no traceback (a bug still raises everything else)
         message = " ".join(str(exc).split())

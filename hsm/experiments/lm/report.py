@@ -17,7 +17,7 @@ from hsm.data.lm import LMCorpus
 from hsm.results import atomic_write, check_replace, make_record, output_path, provenance, write_results
 from hsm.tree import Tree
 
-from .presets import ABLATION_WHAT, ABLATION_VARIANTS, LMScale, _ablation_changes
+from .presets import ABLATION_WHAT, ABLATION_VARIANTS, SCALES, LMScale, _ablation_changes
 
 __all__ = ["ablation_markdown", "ablation_rows", "best_epoch_markdown", "combine_parts", "leaf_table",
            "leaf_table_markdown", "load_tree_file", "plot_ablation", "plot_learning_evidence", "plot_per_epoch",
@@ -110,6 +110,45 @@ def _out_path(out: Path | None, default: str) -> Path:
     return output_path(default, out)
 
 
+#: LMScale fields where a smaller value than the preset's means less of the paper's run (data,
+#: training, seeds or learning-rate trials): such an override is a reduction, any other a setting
+_REDUCING_FIELDS = ("epochs", "train_tokens", "eval_tokens", "max_books", "vocab_size", "random_seeds",
+                    "lr_grid", "select_steps", "embed_epochs", "select_eval_tokens")
+
+
+def scale_label(scale: str, overrides: dict[str, Any], preset: LMScale | None) -> str:
+    """The scale label of a run: ``scale`` alone, or ``"full, reduced: epochs=2; settings: decay=1"``.
+
+    An override is a *reduction* when it runs less than the preset (fewer epochs, tokens, books,
+    words, seeds or learning rates: a field of :data:`_REDUCING_FIELDS` set below the preset's
+    value, or a count set where the preset uses everything); every other override (``decay``,
+    ``l2``, ``learn_epochs``, ...) is a *setting*, which the label names without calling it a
+    reduction."""
+    reduced, settings = {}, {}
+    for key, value in sorted(overrides.items()):
+        base = getattr(preset, key, None) if preset is not None else None
+        try:
+            given = _option_size(key, value)
+            smaller = key in _REDUCING_FIELDS and given is not None and (
+                base is None or given < _option_size(key, base))
+        except (TypeError, ValueError):
+            smaller = False
+        (reduced if smaller else settings)[key] = value
+    parts = [f"{what}: " + ", ".join(f"{k}={v}" for k, v in group.items())
+             for what, group in (("reduced", reduced), ("settings", settings)) if group]
+    return scale if not parts else f"{scale}, " + "; ".join(parts)
+
+
+def _option_size(key: str, value: Any) -> float | None:
+    """How much an option asks for: a number, or for ``lr_grid`` how many rates (None: everything)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none")):
+        return None
+    if key == "lr_grid":
+        items = value.split(",") if isinstance(value, str) else list(value)
+        return float(len([v for v in items if str(v).strip()]))
+    return float(value)
+
+
 def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scale: str, device: str,
            seconds: float, tree_files: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
            training_seconds: float | None = None, extra_config: dict[str, Any] | None = None,
@@ -126,13 +165,15 @@ def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scal
     prov = provenance(config={"experiment": name, "scale": scale, "device": device, **asdict(sc),
                               "optimizer": "Adagrad", "initial_learned_tree": "random (seed 0)",
                               "clustering_embeddings": _EMBEDDINGS[sc.clustering_embeddings]},
-                      wall_time_s=seconds, scale=scale)
+                      wall_time_s=max(seconds, training_seconds or 0.0), scale=scale)
     # a run whose preset was overridden says so in its scale label (the landing page shows it)
     overrides = {k: v for k, v in (options or {}).items() if k != "description"}
-    prov["hsm_scale"] = scale if not overrides else (
-        f"{scale}, reduced: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items())))
+    prov["hsm_scale"] = scale_label(scale, overrides, SCALES.get(name, {}).get(scale))
     prov["config"]["overrides"] = overrides
+    # wall_time_s covers the runs it rests on; runs finished earlier load from the run folder, so
+    # this invocation alone can take seconds
     prov["config"]["training_seconds"] = training_seconds
+    prov["config"]["invocation_seconds"] = seconds
     prov["config"].update(extra_config or {})
     return write_results(path, records, prov, force=force)
 

@@ -45,7 +45,10 @@ def _fig2_methods(scale: str, log_c: float) -> tuple[dict[str, dict[str, Any]], 
 def _fig1_methods(scale: str, log_c: float) -> tuple[dict[str, dict[str, Any]], dict[str, Any]]:
     """Fig. 1's methods: the exact gradient and ranking at each offset alpha (the quick scale: three
     of them), and the alphas for the provenance."""
-    alphas = [0.0, 1.0, 3.0, math.log(499), log_c, 9.0, 12.0] if scale != "quick" else [1.0, log_c, 12.0]
+    # log(C - 1) for this C, and ln 499 and ln 999: the paper prints 6.2126 = ln 499 as log(C - 1)
+    # for C = 1000, so both candidates are in every sweep (each offset once, in increasing order)
+    alphas = (sorted({0.0, 1.0, 3.0, math.log(499), math.log(999), log_c, 9.0, 12.0}) if scale != "quick"
+              else [1.0, log_c, 12.0])
     methods: dict[str, dict[str, Any]] = {"exact": {"method": "exact"}}
     for a in alphas:
         methods[f"ranking_alpha{a:.4f}"] = {"method": "ranking", "alpha": a}

@@ -1,0 +1,270 @@
+"""``python -m hsm reproduce RESULT.json``: run a result file's command again and compare.
+
+A result file (:mod:`hsm.results`) records the command that made it (``provenance.invocation``:
+the experiment, its scale, device and ``-o`` options, or the benchmark's arguments) and the code
+(``git_commit``, plus ``git_diff`` when that code had uncommitted changes). This command runs the
+same command again into a scratch folder, then prints every measured number of the old file beside
+the new one with the difference, and exits with status 1 when a number differs by more than the
+tolerance:
+
+.. code-block:: text
+
+    python -m hsm reproduce results/lm/ptb.json              # at the scale the file records
+    python -m hsm reproduce results/lm/ptb.json --scale quick # the same command on the quick slice
+    python -m hsm reproduce FILE --rtol 0.02                  # rows with a seed spread (threaded runs)
+
+Numbers named like times (``*_ms``, ``*_s``, ``time``, ``speedup``, ...) are shown but never
+checked: they measure the machine. A run at another scale than the file's is shown and not
+checked either. The default tolerance (relative ``1e-6``) asks for the same numbers, which
+seeded single-thread runs of the same code give.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from hsm.results import _CODE_AT_START, load_results
+
+__all__ = ["Difference", "invocation_of", "command_for", "compare_records", "main"]
+
+#: field names that measure the machine, not the method: shown, never checked
+_TIMING_FIELD = re.compile(r"(^|_)(ms|s|sec|secs|seconds|time|times|wall|speedup|ratio|throughput|per_s)(_|$)"
+                           r"|time|speed|_ms_|seconds")
+
+
+class ReproduceError(ValueError):
+    """The file cannot be reproduced as asked (no recorded command, a command that failed)."""
+
+
+def invocation_of(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> dict[str, Any]:
+    """The command recorded in a result file's provenance (``provenance.invocation``).
+
+    Raises:
+        ReproduceError: the file records none (it was written before result files recorded their
+            command); the message gives what the provenance does say.
+    """
+    prov = payload.get("provenance") or {}
+    invocation = prov.get("invocation")
+    if isinstance(invocation, Mapping) and invocation.get("command") in ("run", "bench"):
+        return dict(invocation)
+    experiment = (prov.get("config") or {}).get("experiment") if isinstance(prov.get("config"), Mapping) else None
+    hint = f" (its config names experiment {experiment!r})" if experiment else ""
+    raise ReproduceError(
+        f"{path} does not record the command that made it{hint}: it was written before result files "
+        f"recorded their command. Run the command given in the chapter that shows it; the settings "
+        f"that ran are in its provenance.config (scale {prov.get('hsm_scale')!r}, commit "
+        f"{str(prov.get('git_commit'))[:12]})")
+
+
+def command_for(invocation: Mapping[str, Any], out: Path, scale: str | None = None,
+                allow_dirty: bool = False) -> list[str]:
+    """The ``python -m hsm ...`` command line that re-runs ``invocation``, writing to ``out``.
+
+    ``scale`` (``quick``/``full``) replaces the recorded scale; ``allow_dirty`` passes
+    ``--allow-dirty`` to a full-scale run from a checkout with uncommitted changes."""
+    python = [sys.executable, "-m", "hsm"]
+    if invocation["command"] == "run":
+        run_scale = scale or str(invocation.get("scale", "quick"))
+        cmd = [*python, "run", str(invocation["experiment"]), "--scale", run_scale,
+               "--device", str(invocation.get("device", "cpu")), "--out", str(out)]
+        for key, value in (invocation.get("options") or {}).items():
+            cmd += ["-o", f"{key}={value}"]
+        if allow_dirty:
+            cmd.append("--allow-dirty")
+        return cmd
+    argv = [str(a) for a in invocation.get("argv") or []]
+    if scale == "quick" and "--quick" not in argv:
+        argv.append("--quick")
+    elif scale == "full" and "--quick" in argv:
+        argv = [a for a in argv if a != "--quick"]
+    cmd = [*python, "bench", *argv, "--json", str(out)]
+    if allow_dirty and "--allow-dirty" not in argv:
+        cmd.append("--allow-dirty")
+    return cmd
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One measured number, old against new."""
+
+    record: str  #: the record's non-numeric fields, as ``key=value`` text
+    field: str
+    old: float | None
+    new: float | None
+    checked: bool  #: False for timings (and for every field when the scales differ)
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.old is None or self.new is None else self.new - self.old
+
+    def within(self, rtol: float, atol: float) -> bool:
+        if self.old is None or self.new is None:
+            return self.old is None and self.new is None
+        if not (math.isfinite(self.old) and math.isfinite(self.new)):
+            return self.old == self.new or (math.isnan(self.old) and math.isnan(self.new))
+        return abs(self.new - self.old) <= atol + rtol * abs(self.old)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _identity(record: Mapping[str, Any]) -> str:
+    """What a record is about: its fields that are not numbers (claim, method, data set, ...)."""
+    parts = [f"{k}={v}" for k, v in record.items() if not _is_number(v) and not isinstance(v, (list, dict))]
+    return ", ".join(parts) or "(no labels)"
+
+
+def compare_records(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str, Any]],
+                    checked: bool = True) -> list[Difference]:
+    """Every number of every record of ``old`` beside the same field of the matching ``new`` record.
+
+    Records are matched by their non-numeric fields (:func:`_identity`), in order among equals, so
+    a run that lists the same rows in another order still matches. A row missing on either side
+    appears with ``None`` on that side (and fails a check). Lists and dicts inside records (curves,
+    per-epoch values) are compared element by element under ``field[i]`` / ``field.key``."""
+    pending: dict[str, list[Mapping[str, Any]]] = {}
+    for record in new:
+        pending.setdefault(_identity(record), []).append(record)
+    out: list[Difference] = []
+
+    def numbers(value: Any, name: str) -> dict[str, float]:
+        if _is_number(value):
+            return {name: float(value)}
+        if isinstance(value, list):
+            return {k: v for i, item in enumerate(value) for k, v in numbers(item, f"{name}[{i}]").items()}
+        if isinstance(value, dict):
+            return {k: v for key, item in value.items() for k, v in numbers(item, f"{name}.{key}").items()}
+        return {}
+
+    def flat(record: Mapping[str, Any]) -> dict[str, float]:
+        return {k: v for key, value in record.items() for k, v in numbers(value, key).items()}
+
+    for record in old:
+        ident = _identity(record)
+        match = pending.get(ident, [])
+        other = match.pop(0) if match else None
+        old_numbers, new_numbers = flat(record), flat(other) if other is not None else {}
+        for field in dict.fromkeys([*old_numbers, *new_numbers]):
+            is_timing = bool(_TIMING_FIELD.search(field.split("[")[0].split(".")[0]))
+            out.append(Difference(ident, field, old_numbers.get(field), new_numbers.get(field),
+                                  checked and not is_timing))
+    for ident, records in pending.items():  # rows only the new run has
+        for record in records:
+            for field, value in flat(record).items():
+                out.append(Difference(ident, field, None, value, checked))
+    return out
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "missing"
+    if not math.isfinite(value):
+        return str(value)
+    return f"{value:.6g}"
+
+
+def _report(diffs: Sequence[Difference], rtol: float, atol: float, show_all: bool = False) -> tuple[str, int]:
+    """The old/new table as text, and how many checked numbers are outside the tolerance.
+
+    Unless ``show_all``, a record shows its ``value`` and the numbers that differ beyond the
+    tolerance, not every point of its curves."""
+    lines, failures, current = [], 0, None
+    for d in diffs:
+        ok = d.within(rtol, atol)
+        failures += d.checked and not ok
+        if not (show_all or d.field == "value" or (d.checked and not ok)):
+            continue
+        if d.record != current:
+            current = d.record
+            lines.append(f"{d.record}")
+        mark = "  " if not d.checked else ("ok" if ok else "!!")
+        delta = "" if d.delta is None else f"{d.delta:+.3g}"
+        note = "" if d.checked else "  (not checked)"
+        lines.append(f"  {mark} {d.field:<32} {_fmt(d.old):>14} -> {_fmt(d.new):<14} {delta}{note}")
+    return "\n".join(lines), failures
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m hsm reproduce",
+        description="Run a result file's recorded command again in a scratch folder and compare every "
+                    "number, old against new; exit status 1 when one differs beyond the tolerance.")
+    parser.add_argument("result", type=Path, help="a result file (e.g. results/lm/ptb.json)")
+    parser.add_argument("--scale", choices=["quick", "full"], default=None,
+                        help="run at this scale instead of the file's (numbers are then shown, not checked)")
+    parser.add_argument("--rtol", type=float, default=1e-6,
+                        help="relative tolerance (default 1e-6: the same numbers; use the seed spread, "
+                             "e.g. 0.02, for threaded runs)")
+    parser.add_argument("--atol", type=float, default=1e-9, help="absolute tolerance (default 1e-9)")
+    parser.add_argument("--keep", type=Path, default=None,
+                        help="write the new result here instead of a temporary folder (kept)")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="let a full-scale re-run go ahead from code with uncommitted changes")
+    parser.add_argument("--all", action="store_true",
+                        help="print every number (default: each record's value and the numbers that differ)")
+    args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    prog = "hsm reproduce"
+    if not (args.rtol >= 0 and args.atol >= 0 and math.isfinite(args.rtol) and math.isfinite(args.atol)):
+        print(f"{prog}: --rtol and --atol must be finite and >= 0", file=sys.stderr)
+        return 2
+    try:
+        payload = load_results(args.result)
+        invocation = invocation_of(args.result, payload)
+    except FileNotFoundError:
+        print(f"{prog}: {args.result}: no such file", file=sys.stderr)
+        return 2
+    except ValueError as exc:
+        print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    prov = payload["provenance"]
+    recorded_scale = str(prov.get("hsm_scale") or invocation.get("scale") or "full").split(",", 1)[0].strip()
+    scale = args.scale or recorded_scale
+    same_scale = scale == recorded_scale
+
+    commit, dirty = _CODE_AT_START
+    made_by = str(prov.get("git_commit"))[:12] + (" plus uncommitted changes" if prov.get("git_dirty") else "")
+    running = f"{str(commit)[:12]}{' plus uncommitted changes' if dirty else ''}"
+    print(f"{args.result}: made by commit {made_by}; re-running with {running}, scale {scale}")
+    if prov.get("git_commit") != commit:
+        print("  (another commit: a difference may come from a change of code)")
+
+    scratch = args.keep if args.keep is not None else Path(tempfile.mkdtemp(prefix="hsm-reproduce-"))
+    try:
+        scratch.mkdir(parents=True, exist_ok=True)
+        out = scratch / args.result.name
+        cmd = command_for(invocation, out, scale=scale, allow_dirty=args.allow_dirty)
+        print("$ python -m hsm " + " ".join(cmd[3:]), flush=True)
+        env = dict(os.environ, HSM_OUTPUT=str(scratch))
+        status = subprocess.run(cmd, env=env).returncode
+        if status != 0 or not out.exists():
+            print(f"{prog}: the command failed (exit status {status}); nothing to compare", file=sys.stderr)
+            return 1
+        new = load_results(out)
+        diffs = compare_records(payload["records"], new["records"], checked=same_scale)
+        table, failures = _report(diffs, args.rtol, args.atol, show_all=args.all)
+        print(table)
+        checked = sum(d.checked for d in diffs)
+        if not same_scale:
+            print(f"ran at scale {scale}, the file holds {recorded_scale}: {len(diffs)} numbers shown, none checked")
+            return 0
+        print(f"{checked} numbers checked (rtol {args.rtol:g}, atol {args.atol:g}): "
+              f"{checked - failures} agree, {failures} differ"
+              + ("" if args.keep is None else f"; new result kept in {out}"))
+        return 1 if failures else 0
+    finally:
+        if args.keep is None:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""``python -m hsm reproduce``: matching records, tolerances, commands, and whole re-runs of the
+small committed result files in tests/data/results (made by ``python -m hsm run NAME --scale quick``
+from a clean commit)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from hsm import reproduce as R
+
+FIXTURES = Path(__file__).parent / "data" / "results"
+
+
+def test_records_match_by_their_labels_not_their_order() -> None:
+    old = [{"method": "flat", "value": 1.0, "ms": 3.0}, {"method": "tree", "value": 2.0, "ms": 1.0}]
+    new = [{"method": "tree", "value": 2.0, "ms": 9.0}, {"method": "flat", "value": 1.0, "ms": 7.0}]
+    diffs = R.compare_records(old, new)
+    assert all(d.within(0, 0) for d in diffs if d.checked)
+    assert {d.field for d in diffs if not d.checked} == {"ms"}  # timings are shown, never checked
+
+
+def test_a_changed_number_and_a_missing_row_fail_the_check() -> None:
+    old = [{"method": "flat", "value": 1.0}, {"method": "tree", "value": 2.0}]
+    new = [{"method": "flat", "value": 1.001}]
+    diffs = R.compare_records(old, new)
+    flat = next(d for d in diffs if d.record == "method=flat")
+    assert not flat.within(1e-6, 0) and flat.within(0.01, 0)
+    tree = next(d for d in diffs if d.record == "method=tree")
+    assert tree.new is None and not tree.within(1.0, 1.0)
+
+
+def test_curves_inside_records_are_compared_point_by_point() -> None:
+    diffs = R.compare_records([{"m": "a", "curve": [1.0, 2.0]}], [{"m": "a", "curve": [1.0, 2.5]}])
+    assert [(d.field, d.within(0, 0)) for d in diffs] == [("curve[0]", True), ("curve[1]", False)]
+
+
+def test_a_file_without_a_recorded_command_is_refused_naming_it(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({"schema": 1, "records": [],
+                                "provenance": {"hsm_scale": "full", "git_commit": "a" * 40,
+                                               "config": {"experiment": "lm-ptb"}}}))
+    assert R.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "does not record the command" in err and "lm-ptb" in err
+
+
+def test_commands_for_an_experiment_and_a_benchmark(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    run = {"command": "run", "experiment": "lm-ptb", "scale": "full", "device": "cpu",
+           "options": {"epochs": "2", "decay": "1"}}
+    cmd = R.command_for(run, out)
+    assert cmd[:3] == [sys.executable, "-m", "hsm"]
+    assert cmd[3:] == ["run", "lm-ptb", "--scale", "full", "--device", "cpu", "--out", str(out),
+                       "-o", "epochs=2", "-o", "decay=1"]
+    assert R.command_for(run, out, scale="quick")[6] == "quick"
+    bench = {"command": "bench", "argv": ["--vocab", "1000", "--quick"]}
+    assert R.command_for(bench, out)[3:] == ["bench", "--vocab", "1000", "--quick", "--json", str(out)]
+    assert "--quick" not in R.command_for(bench, out, scale="full")
+
+
+def test_bad_tolerances_and_missing_files_are_one_line_errors(tmp_path: Path, capsys) -> None:
+    assert R.main([str(tmp_path / "none.json")]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert R.main([str(tmp_path / "none.json"), "--rtol", "-1"]) == 2
+    assert "--rtol" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["sampling-fig2-quick.json", "sampling-fig1-quick.json"])
+def test_a_committed_quick_result_reproduces_exactly(name: str, capsys) -> None:
+    path = FIXTURES / name
+    recorded = json.loads(path.read_text())["provenance"]
+    assert recorded["git_dirty"] is False and recorded["invocation"]["scale"] == "quick"
+    assert R.main([str(path)]) == 0, capsys.readouterr().out[-3000:]
+    out = capsys.readouterr().out
+    assert " 0 differ" in out
