@@ -34,7 +34,7 @@ from typing import Any, Mapping, Sequence
 
 from hsm.results import _CODE_AT_START, load_results
 
-__all__ = ["Difference", "invocation_of", "command_for", "compare_records", "main"]
+__all__ = ["Difference", "ReproduceError", "invocation_of", "command_for", "compare_records", "main"]
 
 #: field names that measure the machine, not the method: shown, never checked
 _TIMING_FIELD = re.compile(r"(^|_)(ms|s|sec|secs|seconds|time|times|wall|speedup|ratio|throughput|per_s)(_|$)"
@@ -46,7 +46,9 @@ class ReproduceError(ValueError):
 
 
 def invocation_of(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> dict[str, Any]:
-    """The command recorded in a result file's provenance (``provenance.invocation``).
+    """The command recorded in a result file's provenance (``provenance.invocation``), or for a
+    file written before commands were recorded, the one its settings determine
+    (:func:`_inferred_invocation`: the language models and Barber & Botev's experiments).
 
     Raises:
         ReproduceError: the file records none (it was written before result files recorded their
@@ -56,6 +58,9 @@ def invocation_of(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> d
     invocation = prov.get("invocation")
     if isinstance(invocation, Mapping) and invocation.get("command") in ("run", "bench"):
         return dict(invocation)
+    inferred = _inferred_invocation(prov, payload.get("records") or [])
+    if inferred is not None:
+        return inferred
     experiment = (prov.get("config") or {}).get("experiment") if isinstance(prov.get("config"), Mapping) else None
     hint = f" (its config names experiment {experiment!r})" if experiment else ""
     raise ReproduceError(
@@ -63,6 +68,92 @@ def invocation_of(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> d
         f"recorded their command. Run the command given in the chapter that shows it; the settings "
         f"that ran are in its provenance.config (scale {prov.get('hsm_scale')!r}, commit "
         f"{str(prov.get('git_commit'))[:12]})")
+
+
+def _option_text(value: Any) -> str:
+    """An option value as ``-o KEY=VALUE`` takes it (lists comma-separated)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The command of a file written before results recorded theirs, where its settings determine it.
+
+    The language models store the experiment and the options that changed its preset
+    (``config.overrides``, and the rows that ran, ``config.runs``); Barber & Botev's experiments and
+    Schuurmans & Frasincar's tables store every setting, so the options are the settings that
+    differ from today's preset of the file's scale, and so do ICML Tables 1 and 3. Other files (the
+    benchmarks, the compiled trainer's ablations) give None. The result is marked
+    ``"inferred": True``."""
+    config = prov.get("config")
+    if not isinstance(config, Mapping):
+        return None
+    scale = str(prov.get("hsm_scale") or "").split(",", 1)[0].strip()
+    if scale not in ("quick", "full"):
+        return None
+    device = str(config.get("device") or "cpu")
+    experiment = config.get("experiment")
+    if experiment is None and {"vocab", "methods", "metrics", "predict_scale"} <= set(config):
+        return {"command": "bench", "argv": _bench_argv(config), "inferred": True}
+    options: dict[str, str] | None = None
+    if isinstance(config.get("overrides"), Mapping) and isinstance(experiment, str):
+        options = {k: _option_text(v) for k, v in config["overrides"].items()}
+        if experiment != "lm-ptb-ablation" and isinstance(config.get("runs"), list):
+            # no rows trained: the run only picked the learning rate
+            options["runs"] = _option_text(config["runs"]) or "selection"
+    else:
+        from hsm.experiments.sampling.presets import FIG_SETTINGS, LM_SETTINGS
+
+        figure = next((r.get("figure") for r in records if isinstance(r, Mapping) and r.get("figure")), None)
+        if experiment is None and config.get("table") in ("table1", "table3") and "dims" in config:
+            from hsm.experiments.classification.config import _config_json, _parse_options
+
+            experiment = "icml-table1" if config["table"] == "table1" else "icml-table3"
+            preset = _config_json(_parse_options(scale, {}))
+        elif experiment is None and config.get("loader") is not None and isinstance(config.get("data"), str):
+            from hsm.experiments.taxonomy import DATASETS, _settings
+
+            if config["data"] not in DATASETS:
+                return None
+            experiment, preset = "taxonomy-tables", {**_settings(scale, config["data"], {}), "data": None}
+        elif experiment == "lm-ptb-sampling":
+            preset = LM_SETTINGS[scale]
+        elif experiment is None and figure in ("fig1", "fig2"):
+            experiment, preset = f"sampling-{figure}", FIG_SETTINGS[scale]
+        else:
+            return None
+        # a stored None is the preset's 0 ("everything") once resolved
+        options = {k: _option_text(config[k]) for k, default in preset.items()
+                   if k in config and config[k] != default and not (config[k] is None and default in (0, None))}
+    return {"command": "run", "experiment": experiment, "scale": scale, "device": device,
+            "options": options, "inferred": True}
+
+
+def _bench_argv(config: Mapping[str, Any]) -> list[str]:
+    """``python -m hsm bench`` arguments that give ``config`` (a benchmark file's settings: every
+    argument it parsed), naming only those that differ from the parser's defaults."""
+    from hsm.bench import _parser
+
+    parser = _parser()
+    argv: list[str] = []
+    for action in parser._actions:
+        key = action.dest
+        if key in ("help", "json", "one", "force", "allow_dirty") or key not in config:
+            continue
+        value, default = config[key], action.default
+        flag = action.option_strings[0] if action.option_strings else None
+        if flag is None or value == default or (isinstance(value, list) and default is not None
+                                                and list(value) == list(default)):
+            continue
+        if action.nargs == 0:  # store_true
+            if value:
+                argv.append(flag)
+        elif isinstance(value, list):
+            argv += [flag, *(str(v) for v in value)]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv
 
 
 def command_for(invocation: Mapping[str, Any], out: Path, scale: str | None = None,
@@ -231,6 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale = args.scale or recorded_scale
     same_scale = scale == recorded_scale
 
+    if invocation.get("inferred"):
+        print(f"{args.result}: the file predates recorded commands; this one is rebuilt from its settings")
     commit, dirty = _CODE_AT_START
     made_by = str(prov.get("git_commit"))[:12] + (" plus uncommitted changes" if prov.get("git_dirty") else "")
     running = f"{str(commit)[:12]}{' plus uncommitted changes' if dirty else ''}"

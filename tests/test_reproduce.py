@@ -37,7 +37,7 @@ def test_curves_inside_records_are_compared_point_by_point() -> None:
     assert [(d.field, d.within(0, 0)) for d in diffs] == [("curve[0]", True), ("curve[1]", False)]
 
 
-def test_a_file_without_a_recorded_command_is_refused_naming_it(tmp_path: Path, capsys) -> None:
+def test_a_file_without_a_command_or_the_settings_to_rebuild_it_is_refused(tmp_path: Path, capsys) -> None:
     path = tmp_path / "old.json"
     path.write_text(json.dumps({"schema": 1, "records": [],
                                 "provenance": {"hsm_scale": "full", "git_commit": "a" * 40,
@@ -76,3 +76,68 @@ def test_a_committed_quick_result_reproduces_exactly(name: str, capsys) -> None:
     assert R.main([str(path)]) == 0, capsys.readouterr().out[-3000:]
     out = capsys.readouterr().out
     assert " 0 differ" in out
+
+
+def _check_options(invocation: dict) -> None:
+    """The experiment's own option checks (ValueError), without running it."""
+    if invocation["command"] == "bench":
+        from hsm.bench import _parser
+
+        _parser().parse_args(invocation["argv"])
+        return
+    name, scale, options = invocation["experiment"], invocation["scale"], dict(invocation["options"])
+    if name.startswith("lm-") and name != "lm-ptb-sampling":
+        from hsm.experiments.lm.commands import _scale_for
+
+        options.pop("runs", None), options.pop("variants", None)
+        _scale_for(name, scale, options)
+    elif name == "lm-ptb-sampling":
+        from hsm.experiments.sampling.config import _lm_settings
+
+        _lm_settings(scale, options)
+    elif name.startswith("sampling-"):
+        from hsm.experiments.sampling.config import _settings
+
+        _settings(scale, options)
+    elif name == "taxonomy-tables":
+        from hsm.experiments.taxonomy import _settings
+
+        _settings(scale, options.pop("data"), options)
+    elif name.startswith("icml-table"):
+        from hsm.experiments.classification.config import _parse_options
+
+        _parse_options(scale, options)
+    else:
+        raise AssertionError(f"no check for {name}")
+
+
+#: committed files whose experiments store too little to rebuild their command
+_NOT_REBUILT = {"fast-ablation-cooking.json", "fast-repeats-cooking.json",
+                "fast-time-split-gutenberg-books.json", "timing.json"}
+
+
+def test_every_committed_result_names_a_command_its_experiment_accepts() -> None:
+    root = Path(__file__).resolve().parents[1] / "results"
+    seen = 0
+    for path in sorted(root.rglob("*.json")):
+        payload = json.loads(path.read_text())
+        if "provenance" not in payload:
+            continue  # a tree or a data summary, not a result file
+        if path.name in _NOT_REBUILT:
+            with pytest.raises(R.ReproduceError, match="does not record the command"):
+                R.invocation_of(path, payload)
+            continue
+        invocation = R.invocation_of(path, payload)
+        _check_options(invocation)
+        seen += 1
+    assert seen >= 60
+
+
+def test_an_inferred_command_changes_only_what_the_file_changed() -> None:
+    root = Path(__file__).resolve().parents[1] / "results"
+    path = root / "lm" / "gutenberg-678books-250k-65ary-2ep-learned.json"
+    invocation = R.invocation_of(path, json.loads(path.read_text()))
+    assert invocation["inferred"] and invocation["experiment"] == "lm-gutenberg-65"
+    assert invocation["options"] == {"epochs": "2", "learn_epochs": "1", "decay": "1", "runs": "learned"}
+    path = root / "sampling" / "fig2-scale10.json"
+    assert R.invocation_of(path, json.loads(path.read_text()))["options"] == {"score_scale": "10.0"}
