@@ -12,6 +12,14 @@ train it, and is used like fastText::
     labels, log_probs = clf.predict(docs, k=1)
     clf.test(docs, gold)                    # {'examples': n, 'precision_at_1': ..., 'recall_at_1': ...}
 
+or on fastText's ``__label__`` files, read as fastText reads them (:mod:`hsm.fasttext_format`;
+``python -m hsm supervised / test / predict`` runs these, :mod:`hsm.fasttext_cli`)::
+
+    clf.fit_file("train.txt", word_ngrams=2)
+    clf.test_file("test.txt", k=5)         # fastText's N, P@5, R@5
+    clf.predict_file("test.txt", k=2)      # [[('__label__baking', 0.61), ('__label__bread', 0.12)], ...]
+    clf.save("model.bin"); clf = FastBowClassifier.load("model.bin")
+
 How it trains (what the PyTorch path of :func:`hsm.experiments.classification.train_bow` does with a
 batch of one, in one compiled pass per example, no Python per example):
 
