@@ -786,6 +786,7 @@ class FastBowClassifier:
         self.fit(data.docs, data.labels, num_words=dictionary.num_ids, num_labels=dictionary.num_labels,
                  record_losses=record_losses)
         self.dictionary = dictionary
+        self._dictionary_model = self.model  # the model whose word and label ids are the dictionary's
         return self
 
     def _file_rows(self, path: str | Path) -> tuple[Any, list[str]]:
@@ -796,6 +797,9 @@ class FastBowClassifier:
         if self.dictionary is None:
             raise RuntimeError("the classifier was not trained on a file: use fit_file (or load a model saved "
                                "after fit_file) to read fastText files")
+        if getattr(self, "_dictionary_model", None) is not self.model:  # init_model built another model
+            raise RuntimeError("the model was refitted on arrays after fit_file: its word and label ids are no "
+                               "longer the file dictionary's; call fit_file again to read files")
         lines = read_lines(path)
         return self.dictionary.encode(lines), lines
 
@@ -892,4 +896,5 @@ class FastBowClassifier:
         classifier.layer.load_state_dict(state["layer"])
         if state["dictionary"] is not None:
             classifier.dictionary = FastTextDictionary.from_state_dict(state["dictionary"])
+            classifier._dictionary_model = classifier.model
         return classifier

@@ -407,7 +407,9 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     def forward_reference(self, input: Tensor, target: Tensor) -> HSMOutput:
         """Eq. 5 as written, one (example, path node) pair at a time (per-pair weight copies,
         autograd for the gradient): what :meth:`forward` is checked against, and the "naive" line
-        of the benchmark. Same shapes and checks as :meth:`forward`."""
+        of the benchmark. Rows only: ``input`` [B, d], ``target`` [B], every row evaluated, the
+        mean loss (no leading dimensions, ``ignore_index`` or ``reduction``); the checks of
+        :meth:`_forward_rows`."""
         check_input(input, self.in_features, self.weight)
         check_target(target, input.shape[0], self.num_labels)
         nodes = self.path_nodes[target]  # [B, L]: n_1 .. n_L, the nodes on the path of y
