@@ -368,8 +368,9 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
 
     def forward(self, input: Tensor, target: Tensor) -> HSMOutput:
         """Eq. 5, ``output = log p(target | input)`` per row, and ``loss``, the mean (or, with
-        ``reduction="sum"``, the sum) of ``-output``, as ``F.cross_entropy`` would give on the
-        logits of the labels.
+        ``reduction="sum"``, the sum) of ``-output``, with ``F.cross_entropy``'s conventions for
+        shapes, ``ignore_index`` and ``reduction`` (on a one-node tree the two give the same values
+        and gradients: tests/test_loss_options.py).
 
         ``input`` [B, d] with ``target`` [B], or ``input`` [..., d] with ``target`` [...]:
         ``output`` has the shape of ``target``. Rows whose target is ``ignore_index`` are not
