@@ -8,6 +8,10 @@ Both mirror :class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, so one can stand in fo
 * ``predict(input [B, d])`` -> ``[B]`` the most likely label (exact);
 * ``topk(input [B, d], k)`` -> ``TopK(values [B, k], indices [B, k], nodes_visited [B])``.
 
+Beyond that interface, as ``F.cross_entropy``: inputs ``[..., d]`` with targets ``[...]`` (a
+sequence model's ``[B, T, d]`` and ``[B, T]``), ``ignore_index`` (padding) and ``reduction``
+(:mod:`hsm._loss_options`).
+
 The hierarchical softmax (ICML eq. 5, and eq. 11 for the log-bilinear model) factors
 ``p(y | h) = prod_d softmax(W_n h + b_n)[c_d]`` over the nodes ``n`` on the path of ``y``, each
 node a softmax over its M children (a sigmoid when M = 2 is the same thing). All node parameters
