@@ -12,6 +12,14 @@ train it, and is used like fastText::
     labels, log_probs = clf.predict(docs, k=1)
     clf.test(docs, gold)                    # {'examples': n, 'precision_at_1': ..., 'recall_at_1': ...}
 
+or on fastText's ``__label__`` files, read as fastText reads them (:mod:`hsm.fasttext_format`;
+``python -m hsm supervised / test / predict`` runs these, :mod:`hsm.fasttext_cli`)::
+
+    clf.fit_file("train.txt", word_ngrams=2)
+    clf.test_file("test.txt", k=5)         # fastText's N, P@5, R@5
+    clf.predict_file("test.txt", k=2)      # [[('__label__baking', 0.61), ('__label__bread', 0.12)], ...]
+    clf.save("model.bin"); clf = FastBowClassifier.load("model.bin")
+
 How it trains (what the PyTorch path of :func:`hsm.experiments.classification.train_bow` does with a
 batch of one, in one compiled pass per example, no Python per example):
 
@@ -68,6 +76,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 import numba
@@ -746,3 +755,146 @@ class FastBowClassifier:
         predicted_keys = np.arange(n)[:, None] * self.num_labels + predicted
         hits = int(np.isin(predicted_keys, gold_keys).sum())
         return {"examples": n, f"precision_at_{k}": hits / (n * k), f"recall_at_{k}": hits / label_values.size}
+
+    # ------------------------------------------------------------------ fastText's text files
+    #: the dictionary of the training file (:mod:`hsm.fasttext_format`) after :meth:`fit_file`, or None
+    dictionary: Any = None
+
+    def fit_file(self, path: str | Path, word_ngrams: int = 1, min_count: int = 1, bucket: int = 2_000_000,
+                 label: str = "__label__", record_losses: bool = False) -> "FastBowClassifier":
+        """Train on a fastText file (``__label__a __label__b words ...`` per line; ``"-"``: standard
+        input), read as fastText reads it (:mod:`hsm.fasttext_format`: whitespace tokens, ``</s>``
+        ending every line, words seen at least ``min_count`` times, hashed word n-grams up to
+        ``word_ngrams`` in ``bucket`` buckets, label prefix ``label``); lines without a label are
+        skipped. What ``python -m hsm supervised`` runs. Then :meth:`test_file`,
+        :meth:`predict_file` and :meth:`save` use the same dictionary.
+
+        Raises FileNotFoundError for a missing file, ValueError for a file with fewer than 2
+        labels or a setting out of range (named)."""
+        from .fasttext_format import FastTextDictionary, read_lines
+
+        word_ngrams = _count(word_ngrams, "word_ngrams", 1)
+        min_count = _count(min_count, "min_count", 1)
+        bucket = _count(bucket, "bucket", 1)
+        if not isinstance(label, str) or not label:
+            raise ValueError(f"label must be a non-empty prefix such as '__label__', got {label!r}")
+        lines = read_lines(path)
+        dictionary = FastTextDictionary.build(lines, word_ngrams=word_ngrams, bucket=bucket, min_count=min_count,
+                                              label_prefix=label)
+        data = dictionary.encode(lines)
+        data = data.subset(data.labelled)
+        self.fit(data.docs, data.labels, num_words=dictionary.num_ids, num_labels=dictionary.num_labels,
+                 record_losses=record_losses)
+        self.dictionary = dictionary
+        self._dictionary_model = self.model  # the model whose word and label ids are the dictionary's
+        return self
+
+    def _file_rows(self, path: str | Path) -> tuple[Any, list[str]]:
+        """(encoded lines, raw lines) of a file read with the training file's dictionary."""
+        from .fasttext_format import read_lines
+
+        self._check_fitted()
+        if self.dictionary is None:
+            raise RuntimeError("the classifier was not trained on a file: use fit_file (or load a model saved "
+                               "after fit_file) to read fastText files")
+        if getattr(self, "_dictionary_model", None) is not self.model:  # init_model built another model
+            raise RuntimeError("the model was refitted on arrays after fit_file: its word and label ids are no "
+                               "longer the file dictionary's; call fit_file again to read files")
+        lines = read_lines(path)
+        return self.dictionary.encode(lines), lines
+
+    def test_file(self, path: str | Path, k: int = 1, threshold: float = 0.0) -> dict[str, float]:
+        """fastText's ``test`` on a file: over the lines with at least one label the model knows
+        (``examples``, fastText's N), the top ``k`` labels whose probability is at least
+        ``threshold``; ``precision_at_k`` = correct / predicted, ``recall_at_k`` = correct / gold
+        labels. A ``k`` above K predicts all K labels, as fastText does. What ``python -m hsm
+        test`` prints (with :meth:`test` and ``threshold=0`` the same numbers on the same rows)."""
+        k = _count(k, "k", 1)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+            raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
+        data, _ = self._file_rows(path)
+        data = data.subset(data.labelled)
+        n = data.offsets.size - 1
+        if n == 0:
+            raise ValueError(f"{path}: no line has a label the model knows (labels like "
+                             f"{self.dictionary.labels[0]!r})")
+        prediction = self.predict(data.docs, min(k, self.num_labels))
+        kept = prediction.log_probs >= math.log(threshold) if threshold > 0 else np.ones(prediction.labels.shape, bool)
+        gold_keys = np.repeat(np.arange(n), np.diff(data.label_offsets)) * self.num_labels + data.label_values
+        predicted_keys = np.arange(n)[:, None] * self.num_labels + prediction.labels
+        hits = int((np.isin(predicted_keys, gold_keys) & kept).sum())
+        predicted = int(kept.sum())
+        return {"examples": n, f"precision_at_{k}": hits / predicted if predicted else math.nan,
+                f"recall_at_{k}": hits / data.label_values.size}
+
+    def predict_file(self, path: str | Path, k: int = 1, threshold: float = 0.0) -> list[list[tuple[str, float]]]:
+        """fastText's ``predict`` on a file: for every line (labelled or not), its top ``k`` labels
+        (as written in the training file, prefix included) with their probabilities, most likely
+        first, those below ``threshold`` left out. What ``python -m hsm predict`` prints."""
+        k = _count(k, "k", 1)
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
+            raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
+        data, lines = self._file_rows(path)
+        if not lines:
+            return []
+        prediction = self.predict(data.docs, min(k, self.num_labels))
+        names = self.dictionary.labels
+        probabilities = np.exp(prediction.log_probs)
+        return [[(names[label], float(p)) for label, p in zip(row, probs) if p >= threshold]
+                for row, probs in zip(prediction.labels.tolist(), probabilities)]
+
+    # ------------------------------------------------------------------ the model file
+    def _settings(self) -> dict[str, Any]:
+        """The constructor's arguments that rebuild this classifier."""
+        return {"dim": self.dim, "output": self.output, "arity": self.arity, "lr": self.lr, "epochs": self.epochs,
+                "threads": self.threads, "reduce": self.reduce, "lr_schedule": self.lr_schedule,
+                "rebuilds": self.rebuilds, "schedule": self.schedule, "rebuild_tokens": self.rebuild_tokens,
+                "statistics": self.statistics_policy, "decay": self.decay, "prior": self.prior,
+                "prior_mode": self.prior_mode, "score": self.score, "reset_moved_nodes": self.reset_moved_nodes,
+                "bias": self.bias, "shuffle": self.shuffle, "seed": self.seed}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the model (settings, embeddings, output layer with its tree, the file dictionary
+        if any) to ``path`` with ``torch.save`` (``python -m hsm supervised -output m`` writes
+        ``m.bin``); :meth:`load` reads it back, and predicts and tests exactly as this one. Algorithm
+        1's statistics are training state and are not saved."""
+        self._check_fitted()
+        path = Path(path)
+        start = self.start_tree.to_dict() if self.start_tree is not None else None
+        state = {"format": "hsm.FastBowClassifier", "version": 1, "settings": self._settings(),
+                 "num_words": self.num_words, "num_labels": self.num_labels, "start_tree": start,
+                 "model": self.model.state_dict(), "layer": self.layer.state_dict(),
+                 "dictionary": self.dictionary.state_dict() if self.dictionary is not None else None}
+        torch.save(state, path)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "FastBowClassifier":
+        """A classifier :meth:`save` wrote. Raises FileNotFoundError for a missing file and
+        ValueError for a file that is not such a model (e.g. a fastText ``.bin``)."""
+        from .fasttext_format import FastTextDictionary
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such model file")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as error:  # pickle / zip errors: not a file torch.save wrote
+            raise ValueError(f"{path} is not a model written by hsm (FastBowClassifier.save or python -m hsm "
+                             f"supervised): {type(error).__name__}") from None
+        if not isinstance(state, dict) or state.get("format") != "hsm.FastBowClassifier":
+            raise ValueError(f"{path} is not a model written by FastBowClassifier.save")
+        if state.get("version") != 1:
+            raise ValueError(f"{path}: model format version {state.get('version')} is not readable by this hsm "
+                             "(it reads version 1)")
+        classifier = cls(**state["settings"])
+        # the layers' shapes depend on K and M only (the saved tree replaces the start tree)
+        classifier.init_model(state["num_words"], np.ones(state["num_labels"]))
+        if state["start_tree"] is not None:
+            classifier.start_tree = Tree.from_dict(state["start_tree"])
+        classifier.model.load_state_dict(state["model"])
+        classifier.layer.load_state_dict(state["layer"])
+        if state["dictionary"] is not None:
+            classifier.dictionary = FastTextDictionary.from_state_dict(state["dictionary"])
+            classifier._dictionary_model = classifier.model
+        return classifier

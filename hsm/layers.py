@@ -8,6 +8,10 @@ Both mirror :class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, so one can stand in fo
 * ``predict(input [B, d])`` -> ``[B]`` the most likely label (exact);
 * ``topk(input [B, d], k)`` -> ``TopK(values [B, k], indices [B, k], nodes_visited [B])``.
 
+Beyond that interface, as ``F.cross_entropy``: inputs ``[..., d]`` with targets ``[...]`` (a
+sequence model's ``[B, T, d]`` and ``[B, T]``), ``ignore_index`` (padding) and ``reduction``
+(:mod:`hsm._loss_options`).
+
 The hierarchical softmax (ICML eq. 5, and eq. 11 for the log-bilinear model) factors
 ``p(y | h) = prod_d softmax(W_n h + b_n)[c_d]`` over the nodes ``n`` on the path of ``y``, each
 node a softmax over its M children (a sigmoid when M = 2 is the same thing). All node parameters
@@ -36,6 +40,7 @@ from torch import Tensor, nn
 
 from . import backend, search
 from ._checks import NonFiniteInputError, check_input, check_k, check_target, check_target_shape
+from ._loss_options import check_loss_options, forward_rows, over_leading_dims
 from .backend import KERNELS, TORCH, OutputBackend, NodeDistributions, TreeTables, _EmptyBatch
 from .optim import RowSparseAdagrad, RowSparseSGD
 from .tree import Tree, check_integer
@@ -207,8 +212,13 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     bias: learn a bias per child slot.
     sparse: node parameters get sparse gradients (``torch.optim.SGD``, ``Adagrad`` and
         ``SparseAdam`` accept them): a step then costs O(B L M d), not O(N M d).
+    ignore_index: rows whose target is this value are skipped, as ``nn.CrossEntropyLoss`` skips
+        them: ``output`` 0, no gradient, not in the mean, not in Algorithm 1's statistics.
+    reduction: ``"mean"`` (default) or ``"sum"`` of the negative log-likelihoods, for ``loss``.
 
-    Shape: ``input`` [B, d], ``target`` [B] -> ``output`` [B], ``loss`` [].
+    Shape: ``input`` [B, d], ``target`` [B] -> ``output`` [B], ``loss`` []; or ``input`` [..., d],
+    ``target`` [...] -> ``output`` [...] (e.g. [B, T, d] and [B, T] from a sequence model), as
+    ``F.cross_entropy`` takes them. ``log_prob``, ``predict`` and ``topk`` take [..., d] too.
 
     Speed (``python -m hsm bench``; the book's performance chapter): :meth:`forward` hands the batch
     to a backend (:mod:`hsm.backend`) that groups the (example, path node) pairs by node, reads each
@@ -235,8 +245,10 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     holding NaN or inf (named). An empty batch gives empty results (and a NaN mean loss).
     """
 
-    def __init__(self, in_features: int, tree: Tree, bias: bool = True, sparse: bool = False) -> None:
+    def __init__(self, in_features: int, tree: Tree, bias: bool = True, sparse: bool = False,
+                 ignore_index: int = -100, reduction: str = "mean") -> None:
         super().__init__()
+        self.ignore_index, self.reduction = check_loss_options(ignore_index, reduction)
         in_features = check_integer(in_features, "in_features")
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
@@ -344,6 +356,11 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     #: use the compiled kernels of :mod:`hsm.kernels` where they apply (float32 CPU tensors);
     #: False forces the PyTorch implementation (the benchmark compares the two)
     use_kernels: bool = True
+    #: targets skipped by :meth:`forward` (``nn.CrossEntropyLoss``'s default; class-level defaults
+    #: so that layers pickled before these options existed still load)
+    ignore_index: int = -100
+    #: ``loss`` is the "mean" or the "sum" of the rows' negative log-likelihoods
+    reduction: str = "mean"
 
     def _backend(self, input: Tensor) -> OutputBackend:
         """The compiled kernels where they apply (float32 CPU tensors), PyTorch otherwise."""
@@ -354,6 +371,19 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         return TORCH
 
     def forward(self, input: Tensor, target: Tensor) -> HSMOutput:
+        """Eq. 5, ``output = log p(target | input)`` per row, and ``loss``, the mean (or, with
+        ``reduction="sum"``, the sum) of ``-output``, with ``F.cross_entropy``'s conventions for
+        shapes, ``ignore_index`` and ``reduction`` (on a one-node tree the two give the same values
+        and gradients: tests/test_loss_options.py).
+
+        ``input`` [B, d] with ``target`` [B], or ``input`` [..., d] with ``target`` [...]:
+        ``output`` has the shape of ``target``. Rows whose target is ``ignore_index`` are not
+        evaluated (``output`` 0, zero gradient, left out of the mean and of a
+        :class:`~hsm.TreeLearner`'s statistics). The rows are computed by :meth:`_forward_rows`
+        (its checks and errors apply)."""
+        return HSMOutput(*forward_rows(self, input, target, self._forward_rows))
+
+    def _forward_rows(self, input: Tensor, target: Tensor) -> HSMOutput:
         """Eq. 5: ``output[b] = sum over the path of target[b] of log softmax(W_n h_b + b_n)[c_d]``.
 
         Shapes: ``input`` [B, d], ``target`` [B] -> ``output`` [B], ``loss`` [] (the mean of
@@ -382,7 +412,9 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     def forward_reference(self, input: Tensor, target: Tensor) -> HSMOutput:
         """Eq. 5 as written, one (example, path node) pair at a time (per-pair weight copies,
         autograd for the gradient): what :meth:`forward` is checked against, and the "naive" line
-        of the benchmark. Same shapes and checks as :meth:`forward`."""
+        of the benchmark. Rows only: ``input`` [B, d], ``target`` [B], every row evaluated, the
+        mean loss (no leading dimensions, ``ignore_index`` or ``reduction``); the checks of
+        :meth:`_forward_rows`."""
         check_input(input, self.in_features, self.weight)
         check_target(target, input.shape[0], self.num_labels)
         nodes = self.path_nodes[target]  # [B, L]: n_1 .. n_L, the nodes on the path of y
@@ -416,6 +448,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         """Node log-softmax [P, M] for arbitrary (example, node) pairs (:func:`hsm.backend.pair_log_softmax`)."""
         return backend.pair_log_softmax(self, input, example, node)
 
+    @over_leading_dims
     def log_prob(self, input: Tensor, batch_chunk: int = 256) -> Tensor:
         """Log-probabilities of all K labels: ``input`` [B, d] -> [B, K] (every node evaluated:
         O(N M d) per row; eq. 5 for every label at once).
@@ -441,6 +474,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             rows.append(torch.where(mask, per_step, torch.zeros_like(per_step)).sum(-1))
         return torch.cat(rows)
 
+    @over_leading_dims
     @torch.no_grad()
     def predict(self, input: Tensor) -> Tensor:
         """The most likely label of each row, exact (branch and bound): ``input`` [B, d] -> [B].
@@ -466,6 +500,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             return empty, empty.clone()
         return self._backend(input).top1(self, input)
 
+    @over_leading_dims
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None) -> TopK:
         """The k most likely labels: ``input`` [B, d] -> ``TopK(values [B, k], indices [B, k],
@@ -501,10 +536,15 @@ class FlatSoftmax(nn.Module):
 
     Bad input is refused as :class:`HierarchicalSoftmax` refuses it (TypeError for another dtype,
     ValueError for another shape or device and for NaN / infinite rows); an empty batch gives
-    empty outputs and a NaN loss, as torch's losses do."""
+    empty outputs and a NaN loss, as torch's losses do.
 
-    def __init__(self, in_features: int, num_labels: int, bias: bool = True) -> None:
+    ``ignore_index``, ``reduction`` and inputs [..., d] with targets [...] as for
+    :class:`HierarchicalSoftmax` (and ``F.cross_entropy``)."""
+
+    def __init__(self, in_features: int, num_labels: int, bias: bool = True, ignore_index: int = -100,
+                 reduction: str = "mean") -> None:
         super().__init__()
+        self.ignore_index, self.reduction = check_loss_options(ignore_index, reduction)
         in_features, num_labels = check_integer(in_features, "in_features"), check_integer(num_labels, "num_labels")
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
@@ -514,26 +554,37 @@ class FlatSoftmax(nn.Module):
         self._num_labels = num_labels
         self.linear = nn.Linear(in_features, num_labels, bias=bias)
 
+    ignore_index: int = -100  #: as :attr:`HierarchicalSoftmax.ignore_index`
+    reduction: str = "mean"  #: as :attr:`HierarchicalSoftmax.reduction`
+
     @property
     def num_labels(self) -> int:
         return self._num_labels
 
     def forward(self, input: Tensor, target: Tensor) -> HSMOutput:
+        """``output = log softmax(W h + b)[target]`` per row and ``loss`` (mean or sum of
+        ``-output``); shapes, ``ignore_index`` and ``reduction`` as :meth:`HierarchicalSoftmax.forward`."""
+        return HSMOutput(*forward_rows(self, input, target, self._forward_rows))
+
+    def _forward_rows(self, input: Tensor, target: Tensor) -> HSMOutput:
         check_input(input, self.in_features, self.linear.weight)
         check_target(target, input.shape[0], self.num_labels)
         log_probs = torch.log_softmax(self.linear(input), dim=-1)
         output = log_probs.gather(1, target[:, None]).squeeze(1)
         return HSMOutput(output, -output.mean())
 
+    @over_leading_dims
     def log_prob(self, input: Tensor) -> Tensor:
         check_input(input, self.in_features, self.linear.weight)
         return torch.log_softmax(self.linear(input), dim=-1)
 
+    @over_leading_dims
     @torch.no_grad()
     def predict(self, input: Tensor) -> Tensor:
         check_input(input, self.in_features, self.linear.weight)
         return self.linear(input).argmax(dim=-1)
 
+    @over_leading_dims
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None) -> TopK:
         """The k most likely labels (exact; ``method`` and ``beam`` are checked as

@@ -1,9 +1,11 @@
-"""environment.yml (conda users) lists the same requirements as pyproject.toml (pip users)."""
+"""environment.yml (conda users) lists the same requirements as pyproject.toml (pip users); torch is
+pinned where an environment is installed (constraints.txt, environment.yml) and a range in the package."""
 import re
 import tomllib
 from pathlib import Path
 
 import yaml
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -12,18 +14,40 @@ def _normalise(requirement: str) -> str:
     return re.sub(r"\s+", "", requirement).lower().replace("_", "-")
 
 
+def _pip_section() -> list[str]:
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    return next(item["pip"] for item in env["dependencies"] if isinstance(item, dict) and "pip" in item)
+
+
+def _not_torch(requirements) -> set[str]:
+    return {r for r in map(_normalise, requirements) if not r.startswith("torch")}
+
+
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    wanted = set(map(_normalise, project["dependencies"]))
+    wanted = _not_torch(project["dependencies"])
     for extra in project["optional-dependencies"].values():
-        wanted |= set(map(_normalise, extra))
-    env = yaml.safe_load((ROOT / "environment.yml").read_text())
-    pip_section = next(item["pip"] for item in env["dependencies"] if isinstance(item, dict) and "pip" in item)
-    listed = {_normalise(r) for r in pip_section if not r.startswith("-")}
+        wanted |= _not_torch(extra)
+    pip_section = _pip_section()
+    listed = _not_torch(r for r in pip_section if not r.startswith("-"))
     assert listed == wanted, f"only in pyproject: {sorted(wanted - listed)}; only in environment.yml: {sorted(listed - wanted)}"
     assert "-e ." in pip_section
 
 
-def test_torch_is_pinned_everywhere():
-    assert "torch==2.13.0" in (ROOT / "constraints.txt").read_text()
-    assert '"torch==2.13.0"' in (ROOT / "pyproject.toml").read_text()
+PIN = "2.13.0"  # the torch the tests run on
+
+
+def test_torch_is_pinned_where_installed_and_a_range_in_the_package():
+    assert f"torch=={PIN}" in (ROOT / "constraints.txt").read_text().splitlines()
+    assert f"torch=={PIN}" in _pip_section()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    (torch,) = [Requirement(r) for r in project["dependencies"] if Requirement(r).name == "torch"]
+    operators = {spec.operator for spec in torch.specifier}
+    assert operators == {">=", "<"}, f"pyproject.toml should give torch a range, not {torch}"
+    assert torch.specifier.contains(PIN), f"{torch} excludes the version the tests run on ({PIN})"
+
+
+def test_fasttext_is_in_the_test_extra():
+    """`make test` installs the test extra: the tests that compare with fastText run there."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert any(Requirement(r).name == "fasttext-wheel" for r in project["optional-dependencies"]["test"])

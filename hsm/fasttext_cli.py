@@ -1,0 +1,220 @@
+"""fastText's command line, on :class:`hsm.FastBowClassifier`::
+
+    python -m hsm supervised -input train.txt -output model [-dim 100 -lr 0.1 -epoch 5 -wordNgrams 1
+                             -thread N -loss {softmax,hs,huffman,learned} -arity 5 -seed 0 ...]
+    python -m hsm test model.bin test.txt [k] [th]
+    python -m hsm predict model.bin test.txt [k] [th]
+    python -m hsm predict-prob model.bin test.txt [k] [th]
+
+The files are in fastText's format (``__label__`` labels, :mod:`hsm.fasttext_format`); ``-``
+reads the test file from standard input. ``supervised`` writes ``<output>.bin`` (hsm's model
+file, :meth:`hsm.FastBowClassifier.save`, not readable by fastText); ``test`` prints ``N``,
+``P@k``, ``R@k`` as fastText prints them; ``predict`` prints the labels of each line, and
+``predict-prob`` each with its probability. The options and their defaults are fastText's
+supervised ones where fastText has the option; ``-loss`` adds the tree outputs (``hs`` is
+fastText's binary Huffman tree, ``huffman`` the M-ary one, ``learned`` the tree learned by
+Algorithm 1 from it), with ``-arity`` M. A bad option or value is one line on standard error
+and exit status 2.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+__all__ = ["predict", "predict_prob", "supervised", "test"]
+
+#: -loss -> (FastBowClassifier output, arity or None for -arity's)
+_LOSSES = {"softmax": ("flat", None), "hs": ("huffman", 2), "huffman": ("huffman", None),
+           "learned": ("learned", None)}
+
+
+class _UsageError(Exception):
+    """A bad option or value: one line on stderr, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _UsageError(f"{message} (`{self.prog} -h` lists the options)")
+
+
+def _fail(command: str, message: str, status: int = 2) -> int:
+    print(f"python -m hsm {command}: {message}", file=sys.stderr)
+    return status
+
+
+def _supervised_parser() -> _Parser:
+    parser = _Parser(prog="python -m hsm supervised", allow_abbrev=False,
+                     description="Train a classifier on a fastText file (__label__ format), as fastText's "
+                                 "supervised does, with a flat softmax or a (learned) tree output. Writes "
+                                 "<output>.bin. Defaults are fastText's where fastText has the option.")
+    add = parser.add_argument
+    add("-input", required=True, metavar="FILE", help="training file, one '__label__a words ...' per line")
+    add("-output", required=True, metavar="PREFIX", help="writes PREFIX.bin")
+    add("-dim", type=int, default=100, help="size of the word vectors (100)")
+    add("-lr", type=float, default=0.1, help="learning rate (0.1)")
+    add("-epoch", type=int, default=5, help="passes over the data (5)")
+    add("-wordNgrams", type=int, default=1, help="max length of word n-grams (1)")
+    add("-minCount", type=int, default=1, help="minimal number of word occurrences (1)")
+    add("-bucket", type=int, default=2_000_000, help="number of hash buckets for n-grams (2000000)")
+    add("-thread", type=int, default=None, help="Hogwild threads (torch.get_num_threads()); 1 is deterministic")
+    add("-loss", choices=sorted(_LOSSES), default="softmax",
+        help="output: softmax (flat), hs (binary Huffman tree, fastText's), huffman (M-ary Huffman "
+             "tree), learned (tree learned by Algorithm 1 from the Huffman tree) (softmax)")
+    add("-arity", type=int, default=5, help="children per node M for -loss huffman and learned (5)")
+    add("-label", default="__label__", help="labels prefix (__label__)")
+    add("-seed", type=int, default=0, help="seed of the initialisation and the example order (0)")
+    add("-verbose", type=int, default=2, help="0: print nothing on stderr (2)")
+    return parser
+
+
+def supervised(argv: list[str]) -> int:
+    """``python -m hsm supervised -input FILE -output PREFIX [options]``: train, write PREFIX.bin."""
+    from .fast_classifier import FastBowClassifier
+
+    parser = _supervised_parser()
+    if any(arg in ("-h", "--help", "-help") for arg in argv):
+        parser.print_help()
+        return 0
+    try:
+        args = parser.parse_args(argv)
+        output, arity = _LOSSES[args.loss]
+        if arity is not None and "-arity" in argv and args.arity != arity:
+            raise _UsageError(f"-loss {args.loss} is the binary tree (M = 2); for -arity {args.arity} use "
+                              "-loss huffman or -loss learned")
+        for name in ("wordNgrams", "minCount", "bucket"):
+            if getattr(args, name) < 1:
+                raise _UsageError(f"-{name} must be >= 1, got {getattr(args, name)}")
+        # the classifier checks the other values (a ValueError naming the setting)
+        classifier = FastBowClassifier(dim=args.dim, output=output, arity=arity or args.arity, lr=args.lr,
+                                       epochs=args.epoch, threads=args.thread, seed=args.seed)
+        if args.input != "-" and not Path(args.input).is_file():
+            raise _UsageError(f"-input {args.input}: no such file")
+        target = Path(args.output + ".bin")
+        if not target.parent.is_dir():
+            raise _UsageError(f"-output {args.output}: directory {target.parent} does not exist")
+    except (_UsageError, ValueError, TypeError) as error:
+        return _fail("supervised", str(error))
+    start = time.perf_counter()
+    try:
+        classifier.fit_file(args.input, word_ngrams=args.wordNgrams, min_count=args.minCount, bucket=args.bucket,
+                            label=args.label)
+    except (ValueError, FileNotFoundError) as error:
+        return _fail("supervised", f"{args.input}: {error}")
+    except FloatingPointError as error:
+        return _fail("supervised", f"{error} (lower -lr)", status=1)
+    seconds = time.perf_counter() - start
+    classifier.save(target)
+    if args.verbose > 0:
+        dictionary = classifier.dictionary
+        # fastText's Dictionary::readFromFile lines, then what was trained and written
+        print(f"Read {dictionary.tokens // 1_000_000}M words", file=sys.stderr)
+        print(f"Number of words:  {dictionary.num_words}", file=sys.stderr)
+        print(f"Number of labels: {dictionary.num_labels}", file=sys.stderr)
+        print(f"Trained in {seconds:.1f} s; wrote {target}", file=sys.stderr)
+    return 0
+
+
+def _model_and_data(command: str, argv: list[str]) -> tuple[Any, str, int, float]:
+    """``<model> <test-data> [<k>] [<th>]``, as fastText's test and predict take them."""
+    from .fast_classifier import FastBowClassifier
+
+    usage = f"usage: python -m hsm {command} <model> <test-data> [<k>] [<th>]"
+    if not 2 <= len(argv) <= 4:
+        raise _UsageError(f"expected a model, a test file and optionally k and a threshold ({usage})")
+    model, data = argv[0], argv[1]
+    try:
+        k = int(argv[2]) if len(argv) > 2 else 1
+    except ValueError:
+        raise _UsageError(f"k must be a positive integer, got {argv[2]!r}") from None
+    try:
+        threshold = float(argv[3]) if len(argv) > 3 else 0.0
+    except ValueError:
+        raise _UsageError(f"the threshold must be a probability, got {argv[3]!r}") from None
+    if k < 1:
+        raise _UsageError(f"k must be >= 1, got {k}")
+    if not (0.0 <= threshold <= 1.0):
+        raise _UsageError(f"the threshold must lie in [0, 1], got {threshold}")
+    if data != "-" and not Path(data).is_file():
+        raise _UsageError(f"{data}: no such test file")
+    path = Path(model)
+    if not path.is_file():
+        hint = f" (supervised -output {model[:-4] if model.endswith('.bin') else model} writes " \
+               f"{model if model.endswith('.bin') else model + '.bin'})"
+        raise _UsageError(f"{model}: no such model file{hint}")
+    try:
+        classifier = FastBowClassifier.load(path)
+    except ValueError as error:
+        raise _UsageError(str(error)) from None
+    if classifier.dictionary is None:
+        raise _UsageError(f"{model} was trained on arrays, not on a file: it has no dictionary to read text with")
+    return classifier, data, k, threshold
+
+
+def _help(command: str, argv: list[str]) -> bool:
+    if argv and argv[0] in ("-h", "--help", "-help"):
+        print(f"usage: python -m hsm {command} <model> <test-data> [<k>] [<th>]\n\n"
+              "  <model>      model file (what supervised -output PREFIX wrote: PREFIX.bin)\n"
+              "  <test-data>  test data file in fastText's format (if -, read from stdin)\n"
+              "  <k>          (optional; 1 by default) predict top k labels\n"
+              "  <th>         (optional; 0.0 by default) probability threshold")
+        return True
+    return False
+
+
+def test(argv: list[str]) -> int:
+    """``python -m hsm test <model> <test-data> [<k>] [<th>]``: N, P@k and R@k, as fastText prints them."""
+    if _help("test", argv):
+        return 0
+    try:
+        classifier, data, k, threshold = _model_and_data("test", argv)
+        result = classifier.test_file(data, k, threshold)
+    except (_UsageError, ValueError) as error:
+        return _fail("test", str(error))
+    # fastText's Meter::writeGeneralMetrics: N, then P@k and R@k at 3 significant digits
+    print(f"N\t{result['examples']}")
+    print(f"P@{k}\t{_cpp_float(result[f'precision_at_{k}'], 3)}")
+    print(f"R@{k}\t{_cpp_float(result[f'recall_at_{k}'], 3)}")
+    return 0
+
+
+def _cpp_float(value: float, digits: int) -> str:
+    """``value`` as C++'s ``std::cout << std::setprecision(digits)`` prints it (``%g``)."""
+    if math.isnan(value):
+        return "nan"
+    return f"{value:.{digits}g}"
+
+
+def _predict(command: str, argv: list[str], probabilities: bool) -> int:
+    if _help(command, argv):
+        return 0
+    try:
+        classifier, data, k, threshold = _model_and_data(command, argv)
+        rows = classifier.predict_file(data, k, threshold)
+    except (_UsageError, ValueError) as error:
+        return _fail(command, str(error))
+    # fastText's printPredictions: one line per input line; probabilities as C++ prints a float
+    if probabilities:
+        text = "".join(" ".join(f"{label} {_cpp_float(p, 6)}" for label, p in row) + "\n" for row in rows)
+    else:
+        text = "".join(" ".join(label for label, _ in row) + "\n" for row in rows)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so that the interpreter's final flush is quiet
+    return 0
+
+
+def predict(argv: list[str]) -> int:
+    """``python -m hsm predict <model> <test-data> [<k>] [<th>]``: the top k labels of every line."""
+    return _predict("predict", argv, probabilities=False)
+
+
+def predict_prob(argv: list[str]) -> int:
+    """``python -m hsm predict-prob <model> <test-data> [<k>] [<th>]``: the labels with their probabilities."""
+    return _predict("predict-prob", argv, probabilities=True)

@@ -1,0 +1,240 @@
+"""The fastText-style command line (``python -m hsm supervised / test / predict``) and the
+file methods of FastBowClassifier it runs: same numbers from both for the same seed and
+settings, fastText's reading of its format and its output, one-line errors with exit status 2."""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hsm import FastBowClassifier
+from hsm.__main__ import main
+from hsm.fasttext_format import EOS, FastTextDictionary, fasttext_hash, read_lines
+
+LABELS = ["baking", "bread", "sauce", "crème-brûlée", "eggs"]
+
+
+def synthetic_lines(n: int, seed: int) -> list[str]:
+    """fastText lines whose words depend on their labels: one or two labels per line, ASCII and
+    non-ASCII words, tabs and repeated spaces (fastText splits on any ASCII whitespace)."""
+    rng = np.random.default_rng(seed)
+    lines = []
+    for _ in range(n):
+        labels = rng.choice(len(LABELS), size=1 + int(rng.random() < 0.2), replace=False)
+        words = [f"w{labels[0]}_{int(rng.integers(6))}" for _ in range(3)]
+        words += [f"common{int(rng.integers(20))}" for _ in range(int(rng.integers(1, 4)))]
+        words += ["Brûlée"] if 3 in labels else []
+        rng.shuffle(words)
+        lines.append(" ".join(f"__label__{LABELS[i]}" for i in labels) + "\t" + "  ".join(words))
+    return lines
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("fasttext")
+    train, test = root / "train.txt", root / "test.txt"
+    train.write_text("\n".join(synthetic_lines(400, 0) + ["an unlabelled line"]) + "\n", encoding="utf-8")
+    test_lines = synthetic_lines(80, 1) + ["__label__unknown-tag w0_1 w0_2", "", "no label at all"]
+    test.write_text("\n".join(test_lines), encoding="utf-8")  # no final newline: the last line still counts
+    return {"root": root, "train": train, "test": test}
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+SETTINGS = {  # -loss: (FastBowClassifier output, arity)
+    "softmax": ("flat", 5),
+    "hs": ("huffman", 2),
+    "learned": ("learned", 3),
+}
+
+
+@pytest.mark.parametrize("loss, ngrams", [("softmax", 1), ("hs", 2), ("learned", 1)])
+def test_command_line_and_python_api_agree(files, capsys, loss, ngrams):
+    """supervised + test + predict give what fit_file + test_file + predict_file give, to the
+    bit: same parameters, same printed N / P@k / R@k, same predicted labels and probabilities."""
+    output, arity = SETTINGS[loss]
+    prefix = files["root"] / f"model-{loss}"
+    argv = ["supervised", "-input", files["train"], "-output", prefix, "-dim", 8, "-lr", 0.3, "-epoch", 3,
+            "-wordNgrams", ngrams, "-bucket", 5000, "-thread", 1, "-loss", loss, "-seed", 7]
+    if loss == "learned":
+        argv += ["-arity", arity]
+    code, out, err = run(capsys, *argv)
+    assert code == 0, err
+    assert out == "" and "Number of labels: 5" in err and Path(f"{prefix}.bin").is_file()
+
+    api = FastBowClassifier(dim=8, output=output, arity=arity, lr=0.3, epochs=3, threads=1, seed=7)
+    api.fit_file(files["train"], word_ngrams=ngrams, bucket=5000)
+    saved = FastBowClassifier.load(f"{prefix}.bin")
+    assert torch.equal(saved.model.embedding.weight, api.model.embedding.weight)
+    for mine, theirs in zip(saved.layer.state_dict().values(), api.layer.state_dict().values()):
+        assert torch.equal(mine, theirs)
+
+    for k in (1, 2):
+        code, out, _ = run(capsys, "test", f"{prefix}.bin", files["test"], k)
+        assert code == 0
+        result = api.test_file(files["test"], k)
+        assert out == (f"N\t{result['examples']}\nP@{k}\t{result[f'precision_at_{k}']:.3g}\n"
+                       f"R@{k}\t{result[f'recall_at_{k}']:.3g}\n")
+        code, out, _ = run(capsys, "predict-prob", f"{prefix}.bin", files["test"], k)
+        rows = api.predict_file(files["test"], k)
+        assert out.splitlines() == [" ".join(f"{label} {p:.6g}" for label, p in row) for row in rows]
+        code, out, _ = run(capsys, "predict", f"{prefix}.bin", files["test"], k)
+        assert out.splitlines() == [" ".join(label for label, _ in row) for row in rows]
+
+
+def test_fasttext_semantics_of_test_and_predict(files, capsys):
+    """N counts the lines with a known label (fastText skips the others); predict prints one
+    line per input line, labelled or not, empty ones included; k above K predicts all K labels
+    (P@k over the predictions made); a threshold drops the unlikely labels."""
+    prefix = files["root"] / "model-semantics"
+    assert run(capsys, "supervised", "-input", files["train"], "-output", prefix, "-dim", 8, "-epoch", 2,
+               "-thread", 1, "-verbose", 0)[:3] == (0, "", "")
+    model = FastBowClassifier.load(f"{prefix}.bin")
+    lines = read_lines(files["test"])
+    assert len(lines) == 83 and lines[-2:] == ["", "no label at all"]
+    result = model.test_file(files["test"])
+    assert result["examples"] == 80  # not the unknown tag's line, nor the two without a label
+    data = model.dictionary.encode(lines[:80])
+    assert model.test(data.docs, data.labels) == result  # FastBowClassifier.test on the same rows
+    code, out, _ = run(capsys, "predict", f"{prefix}.bin", files["test"])
+    assert code == 0 and len(out.splitlines()) == 83
+    all_k = model.test_file(files["test"], 7)  # K = 5: every label of the 80 lines is predicted
+    assert all_k["recall_at_7"] == 1.0 and all_k["precision_at_7"] == data.label_values.size / (80 * 5)
+    assert set(all_k) == {"examples", "precision_at_7", "recall_at_7"}
+    rows = model.predict_file(files["test"], 5, threshold=0.2)
+    assert all(p >= 0.2 for row in rows for _, p in row) and any(len(row) < 5 for row in rows)
+    code, out, _ = run(capsys, "test", f"{prefix}.bin", files["test"], 5, 0.2)
+    thresholded = model.test_file(files["test"], 5, 0.2)
+    assert out.splitlines()[1] == f"P@5\t{thresholded['precision_at_5']:.3g}"
+    assert thresholded["precision_at_5"] > all_k["precision_at_7"]
+
+
+def test_standard_input(files, capsys, monkeypatch):
+    import io
+    import sys
+
+    prefix = files["root"] / "model-stdin"
+    run(capsys, "supervised", "-input", files["train"], "-output", prefix, "-dim", 4, "-epoch", 1, "-thread", 1)
+    expected = run(capsys, "test", f"{prefix}.bin", files["test"])[1]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(files["test"].read_bytes())))
+    assert run(capsys, "test", f"{prefix}.bin", "-")[1] == expected
+
+
+def test_dictionary_reads_the_format_as_fasttext():
+    lines = ["__label__a  x\ty\r", "__label__b __label__a x", "unlabelled x z", ""]
+    d = FastTextDictionary.build(lines, min_count=2)
+    assert d.words == [EOS, "x"]  # most frequent first; y, z seen once; "\r" is whitespace
+    assert d.labels == ["__label__a", "__label__b"] and d.label_counts.tolist() == [2, 1]
+    encoded = d.encode(lines)
+    assert encoded.offsets.tolist() == [0, 2, 4, 6, 7]
+    assert encoded.label_offsets.tolist() == [0, 1, 3, 3, 3] and encoded.labelled.tolist() == [0, 1]
+    # fastText's hash is 32-bit FNV-1a (its test vectors for ASCII), over bytes read as signed
+    # chars (test_fasttext_reads_the_same_dictionary_and_hashes checks non-ASCII against fastText)
+    assert fasttext_hash("") == 0x811C9DC5 and fasttext_hash("a") == 0xE40C292C
+    with pytest.raises(ValueError, match="no line has a label"):
+        FastTextDictionary.build(["just words"])
+    with pytest.raises(ValueError, match="at least 2"):
+        FastTextDictionary.build(["__label__a words"])
+
+
+def test_fasttext_reads_the_same_dictionary_and_hashes(files):
+    """Checked against fastText itself: its words and label counts, and its hash (the ids of its
+    character n-grams are hash % bucket, the hash word n-grams use)."""
+    fasttext = pytest.importorskip("fasttext")
+    model = fasttext.train_supervised(input=str(files["train"]), dim=4, epoch=1, minCount=2, thread=1, minn=2,
+                                      maxn=3, bucket=1000, verbose=0)
+    ours = FastTextDictionary.build(read_lines(files["train"]), min_count=2)
+    assert sorted(model.words) == sorted(ours.words)
+    labels, counts = model.get_labels(include_freq=True)
+    assert dict(zip(labels, counts.tolist())) == dict(zip(ours.labels, ours.label_counts.tolist()))
+    words = len(model.words)
+    for word in ("Brûlée", "common3", "crème"):
+        subwords, ids = model.get_subwords(word)
+        pairs = [(s, i) for s, i in zip(subwords, ids) if s != word]
+        assert pairs and all(i - words == fasttext_hash(s) % 1000 for s, i in pairs)
+
+
+def test_word_ngrams_are_fasttexts(files):
+    """With -wordNgrams 3 a line is its words, </s> and fastText's n-gram buckets: the mean of
+    fastText's input rows at our ids is fastText's own sentence vector."""
+    fasttext = pytest.importorskip("fasttext")
+    from hsm.fasttext_format import _tokens
+
+    model = fasttext.train_supervised(input=str(files["train"]), dim=4, epoch=1, wordNgrams=3, bucket=1000,
+                                      thread=1, verbose=0)
+    ours = FastTextDictionary.build(read_lines(files["train"]), word_ngrams=3, bucket=1000)
+    matrix, words = model.get_input_matrix(), len(model.words)
+    for line in read_lines(files["test"])[:30] + ["unknown words here"]:
+        tokens = _tokens(line)
+        text = " ".join(t for t in tokens if not t.startswith("__label__"))
+        ids = [model.get_word_id(t) for t in text.split() if model.get_word_id(t) >= 0]
+        ids += [model.get_word_id(EOS)] + [words + b for b in ours._line_buckets(tokens)]
+        np.testing.assert_allclose(matrix[ids].mean(0), model.get_sentence_vector(text), atol=1e-6)
+
+
+def test_cooking_slice(capsys, tmp_path):
+    """The cooking questions (fastText's tutorial data), a slice: CLI and API agree."""
+    mirror = os.environ.get("HSM_DATA_MIRROR")
+    archive = Path(mirror or "", "cooking", "cooking.stackexchange.tar.gz")
+    if not mirror or not archive.is_file():
+        pytest.skip("the cooking data are not in a local mirror (HSM_DATA_MIRROR)")
+    from hsm.data.fetch import read_tar_member
+
+    lines = read_tar_member(archive, "cooking.stackexchange.txt").decode("utf-8").split("\n")
+    train, test = tmp_path / "cooking.train", tmp_path / "cooking.valid"
+    train.write_text("\n".join(lines[:3000]) + "\n", encoding="utf-8")
+    test.write_text("\n".join(lines[-1000:]) + "\n", encoding="utf-8")
+    code, _, err = run(capsys, "supervised", "-input", train, "-output", tmp_path / "m", "-dim", 20, "-lr", 0.5,
+                       "-epoch", 3, "-loss", "learned", "-arity", 5, "-thread", 1)
+    assert code == 0 and "Number of labels:" in err
+    code, out, _ = run(capsys, "test", tmp_path / "m.bin", test, 5)
+    api = FastBowClassifier(dim=20, output="learned", arity=5, lr=0.5, epochs=3, threads=1).fit_file(train)
+    result = api.test_file(test, 5)
+    assert re.fullmatch(r"N\t\d+\nP@5\t[0-9.e-]+\nR@5\t[0-9.e-]+\n", out)
+    assert out.splitlines() == [f"N\t{result['examples']}", f"P@5\t{result['precision_at_5']:.3g}",
+                                f"R@5\t{result['recall_at_5']:.3g}"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["supervised", "-input", "{train}"], "required: -output"),
+    (["supervised", "-input", "{train}", "-output", "{root}/x", "-lr", "0"], "lr must be"),
+    (["supervised", "-input", "{train}", "-output", "{root}/x", "-dim", "ten"], "-dim: invalid int"),
+    (["supervised", "-input", "{train}", "-output", "{root}/x", "-epochs", "3"], "unrecognized arguments"),
+    (["supervised", "-input", "{train}", "-output", "{root}/x", "-loss", "ova"], "invalid choice"),
+    (["supervised", "-input", "{train}", "-output", "{root}/x", "-loss", "hs", "-arity", "4"], "binary tree"),
+    (["supervised", "-input", "{train}", "-output", "{root}/x", "-wordNgrams", "0"], "-wordNgrams must be"),
+    (["supervised", "-input", "{root}/missing.txt", "-output", "{root}/x"], "no such file"),
+    (["supervised", "-input", "{train}", "-output", "{root}/no/such/dir/x"], "does not exist"),
+    (["test", "{root}/missing"], "expected a model"),
+    (["test", "{root}/missing", "{test}"], "missing.bin"),
+    (["test", "{test}", "{test}"], "not a model written by hsm"),
+    (["predict", "{root}/model-semantics.bin", "{test}", "0"], "k must be >= 1"),
+    (["predict", "{root}/model-semantics.bin", "{test}", "two"], "k must be a positive integer"),
+    (["predict", "{root}/model-semantics.bin", "{test}", "1", "2"], "threshold must lie in"),
+])
+def test_bad_flags_and_values(files, capsys, argv, message):
+    if not (files["root"] / "model-semantics.bin").is_file():
+        run(capsys, "supervised", "-input", files["train"], "-output", files["root"] / "model-semantics",
+            "-dim", 4, "-epoch", 1, "-thread", 1)
+    argv = [a.format(train=files["train"], test=files["test"], root=files["root"]) for a in argv]
+    code, out, err = run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert len(err.strip().splitlines()) == 1 and message in err, err
+
+
+def test_refit_on_arrays_forgets_the_file_dictionary(files):
+    classifier = FastBowClassifier(dim=4, epochs=1, threads=1).fit_file(files["train"])
+    assert classifier.predict_file(files["test"])
+    classifier.fit([[0, 1], [2, 3]], [0, 1])
+    with pytest.raises(RuntimeError, match="call fit_file again"):
+        classifier.predict_file(files["test"])
+    with pytest.raises(RuntimeError, match="not trained on a file"):
+        FastBowClassifier(dim=4, epochs=1, threads=1).fit([[0, 1], [2, 3]], [0, 1]).test_file(files["test"])
