@@ -331,10 +331,14 @@ def _runs_lines(rows: Sequence[NumberRow]) -> str:
 
 
 def _scale_words(label: str) -> str:
-    """A run's scale label in reader terms: ``"full, reduced: decay=1, epochs=2"`` (the full
-    preset with these settings changed) reads ``"full preset with decay=1, epochs=2"``."""
-    head, _, rest = label.partition(", reduced: ")
-    return f"{head} preset with {rest}" if rest else label
+    """A run's scale label in reader terms: ``"full, reduced: epochs=2; settings: decay=1"`` (the
+    full preset with these options changed) reads ``"full preset with epochs=2, decay=1"``; a label
+    in words (the Schuurmans & Frasincar tables') is kept as it is."""
+    head, _, rest = label.partition(", ")
+    if not rest.startswith(("reduced: ", "settings: ")):
+        return label
+    options = rest.replace("reduced: ", "").replace("settings: ", "").replace("; ", ", ")
+    return f"{head} preset with {options}"
 
 
 def _generic_table(rows: Sequence[NumberRow]) -> str:

@@ -311,7 +311,8 @@ def test_full_scale_random_reference_is_labelled_apart_from_the_papers_setting(t
                  max_epochs="1", embed_dim="8", hidden_size="4")
     path = E.run_taxonomy_tables(scale="full", out=tmp_path / "trec.json", data="trec", embeddings="random", **small)
     label = load_results(path)["provenance"]["hsm_scale"]
-    assert label.startswith("full, ") and "lower reference" in label
+    assert label.startswith("full, ") and "8-d random-init embeddings, not the paper's GloVe" in label
+    assert "first 60 training documents" in label and "models: flat" in label
     from hsm.results import reproduction_rows
 
     rows = [r for r in reproduction_rows(tmp_path, claims=[]) if r.claim == "sf2020.table1.trec.flat.f1"]

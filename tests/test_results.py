@@ -342,3 +342,30 @@ def test_provenance_records_the_invocation_within_its_block() -> None:
     with R.recording_invocation({"command": "run", "experiment": "lm-ptb", "options": {"epochs": "2"}}):
         assert R.provenance(config={}, scale="quick")["invocation"]["options"] == {"epochs": "2"}
     assert "invocation" not in R.provenance(config={}, scale="quick")
+
+
+def test_committed_result_labels_say_what_ran() -> None:
+    """A label never calls a run plain ``full`` when it departs from the paper's protocol."""
+    from hsm.experiments.lm.presets import SCALES
+    from hsm.experiments.lm.report import scale_label as lm_label
+
+    root = Path(__file__).resolve().parents[1] / "results"
+    for path in sorted(root.rglob("*.json")):
+        payload = json.loads(path.read_text())
+        prov = payload.get("provenance")
+        if not isinstance(prov, dict):
+            continue
+        label, config = str(prov.get("hsm_scale")), prov.get("config") or {}
+        where = path.relative_to(root)
+        if path.parent.name == "taxonomy":
+            embeddings = config.get("embeddings", "random")
+            assert label != "full", where
+            assert ("GloVe stand-ins" in label) == (embeddings == "fasttext"), where
+            assert "random-init" in label or embeddings == "fasttext", where
+            assert f"at most {config['max_epochs']} epochs" in label and "no 4-fold CV" in label, where
+        if isinstance(config.get("overrides"), dict) and config.get("experiment") in SCALES:
+            base = label.split(",", 1)[0]
+            assert label == lm_label(base, config["overrides"], SCALES[config["experiment"]].get(base)), where
+        if config.get("train_limit") or config.get("test_limit"):
+            assert "reduced" in label and "396,249" in label, where
+        assert "846k" not in label, where

@@ -58,7 +58,7 @@ from hsm.tree import Tree
 
 __all__ = ["DATASETS", "build_output_layer", "estimate_epoch_seconds", "glove_standin_vectors", "headline_file",
            "kept_token_share", "pretrained_rows", "resolve_max_tokens", "token_cap_for_share", "top_level_groups",
-           "train_one", "run_taxonomy_tables"]
+           "train_one", "run_taxonomy_tables", "scale_label"]
 
 #: data option -> (loader name, paper table number, paper key, hidden size the paper selected)
 DATASETS = {
@@ -72,6 +72,46 @@ EMBEDDINGS = ("random", "fasttext")
 #: what the result file says about the fastText vectors
 GLOVE_STANDIN_NOTE = ("fastText skip-gram vectors trained here (training documents + Gutenberg prefix): "
                       "stand-ins for the paper's GloVe 6B-300d, which cannot be downloaded on this machine")
+
+
+def scale_label(scale: str, cfg: dict[str, Any], longest_document: int | None = None) -> str:
+    """The scale label of one table's run: ``quick``, or ``full`` followed by every way the run
+    departs from the paper's protocol (GloVe 6B-300d embeddings, 4-fold cross-validation of the
+    hidden size, early stopping, whole documents): the embeddings (our stand-ins, or the random-init
+    lower reference), the one validation split, the epoch budget, the document cap, and fewer
+    seeds, a capped vocabulary or a subset of the models where the settings ask for them.
+
+    ``cfg`` is a run's settings with the resolved cap (``max_tokens_used`` and
+    ``kept_token_share_train`` from :func:`_prepare`); a cap at or above ``longest_document``, or
+    one that keeps every training token, reads "whole documents"."""
+    if scale != "full":
+        return scale
+    dim = cfg["embed_dim"]
+    if cfg.get("embeddings", "random") == "fasttext":
+        parts = [f"GloVe stand-ins: {dim}-d fastText vectors trained on the training documents and "
+                 f"{cfg['gutenberg_tokens']:,} Gutenberg tokens"]
+    elif dim == 300:  # the paper's width: the full path's lower reference
+        parts = [f"lower reference: {dim}-d random-init embeddings, not the paper's GloVe"]
+    else:
+        parts = [f"reduced: {dim}-d random-init embeddings, not the paper's GloVe"]
+    parts.append(f"one {100 * cfg['valid_fraction']:.0f} % validation split, no 4-fold CV")
+    parts.append(f"at most {cfg['max_epochs']} epochs (patience {cfg['patience']})")
+    cap = cfg.get("max_tokens_used", cfg.get("max_tokens"))
+    share = cfg.get("kept_token_share_train")
+    whole = (not isinstance(cap, int) or (share is not None and share >= 1.0)
+             or (longest_document is not None and cap >= longest_document))
+    parts.append("whole documents" if whole else f"documents cut at {cap} tokens"
+                 + (f" ({100 * share:.0f} % of the training tokens kept)" if share else ""))
+    for key, what in (("train_limit", "training"), ("test_limit", "test")):
+        if cfg.get(key):
+            parts.append(f"first {cfg[key]:,} {what} documents")
+    if len(cfg["seeds"]) < 3:
+        parts.append(f"{len(cfg['seeds'])} seed" + ("s" if len(cfg["seeds"]) != 1 else ""))
+    if cfg.get("max_vocab"):
+        parts.append(f"vocabulary capped at {cfg['max_vocab']:,} words")
+    if tuple(cfg["models"]) != MODELS:
+        parts.append("models: " + ", ".join(cfg["models"]))
+    return "full, " + "; ".join(parts)
 
 
 def kept_token_share(lengths: np.ndarray, cap: int) -> float:
@@ -553,10 +593,9 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
     configure_threads(default=1)  # batch-10 LSTM steps are too small to gain from threads on a shared machine
     loader, table, key, _ = DATASETS[data]
     cfg, dataset, pretrained = _prepare(scale, data, options)
-    if scale == "full" and pretrained is None:
-        # the random-init lower reference is not an attempt at the paper's numbers: its own scale
-        # label keeps it out of the landing page's "full" rows (hsm.results.reproduction_rows)
-        scale = f"full, {cfg['embed_dim']}-d random-init embeddings (lower reference, not the paper's GloVe setting)"
+    # a full-scale label names every way the run departs from the paper's protocol (embeddings,
+    # model selection, epochs, document cap); the random-init one reads "lower reference"
+    scale = scale_label(scale, cfg)
     run_records: list[dict[str, Any]] = []
     per_model: dict[tuple[str, str], list[float]] = {}
     embeddings_note = (f"{cfg['embed_dim']}-d {GLOVE_STANDIN_NOTE}, {cfg['gutenberg_tokens']} Gutenberg tokens, "
