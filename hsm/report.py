@@ -703,3 +703,50 @@ def verdict_table_markdown(rows: Sequence[Verdict], link: Callable[[str], str] |
         cells = (f"{row.claim} ({link(row.doc)})", row.paper, row.ours, f"**{row.verdict}**: {row.why}")
         lines.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class CodeOfResult:
+    """Which code made a result file: its commit, and whether that code had uncommitted changes
+    (with the change's hash when the file recorded it)."""
+
+    file: str  #: relative to the results folder
+    commit: str | None
+    dirty: bool
+    diff_sha256: str | None
+
+    def words(self) -> str:
+        commit = f"commit `{self.commit[:10]}`" if self.commit else "no recorded commit"
+        if not self.dirty:
+            return commit
+        change = (f"sha256 `{self.diff_sha256[:12]}`" if self.diff_sha256
+                  else "the change itself was not recorded")
+        return f"{commit} plus uncommitted changes ({change})"
+
+
+def code_of_results(root: str | os.PathLike[str] | None = None) -> list[CodeOfResult]:
+    """The code behind every committed result file (``provenance.git_commit``, ``git_dirty`` and
+    ``git_diff``), sorted by file."""
+    root_path = Path(root) if root is not None else default_results_root()
+    out = []
+    for path, payload in iter_results(root_path):
+        prov = payload["provenance"]
+        diff = prov.get("git_diff") if isinstance(prov.get("git_diff"), Mapping) else {}
+        out.append(CodeOfResult(str(path.relative_to(root_path)), prov.get("git_commit"),
+                                bool(prov.get("git_dirty")), diff.get("sha256")))
+    return sorted(out, key=lambda c: c.file)
+
+
+def code_of_results_markdown(codes: Sequence[CodeOfResult]) -> str:
+    """A sentence on how many files come from a clean commit, then a table of the others."""
+    dirty = [c for c in codes if c.dirty]
+    text = (f"{len(codes) - len(dirty)} of the {len(codes)} committed result files were made from a "
+            f"commit with no uncommitted changes. The {len(dirty)} below were made while the checkout "
+            "had uncommitted changes, so the commit alone does not say exactly what ran (for files "
+            "that do not record the change, a change to any tracked file counted, the package's or "
+            "not).")
+    if not dirty:
+        return text
+    lines = ["| result file | code |", "|---|---|"]
+    lines += [f"| `{c.file}` | {c.words()} |" for c in dirty]
+    return text + "\n\n" + "\n".join(lines)
