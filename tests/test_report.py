@@ -116,3 +116,21 @@ def test_every_link_names_a_chapter_of_the_book() -> None:
     docs = {row.doc for row in report.verdicts()} | {group.doc for group in report.number_groups()}
     for doc in docs:
         assert (root / f"{doc.lstrip('/')}.md").is_file() and f"file: {doc.lstrip('/')}" in toc, doc
+
+
+def test_code_of_results_names_the_files_made_from_uncommitted_code(tmp_path: Path) -> None:
+    _write(tmp_path, "lm/clean.json", [])
+    _write(tmp_path, "lm/old-dirty.json", [])
+    _write(tmp_path, "lm/new-dirty.json", [])
+    for name, extra in (("old-dirty", {"git_dirty": True}),
+                        ("new-dirty", {"git_dirty": True, "git_diff": {"sha256": "ab" * 32, "files": ["hsm/x.py"]}})):
+        path = tmp_path / "lm" / f"{name}.json"
+        payload = json.loads(path.read_text())
+        payload["provenance"].update(extra)
+        path.write_text(json.dumps(payload))
+    codes = {c.file: c for c in report.code_of_results(tmp_path)}
+    assert codes["lm/clean.json"].words() == "commit `0000000000`"
+    assert "not recorded" in codes["lm/old-dirty.json"].words()
+    assert "sha256 `abababababab`" in codes["lm/new-dirty.json"].words()
+    text = report.code_of_results_markdown(list(codes.values()))
+    assert text.startswith("1 of the 3 committed result files") and "`lm/clean.json`" not in text
