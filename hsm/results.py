@@ -57,6 +57,7 @@ __all__ = [
     "provenance",
     "make_record",
     "write_results",
+    "write_progress",
     "atomic_write",
     "read_json_or_none",
     "ResumableParts",
@@ -269,6 +270,34 @@ def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, A
     text = json.dumps(payload, indent=2, sort_keys=False, allow_nan=False) + "\n"
     check_replace(path, str(provenance.get("hsm_scale")), force=force)
     return atomic_write(path, text)
+
+
+def is_complete_result(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a readable result file that is not marked incomplete
+    (``provenance.config.complete`` is not False; files without the key are complete)."""
+    payload = read_json_or_none(path, "result file")
+    if not _is_result_payload(payload):
+        return False
+    config = payload["provenance"].get("config")
+    return not (isinstance(config, Mapping) and config.get("complete") is False)
+
+
+def write_progress(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]], provenance: Mapping[str, Any],
+                   force: bool = False) -> Path:
+    """Write an incomplete result (``provenance.config.complete`` False: the parts finished so far)
+    to ``path``, unless ``path`` already holds a complete result: a re-run that is interrupted must
+    never replace a finished table with its first few parts (its progress is in the hidden partial
+    file, :class:`ResumableParts`; the complete result replaces the old one at the end, through
+    :func:`write_results`). Where no result or only an incomplete one exists, the progress is
+    written, so that a long first run shows its finished parts. Returns ``path``."""
+    path = Path(path)
+    config = provenance.get("config") if isinstance(provenance, Mapping) else None
+    if not (isinstance(config, Mapping) and config.get("complete") is False):
+        raise ValueError("write_progress writes incomplete results: provenance.config.complete must be False "
+                         "(write a complete result with write_results)")
+    if is_complete_result(path):
+        return path
+    return write_results(path, records, provenance, force=force)
 
 
 def atomic_write(path: str | os.PathLike[str], content: str | bytes | Callable[[IO[bytes]], Any]) -> Path:

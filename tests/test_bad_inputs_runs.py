@@ -1,0 +1,145 @@
+"""Reliability of the experiment runs: an interrupted re-run never costs a finished result, a
+result's side files belong to that result alone, damaged result files never reach the book, and
+an unusable destination is refused before any work."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hsm import results
+from hsm.experiments import classification as C
+from hsm.experiments import taxonomy as T
+
+MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+needs_trec = pytest.mark.skipif(not (MIRROR / "trec").exists(), reason="data mirror not available")
+needs_cooking = pytest.mark.skipif(not (MIRROR / "cooking").exists(), reason="data mirror not available")
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HSM_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    monkeypatch.delenv("HSM_OUTPUT", raising=False)
+    monkeypatch.delenv("HSM_SCALE", raising=False)
+
+
+def _prov(complete: bool | None = None, scale: str = "quick") -> dict:
+    config = {} if complete is None else {"complete": complete}
+    return {"date_utc": "2026-01-01T00:00:00Z", "git_commit": None, "hsm_scale": scale, "config": config}
+
+
+# ============================================================================ an interrupted re-run keeps the result
+def test_write_progress_never_replaces_a_complete_result(tmp_path):
+    out = tmp_path / "r.json"
+    results.write_progress(out, [{"claim": None, "value": 1.0}], _prov(False))  # none yet: progress is shown
+    assert results.load_results(out)["records"] == [{"claim": None, "value": 1.0}]
+    results.write_progress(out, [{"claim": None, "value": 2.0}] * 2, _prov(False))  # over progress: replaced
+    assert len(results.load_results(out)["records"]) == 2
+    results.write_results(out, [{"claim": None, "value": 3.0}] * 3, _prov(True))
+    before = out.read_bytes()
+    results.write_progress(out, [{"claim": None, "value": 4.0}], _prov(False))  # over a complete result: kept
+    assert out.read_bytes() == before
+    old_style = tmp_path / "old.json"  # a file without the key is complete
+    results.write_results(old_style, [{"claim": None, "value": 5.0}], _prov(None))
+    before = old_style.read_bytes()
+    results.write_progress(old_style, [], _prov(False))
+    assert old_style.read_bytes() == before
+    with pytest.raises(ValueError, match="complete must be False"):
+        results.write_progress(out, [], _prov(True))
+
+
+TAXONOMY_TINY = dict(train_limit="60", test_limit="40", max_tokens="8", max_vocab="300", models="flat,hierarchical")
+
+
+@needs_trec
+def test_an_interrupted_taxonomy_rerun_keeps_the_complete_result(tmp_path, monkeypatch):
+    out = tmp_path / "trec.json"
+    T.run_taxonomy_tables(scale="quick", out=out, data="trec", **TAXONOMY_TINY)
+    complete = out.read_bytes()
+    assert results.load_results(out)["provenance"]["config"]["complete"] is True
+    real = T.train_one
+
+    def stopped_at_hierarchical(kind, *args, **kwargs):
+        if kind == "hierarchical":
+            raise KeyboardInterrupt  # Ctrl-C, a time limit, a crash: after the first finished run
+        return real(kind, *args, **kwargs)
+
+    monkeypatch.setattr(T, "train_one", stopped_at_hierarchical)
+    with pytest.raises(KeyboardInterrupt):  # a re-run with another seed over the complete result
+        T.run_taxonomy_tables(scale="quick", out=out, data="trec", seeds="1", **TAXONOMY_TINY)
+    assert out.read_bytes() == complete  # the previous, complete result is intact
+    assert (tmp_path / ".trec.json.partial.json").exists()  # the progress is in the hidden file
+    # a first run with no result yet shows its finished part, marked incomplete
+    first = tmp_path / "first.json"
+    with pytest.raises(KeyboardInterrupt):
+        T.run_taxonomy_tables(scale="quick", out=first, data="trec", **TAXONOMY_TINY)
+    payload = results.load_results(first)
+    assert payload["provenance"]["config"]["complete"] is False
+    assert [r["model"] for r in payload["records"] if r["kind_of_record"] == "run"] == ["flat"]
+    shown = {Path(row.result_file).name for row in results.reproduction_rows(tmp_path, claims=[])}
+    assert shown == {"trec.json"}  # the incomplete file stays off the book
+
+
+def test_no_experiment_rewrites_its_result_file_mid_run():
+    """Every experiment that writes during a run goes through write_progress (the pattern of the
+    two that rewrite their file after every part), so none can replace a complete result early."""
+    root = Path(__file__).resolve().parents[1] / "hsm" / "experiments"
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text()
+        if "complete=" in text:
+            assert "write_progress" in text, f"{path.name} writes partial results without write_progress"
+
+
+# ============================================================================ side files belong to one result
+def test_tree_prefix_is_the_result_files_own_except_table1_table3():
+    assert C.tree_prefix_of(Path("table1-cooking.json")) == "cooking"
+    assert C.tree_prefix_of(Path("table3-cooking.json")) == "cooking"  # shared with Table 1 on purpose
+    assert C.tree_prefix_of(Path("table1-cooking-fast-seed0.json")) == "cooking-fast-seed0"
+    assert C.tree_prefix_of(Path("seed0-cooking.json")) == "seed0-cooking"
+    assert C.tree_prefix_of(Path("seed1-cooking.json")) == "seed1-cooking"
+    assert C.tree_prefix_of(Path("table1.json")) == "table1"
+
+
+def test_committed_table_results_point_at_their_own_trees():
+    """The committed Table 1 / Table 3 files name the trees their prefix gives (Table 3's are
+    Table 1's, the same files)."""
+    folder = Path(__file__).resolve().parents[1] / "results" / "classification"
+    for path in sorted(folder.glob("table*.json")):
+        for record in results.load_results(path)["records"]:
+            if record.get("tree_file"):
+                assert Path(record["tree_file"]).name.startswith(C.tree_prefix_of(path) + "-d"), path.name
+
+
+CLASSIFICATION_TINY = dict(data="cooking", train_limit="300", test_limit="100", dims="8", lr_grid="0.5",
+                           epochs="1", batch_size="16", outputs="learned5", peers="")
+
+
+@needs_cooking
+def test_two_result_files_in_one_folder_keep_their_own_learned_trees(tmp_path, monkeypatch):
+    paths = {}
+    for seed in (0, 1):
+        paths[seed] = C.icml_table1(scale="quick", out=tmp_path / f"seed{seed}-cooking.json", seed=str(seed),
+                                    **CLASSIFICATION_TINY)
+    files = {}
+    for seed, path in paths.items():
+        (row,) = [r for r in results.load_results(path)["records"] if r.get("output") == "learned5"]
+        files[seed] = row["tree_file"]
+        assert row["tree_file"] == f"trees/seed{seed}-cooking-d8-learned5.json"
+        assert (tmp_path / row["tree_file"]).is_file()
+    assert files[0] != files[1]
+    # an interrupted re-run over seed0 leaves its trees as they were (new ones wait in a hidden folder)
+    tree0 = (tmp_path / files[0]).read_bytes()
+    real = C._run_ours
+
+    def then_stop(*args, **kwargs):
+        row = real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(C, "_run_ours", then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        C.icml_table1(scale="quick", out=paths[0], seed="5", **CLASSIFICATION_TINY)
+    assert (tmp_path / files[0]).read_bytes() == tree0
