@@ -67,6 +67,7 @@ __all__ = [
     "check_replace",
     "OUTPUT_ENV",
     "load_results",
+    "check_result_payload",
     "iter_results",
     "default_results_root",
     "hardware_summary",
@@ -487,23 +488,77 @@ def _is_result_payload(payload: Any) -> bool:
     return isinstance(payload, dict) and isinstance(payload.get("provenance"), dict) and isinstance(payload.get("records"), list)
 
 
+#: the keys of a result file; a JSON object with any of them is meant as one (and checked as one)
+_RESULT_KEYS = ("schema", "provenance", "records")
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON in ``path``; ValueError naming the file when its bytes are not UTF-8 or not JSON."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); restore it from git "
+                         f"or re-run its experiment") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}; restore it from git or re-run its experiment") from None
+
+
+def check_result_payload(path: str | os.PathLike[str], payload: Any) -> dict[str, Any]:
+    """``payload`` (the JSON read from the result file ``path``) after checking it is a sound
+    result file; ValueError naming ``path`` and the damage otherwise: ``provenance`` not an object
+    (or lacking ``hsm_scale``), ``records`` not a list of objects, a schema newer than this code,
+    a record whose ``claim`` is not a paper number (:data:`hsm.paper.NUMBERS`), or a claimed
+    record without a numeric ``value``. A non-finite ``value`` (``NaN`` / ``Infinity``, which
+    :func:`write_results` never writes) is kept: the landing page marks it (:func:`reproduction_rows`)."""
+    where = f"result file {path}"
+    if not isinstance(payload, dict):
+        raise ValueError(f"{where} is not a result file: expected an object with 'provenance' and 'records', "
+                         f"got {type(payload).__name__}")
+    if not any(key in payload for key in _RESULT_KEYS):
+        raise ValueError(f"{path} is not a result file: expected an object with 'provenance' and 'records'")
+    schema = payload.get("schema", SCHEMA_VERSION)
+    if isinstance(schema, bool) or not isinstance(schema, int):
+        raise ValueError(f"{where} is damaged: 'schema' is {schema!r}, not an integer")
+    if schema > SCHEMA_VERSION:
+        raise ValueError(f"{where} has schema {schema}; this hsm reads up to {SCHEMA_VERSION}")
+    prov, records = payload.get("provenance"), payload.get("records")
+    if not isinstance(prov, dict):
+        raise ValueError(f"{where} is damaged: 'provenance' is {type(prov).__name__}, not an object")
+    if "hsm_scale" not in prov:
+        raise ValueError(f"{where} is damaged: its provenance has no 'hsm_scale'")
+    if prov.get("config") is not None and not isinstance(prov["config"], dict):
+        raise ValueError(f"{where} is damaged: 'provenance.config' is {type(prov['config']).__name__}, not an object")
+    if not isinstance(records, list):
+        raise ValueError(f"{where} is damaged: 'records' is {type(records).__name__}, not a list")
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ValueError(f"{where} is damaged: records[{index}] is {type(record).__name__}, not an object")
+        claim = record.get("claim")
+        if claim is None:
+            continue
+        if not isinstance(claim, str) or claim not in paper.NUMBERS:
+            try:
+                paper.get(str(claim))  # its message names the close keys
+                hint = ""
+            except KeyError as exc:
+                hint = f" ({exc.args[0]})"
+            raise ValueError(f"{where}: records[{index}] names an unknown claim {claim!r}{hint}; fix the record "
+                             f"or add the paper number to hsm.paper")
+        value = record.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where}: records[{index}] (claim {claim!r}) has a non-numeric value {value!r}")
+    return payload
+
+
 def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a result file written by :func:`write_results`.
+    """Read a result file written by :func:`write_results`, checked by :func:`check_result_payload`.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file is not valid JSON or not a result file (no provenance/records).
+        ValueError: naming the file: not UTF-8, not valid JSON, not a result file, or damaged.
     """
     path = Path(path)
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-    if not _is_result_payload(payload):
-        raise ValueError(f"{path} is not a result file: expected an object with 'provenance' and 'records'")
-    if payload.get("schema", SCHEMA_VERSION) > SCHEMA_VERSION:
-        raise ValueError(f"{path} has schema {payload['schema']}; this hsm reads up to {SCHEMA_VERSION}")
-    return payload
+    return check_result_payload(path, _read_json(path))
 
 
 def default_results_root() -> Path:
@@ -522,8 +577,10 @@ def default_results_root() -> Path:
 
 def iter_results(root: str | os.PathLike[str] | None = None) -> Iterator[tuple[Path, dict[str, Any]]]:
     """Every result file under ``root`` (default :func:`default_results_root`), in path order,
-    as ``(path, payload)``. JSON files that are not result files (a saved tree, say) are skipped;
-    a result file that does not parse raises, so a broken committed file cannot go unnoticed."""
+    as ``(path, payload)``. JSON objects with none of a result file's keys (a saved tree, say) are
+    skipped; a file that is not UTF-8 or not JSON, or an object with ``schema``, ``provenance`` or
+    ``records`` that is damaged (:func:`check_result_payload`), raises ValueError naming the file,
+    so a broken committed result fails the book's build instead of losing its rows silently."""
     root = default_results_root() if root is None else Path(root)
     if not root.exists():
         return
@@ -532,12 +589,9 @@ def iter_results(root: str | os.PathLike[str] | None = None) -> Iterator[tuple[P
     for path in sorted(root.rglob("*.json")):
         if any(part.startswith(".") for part in path.relative_to(root).parts):
             continue  # temporary files of an in-progress write, hidden folders
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-        if _is_result_payload(payload):
-            yield path, payload
+        payload = _read_json(path)
+        if isinstance(payload, dict) and any(key in payload for key in _RESULT_KEYS):
+            yield path, check_result_payload(path, payload)
 
 
 def hardware_summary(prov: Mapping[str, Any]) -> str:
@@ -570,9 +624,14 @@ class ReproductionRow:
     result_file: str | None = None
 
     @property
+    def finite(self) -> bool:
+        """Whether ours is a finite number (a damaged or diverged result may hold NaN / inf)."""
+        return self.ours is not None and math.isfinite(self.ours)
+
+    @property
     def delta(self) -> float | None:
-        """ours - paper, in the paper's unit (None when not measured)."""
-        return None if self.ours is None else self.ours - self.paper_value
+        """ours - paper, in the paper's unit (None when not measured or not finite)."""
+        return self.ours - self.paper_value if self.finite else None
 
     @property
     def reproduced(self) -> bool:
@@ -604,10 +663,7 @@ def reproduction_rows(
             claim = record.get("claim") if isinstance(record, dict) else None
             if claim is None:
                 continue
-            paper.get(claim)  # a result naming an unknown claim is an error in that result file
-            value = record.get("value")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{path}: records[{index}] (claim {claim!r}) has a non-numeric value {value!r}")
+            value = record["value"]  # a known claim with a number: checked by iter_results
             scale = str(prov.get("hsm_scale") or "unknown")
             date = str(prov.get("date_utc") or "")
             previous = latest.get((claim, scale))
@@ -644,6 +700,8 @@ def reproduction_rows(
 
 
 def _format_number(value: float, unit: str) -> str:
+    if not math.isfinite(value):  # a diverged or damaged result: said in words, never "nan"
+        return "no finite value (NaN)" if math.isnan(value) else f"no finite value ({'+' if value > 0 else '-'}inf)"
     text = f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
     if unit in ("x", "%"):
         return f"{text}{unit}"
@@ -662,7 +720,7 @@ def reproduction_table_markdown(rows: Sequence[ReproductionRow]) -> str:
             ours, delta, scale, hardware = "not yet reproduced", "", "", ""
         else:
             ours = _format_number(row.ours, row.unit)
-            delta = f"{row.delta:+.3g}"
+            delta = "" if row.delta is None else f"{row.delta:+.3g}"
             scale, hardware = row.scale or "", row.hardware or ""
         cells = [row.description, row.source, paper_text, ours, delta, scale, hardware]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")

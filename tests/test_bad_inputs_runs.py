@@ -7,6 +7,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hsm import results
@@ -143,3 +144,72 @@ def test_two_result_files_in_one_folder_keep_their_own_learned_trees(tmp_path, m
     with pytest.raises(KeyboardInterrupt):
         C.icml_table1(scale="quick", out=paths[0], seed="5", **CLASSIFICATION_TINY)
     assert (tmp_path / files[0]).read_bytes() == tree0
+
+
+# ============================================================================ damaged result files never reach the book
+CLAIM = "icml2017.table2.learned_tree.perplexity"
+
+
+def _payload(**change) -> dict:
+    payload = {"schema": 1, "provenance": {"date_utc": "2026-01-01T00:00:00Z", "git_commit": None,
+                                           "hsm_scale": "quick", "config": {}},
+               "records": [{"claim": CLAIM, "value": 150.0}]}
+    payload.update(change)
+    return payload
+
+
+@pytest.mark.parametrize("content, message", [
+    (_payload(records={"claim": CLAIM}), "damaged: 'records' is dict, not a list"),
+    (_payload(records=[1.5]), r"damaged: records\[0\] is float"),
+    (_payload(provenance=[]), "damaged: 'provenance' is list"),
+    (_payload(provenance={"date_utc": "x"}), "provenance has no 'hsm_scale'"),
+    (_payload(provenance={"hsm_scale": "quick", "config": "x"}), "'provenance.config' is str"),
+    (_payload(schema="1"), "'schema' is '1'"),
+    (_payload(schema=7), "schema 7"),
+    (_payload(records=[{"claim": "icml2017.no.such.number", "value": 1.0}]), "unknown claim 'icml2017.no.such.number'"),
+    (_payload(records=[{"claim": CLAIM, "value": "150"}]), "non-numeric value '150'"),
+    (_payload(records=[{"claim": CLAIM}]), "non-numeric value None"),
+    (b'{"records": [], "provenance": {"hsm_scale": "quick", "note": "caf\xe9"}}', "not UTF-8 text"),
+    (b'{"records": [', "not valid JSON"),
+], ids=["records-dict", "record-number", "provenance-list", "no-scale", "config-str", "schema-str", "schema-newer",
+        "unknown-claim", "value-str", "value-missing", "latin1-byte", "truncated"])
+def test_a_damaged_result_file_fails_the_book_naming_the_file(tmp_path, content, message):
+    folder = tmp_path / "results" / "lm"
+    folder.mkdir(parents=True)
+    path = folder / "damaged.json"
+    path.write_bytes(content if isinstance(content, bytes) else json.dumps(content).encode())
+    for read in (lambda: results.reproduction_rows(tmp_path / "results"),
+                 lambda: list(results.iter_results(tmp_path / "results")),
+                 lambda: results.load_results(path)):
+        with pytest.raises(ValueError, match=message) as info:
+            read()
+        assert str(path) in str(info.value)
+
+
+def test_json_that_is_not_a_result_file_is_skipped_by_the_book(tmp_path):
+    (tmp_path / "tree.json").write_text(json.dumps({"arity": 2, "child_node": []}))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    assert list(results.iter_results(tmp_path)) == []
+    with pytest.raises(ValueError, match="not a result file"):
+        results.load_results(tmp_path / "tree.json")
+
+
+@pytest.mark.parametrize("value, marker", [(float("nan"), "no finite value (NaN)"),
+                                           (float("inf"), "no finite value (+inf)"),
+                                           (-float("inf"), "no finite value (-inf)")])
+def test_a_non_finite_value_is_marked_not_rendered_as_nan(tmp_path, value, marker):
+    (tmp_path / "r.json").write_text(json.dumps(_payload(records=[{"claim": CLAIM, "value": value}])))
+    (row,) = [r for r in results.reproduction_rows(tmp_path) if r.ours is not None]
+    assert not row.finite and row.delta is None and row.result_file.endswith("r.json")
+    line = results.reproduction_table_markdown([row]).splitlines()[-1]
+    assert marker in line and "nan" not in line.replace("NaN", "") and "+inf |" not in line.replace(marker, "")
+
+
+def test_every_committed_result_file_is_sound():
+    root = Path(__file__).resolve().parents[1] / "results"
+    paths = [path for path, _ in results.iter_results(root)]  # raises, naming a damaged file
+    assert len(paths) >= 50
+    for path in paths:
+        for record in results.load_results(path)["records"]:
+            if record.get("claim"):
+                assert np.isfinite(record["value"]), f"{path}: {record['claim']} is not finite"
