@@ -2,6 +2,8 @@
 learner states read back from disk, and optimiser fusion that would silently ignore a user's
 gradient edits. Layer checks run on the compiled CPU path (``use_kernels=True``) and the PyTorch
 path (``use_kernels=False``, what runs on a GPU)."""
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -85,3 +87,72 @@ def test_training_on_overflowing_logits_reports_the_step(kernels):
     batches = [(torch.randn(4, 5), y), (big, y)]
     with pytest.raises(FloatingPointError, match="at step 1"):
         train_epoch(torch.nn.Identity(), layer, batches, torch.optim.SGD(layer.parameters(), lr=0.0))
+
+
+# ---------------------------------------------------------------------------------------------
+# Tree.load goes through the same checks as Tree(): nothing is coerced on the way in
+
+def _tree_file(tmp_path, **change):
+    data = Tree.random(9, 3, 2, seed=0).to_dict()
+    data.update(change)
+    path = tmp_path / "tree.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _rows(key, old, new):
+    rows = [list(r) for r in Tree.random(9, 3, 2, seed=0).to_dict()[key]]
+    flat = [x for r in rows for x in r]
+    i = flat.index(old)
+    return [[new if (n * 3 + j) == i else x for j, x in enumerate(r)] for n, r in enumerate(rows)]
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (lambda: {"child_node": _rows("child_node", 1, 1.5)}, TypeError, r"child_node must hold integers, got 1\.5"),
+    (lambda: {"child_node": _rows("child_node", 1, 1.0)}, TypeError, r"child_node must hold integers, got 1\.0"),
+    (lambda: {"child_label": _rows("child_label", 1, True)}, TypeError, r"child_label must hold integers, got True"),
+    (lambda: {"child_label": _rows("child_label", 1, "1")}, TypeError, r"child_label must hold integers, got '1'"),
+    (lambda: {"label_names": "abcdefghi"}, ValueError, r"label_names must be a list of strings"),
+    (lambda: {"label_names": list(range(9))}, ValueError, r"label_names must be a list of strings"),
+    (lambda: {"depth_limit": 1}, ValueError, r"depth_limit=1 needs the complete 3-ary tree of depth 1"),
+    (lambda: {"depth_limit": 3}, ValueError, r"depth_limit=3 needs the complete 3-ary tree of depth 3"),
+    (lambda: {"num_labels": 9.0}, TypeError, r"num_labels must be an integer"),
+    (lambda: {"num_labels": True}, TypeError, r"num_labels must be an integer"),
+])
+def test_tree_load_refuses_what_a_cast_would_silently_change(tmp_path, change, error, message):
+    path = _tree_file(tmp_path, **change())
+    with pytest.raises(error, match=message) as info:
+        Tree.load(path)
+    assert str(path) in str(info.value)
+
+
+def test_tree_load_refuses_an_unreachable_node_with_out_of_range_ids(tmp_path):
+    tree = Tree.huffman(np.arange(1, 10, dtype=float), 3)
+    data = tree.to_dict()
+    data["child_node"] = data["child_node"] + [[-1, -1, -1]]
+    data["child_label"] = data["child_label"] + [[99, -1, -1]]
+    path = tmp_path / "tree.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"unreachable node 4 holds leaf id 99"):
+        Tree.load(path)
+    with pytest.raises(ValueError, match=r"unreachable node 4 holds leaf id 99"):
+        Tree(np.array(data["child_node"]), np.array(data["child_label"]), 9)
+
+
+def test_tree_constructor_refuses_the_same_inputs():
+    tree = Tree.random(9, 3, 2, seed=0)
+    with pytest.raises(TypeError, match="label_names must be a list of names, got a str"):
+        Tree(tree.child_node, tree.child_label, 9, label_names="abcdefghi")
+    with pytest.raises(TypeError, match="child_label must hold integers, got booleans"):
+        Tree(tree.child_node, tree.child_label.astype(bool), 9)
+    with pytest.raises(ValueError, match="depth_limit=1 needs the complete 3-ary tree"):
+        Tree(tree.child_node, tree.child_label, 9, depth_limit=1)
+    # the right number of nodes, but not in heap order, is not a fixed-depth tree
+    node = tree.child_node.copy()
+    node[0] = [2, 1, 3]
+    with pytest.raises(ValueError, match="not the heap layout"):
+        Tree(node, tree.child_label, 9, depth_limit=2)
+    assert Tree(node, tree.child_label, 9).num_labels == 9  # the same arrays are a tree of free shape
+    # round trip of every builder still works
+    for built in (tree, Tree.huffman(np.arange(1, 10, dtype=float), 3), Tree.balanced(np.arange(9), 3)):
+        assert Tree.from_dict(json.loads(json.dumps(built.to_dict()))) == built
