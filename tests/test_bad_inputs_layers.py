@@ -366,7 +366,7 @@ def test_input_on_another_device_is_named(kernels):
         (lambda: Tree.from_dict({"format": "hsm.Tree/1", "arity": 2, "num_labels": 2, "child_node": [-1, -1, -1],
                                  "child_label": [0, 1]}), ValueError, "child_node must hold N \\* arity"),
         (lambda: Tree.from_dict({"format": "hsm.Tree/1", "arity": 2, "num_labels": 2, "child_node": ["a", -1],
-                                 "child_label": [0, 1]}), ValueError, "child_node must be a list of integers"),
+                                 "child_label": [0, 1]}), TypeError, "child_node must hold integers, got 'a'"),
     ],
 )
 def test_tree_sizes_are_checked(call, exc, message):

@@ -156,3 +156,76 @@ def test_tree_constructor_refuses_the_same_inputs():
     # round trip of every builder still works
     for built in (tree, Tree.huffman(np.arange(1, 10, dtype=float), 3), Tree.balanced(np.arange(9), 3)):
         assert Tree.from_dict(json.loads(json.dumps(built.to_dict()))) == built
+
+
+# ---------------------------------------------------------------------------------------------
+# TreeLearner.load_state_dict: everything checked against the saved tree first; all or nothing
+
+def _learner_pair(kernels: bool):
+    """A learner whose tree was learned (the state to load) and a fresh one on the initial tree."""
+    from hsm.synthetic import planted_hierarchy
+    from hsm.training import TreeLearner
+
+    data = planted_hierarchy(num_groups=3, labels_per_group=3, dim=8, num_examples=300, seed=2)
+    initial = Tree.random(9, 3, 2, seed=0)
+    torch.manual_seed(0)
+    layer = HierarchicalSoftmax(8, initial)
+    layer.use_kernels = kernels
+    learner = TreeLearner(layer, reassign_every=3)
+    batches = [(data.x[i:i + 50], data.y[i:i + 50]) for i in range(0, 300, 50)]
+    train_epoch(torch.nn.Identity(), layer, batches, torch.optim.SGD(layer.parameters(), lr=0.5), learner)
+    assert layer.tree != initial
+    fresh_layer = HierarchicalSoftmax(8, initial)
+    fresh_layer.use_kernels = kernels
+    return learner.state_dict(), TreeLearner(fresh_layer, reassign_every=3), initial
+
+
+def _damage(state, path, value):
+    import copy
+
+    state = copy.deepcopy(state)
+    target = state
+    for key in path[:-1]:
+        target = target[key]
+    if value is _DELETE:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value(target[path[-1]]) if callable(value) else value
+    return state
+
+
+_DELETE = object()
+
+
+@PATHS
+@pytest.mark.parametrize("path, value, message", [
+    (("statistics", "sum_probas"), _DELETE, "statistics state lacks 'sum_probas'"),
+    (("statistics", "label_counts"), lambda t: t[:-1], r"label_counts must be a tensor of shape \[9\]"),
+    (("statistics", "sum_probas"), lambda t: t[:, :1], r"sum_probas must be a tensor of shape \[9, 2, 3\]"),
+    (("statistics", "path_counts"), lambda t: t.fill_(float("nan")), "finite, non-negative"),
+    (("statistics", "label_counts"), lambda t: t - 100, "finite, non-negative"),
+    (("statistics", "stat_node"), lambda t: t.flip(0), "stat_node are not the saved tree's path nodes"),
+    (("statistics", "prior"), -1.0, "prior must be finite and > 0, got -1"),
+    (("statistics", "decay"), 5.0, r"decay must lie in \[0, 1\], got 5"),
+    (("statistics", "prior_mode"), "bogus", "prior_mode must be 'current_child' or 'uniform', got 'bogus'"),
+    (("steps",), -3, "steps must be an integer >= 0"),
+    (("steps",), 2.5, "steps must be an integer >= 0"),
+    (("frozen",), "no", "frozen must be True or False"),
+    (("history",), [{"when": 1}], "history holds a record that is not a ReassignRecord"),
+    (("tree", "child_node"), lambda rows: [[1.5] + r[1:] for r in rows[:1]] + rows[1:], "tree: child_node must hold"),
+])
+def test_a_damaged_learner_state_is_refused_and_nothing_is_loaded(kernels, path, value, message):
+    state, learner, initial = _learner_pair(kernels)
+    before = (learner.layer.tree, learner.steps, learner.frozen, list(learner.history),
+              {k: v.clone() for k, v in learner.statistics.state_dict().items() if isinstance(v, torch.Tensor)})
+    with pytest.raises(ValueError, match=message):
+        learner.load_state_dict(_damage(state, path, value))
+    assert learner.layer.tree is before[0] and learner.layer.tree == initial  # the saved tree was not installed
+    assert (learner.steps, learner.frozen, learner.history) == before[1:4]
+    for key, tensor in before[4].items():
+        assert torch.equal(getattr(learner.statistics, key), tensor)
+    # the undamaged state still loads, and the learner resumes on the learned tree
+    learner.load_state_dict(state)
+    assert learner.layer.tree == Tree.from_dict(state["tree"]) and learner.steps == state["steps"]
+    h = torch.randn(4, 8)
+    assert torch.isfinite(learner.layer(h, torch.arange(4)).output).all()
