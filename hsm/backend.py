@@ -310,7 +310,19 @@ class _TreePathLogProbKernel(torch.autograd.Function):
                                            plan.order, plan.starts, _np(probs), _np(grad_output.float()), values,
                                            bias_values, need_input, need_weight, adagrad)
         if adagrad is not None:
+            # a placeholder .grad that refuses to be clipped or edited (the update is already applied)
+            from .optim import FusedGradient
+
+            for param in (weight, ctx.bias):
+                if param is not None and param.grad is None:
+                    param.grad = FusedGradient(param)
             return (torch.from_numpy(grad_h) if need_input else None), None, None, None, None, None, None, None
+        if ctx.fused is not None:  # the update waits for step(): a stale placeholder must not take the gradient
+            from .optim import FusedGradient
+
+            for param in (weight, ctx.bias):
+                if param is not None and isinstance(param.grad, FusedGradient):
+                    param.grad = None
         # unique nodes in increasing order (a stable sort by node): the sparse gradients are coalesced
         rows = torch.from_numpy(plan.node[plan.order[plan.starts[:-1]]]).unsqueeze(0)
         grad_input = torch.from_numpy(grad_h) if need_input else None

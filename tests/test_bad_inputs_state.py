@@ -229,3 +229,60 @@ def test_a_damaged_learner_state_is_refused_and_nothing_is_loaded(kernels, path,
     assert learner.layer.tree == Tree.from_dict(state["tree"]) and learner.steps == state["steps"]
     h = torch.randn(4, 8)
     assert torch.isfinite(learner.layer(h, torch.arange(4)).output).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# RowSparseAdagrad.fuse: clipping a gradient that was already applied is refused, by name
+
+def _fused(bias: bool = True):
+    from hsm.optim import RowSparseAdagrad
+
+    torch.manual_seed(0)
+    layer = HierarchicalSoftmax(6, Tree.random(40, 4, 3, seed=1), bias=bias, sparse=True)
+    model = torch.nn.Linear(6, 6)
+    opt = RowSparseAdagrad(list(model.parameters()) + list(layer.parameters()), lr=0.1)
+    opt.fuse(layer)
+    layer(model(torch.randn(8, 6)), torch.arange(8)).loss.backward()
+    return model, layer, opt
+
+
+@pytest.mark.parametrize("edit", [
+    lambda params: torch.nn.utils.clip_grad_norm_(params, 0.5),
+    lambda params: torch.nn.utils.clip_grad_value_(params, 0.1),
+    lambda params: [p.grad.add_(p, alpha=1e-4) for p in params if p.grad is not None],
+    lambda params: sum(float(p.grad.norm()) for p in params if p.grad is not None),
+], ids=["clip_grad_norm_", "clip_grad_value_", "l2-term", "grad-norm-log"])
+def test_editing_a_fused_layers_gradient_is_refused_by_name(edit):
+    model, layer, opt = _fused()
+    params = list(model.parameters()) + list(layer.parameters())
+    with pytest.raises(RuntimeError, match=r"RowSparseAdagrad.fuse\(layer\) already applied .*fused_optimizer = None"):
+        edit(params)
+
+
+def test_a_fused_layer_steps_and_zeroes_as_before():
+    model, layer, opt = _fused()
+    weight = layer.weight.detach().clone()
+    opt.step()  # the placeholder is skipped: the layer was updated once, in backward
+    assert torch.equal(layer.weight, weight) and opt.state[layer.weight]["step"] == 1
+    opt.zero_grad(set_to_none=False)
+    opt.zero_grad()
+    assert layer.weight.grad is None
+    torch.nn.utils.clip_grad_norm_(list(model.parameters()), 0.5)  # the rest of the model clips as usual
+    layer.fused_optimizer = None  # unfused: real gradients again, which clip
+    layer(model(torch.randn(8, 6)), torch.arange(8)).loss.backward()
+    assert layer.weight.grad.is_sparse
+    torch.nn.utils.clip_grad_norm_([p for p in model.parameters()], 0.5)
+
+
+def test_a_second_fuse_does_not_silently_take_the_layer():
+    from hsm.optim import RowSparseAdagrad
+
+    model, layer, opt = _fused()
+    other = RowSparseAdagrad(layer.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="already fused with another RowSparseAdagrad"):
+        other.fuse(layer)
+    assert layer.fused_optimizer is opt
+    opt.fuse(layer)  # the same one again is fine
+    layer.fused_optimizer = None
+    other.fuse(layer)
+    assert layer.fused_optimizer is other
