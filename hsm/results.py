@@ -37,13 +37,16 @@ Only an explicit ``--out results/lm/ptb.json`` updates a committed file, and eve
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import json
 import math
 import os
 import platform
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,6 +68,8 @@ __all__ = [
     "output_path",
     "recorded_scale",
     "check_replace",
+    "check_destination",
+    "DiskFullError",
     "OUTPUT_ENV",
     "load_results",
     "check_result_payload",
@@ -321,7 +326,60 @@ def atomic_write(path: str | os.PathLike[str], content: str | bytes | Callable[[
             else:
                 handle.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
 
-    return _atomic_write(Path(path), write)
+    try:
+        return _atomic_write(Path(path), write)
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a full disk
+        if _disk_full(exc, Path(path)):
+            raise DiskFullError(errno.ENOSPC, f"the disk is full: cannot write {path} (the previous file, if any, is "
+                                              f"kept unchanged); free some space and run the command again") from exc
+        raise
+
+
+class DiskFullError(OSError):
+    """No space left to write a result file or a checkpoint (an OSError with errno ENOSPC,
+    naming the file); the previous file is intact (:func:`atomic_write`)."""
+
+
+def _disk_full(exc: BaseException, path: Path) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk or quota: ENOSPC / EDQUOT, or torch's
+    zip writer failing ("unexpected pos", "failed writing") on a file system with almost no room."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return True
+        if isinstance(seen, RuntimeError) and ("unexpected pos" in str(seen) or "failed writing" in str(seen)):
+            folder = path.parent
+            while not folder.exists() and folder != folder.parent:
+                folder = folder.parent
+            try:
+                return shutil.disk_usage(folder).free < 64 * 2**20
+            except OSError:
+                return False
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def check_destination(path: str | os.PathLike[str], what: str = "result file") -> Path:
+    """Check, before any work, that the file ``path`` can be written: not an existing directory,
+    its folder creatable (no file in the way) and writable (a probe file is created and removed
+    in the nearest existing folder). ValueError naming the path and the fix otherwise."""
+    path = Path(path)
+    hint = "choose another --out" + (f" or {OUTPUT_ENV}" if os.environ.get(OUTPUT_ENV) else "")
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is an existing directory, not a file: {hint} (e.g. {path / 'result.json'})")
+    existing = path.parent if str(path.parent) else Path(".")
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what} {path} cannot be written: {existing} is a file, not a folder; {hint}")
+    try:
+        descriptor, probe = tempfile.mkstemp(prefix=".hsm-write-test-", dir=existing)
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"{what} {path} cannot be written: {existing} is not writable ({exc.strerror}); {hint}") \
+            from None
+    return path
 
 
 def read_json_or_none(path: str | os.PathLike[str], what: str = "file") -> Any | None:
@@ -470,8 +528,13 @@ def check_replace(path: str | os.PathLike[str], scale: str, force: bool = False)
 
     Raises ValueError naming the file and both scales when ``path`` holds a result recorded at
     ``full`` and ``scale`` is ``quick`` (``scale`` may be a label such as ``"full, reduced: ..."``:
-    its first word counts), unless ``force``. Experiments call it before they start, so the
-    refusal costs nothing; :func:`write_results` calls it again before writing."""
+    its first word counts), unless ``force``; and ValueError when ``path`` cannot be written at all
+    (:func:`check_destination`: a directory, a folder under a file, a read-only folder) or is not
+    ``.json``. Experiments call it before they start, so the refusal costs nothing;
+    :func:`write_results` calls it again before writing."""
+    check_destination(path)
+    if Path(path).suffix != ".json":
+        raise ValueError(f"result files are JSON: expected a .json path, got {path}")
     if force:
         return
     existing = recorded_scale(path)

@@ -213,3 +213,153 @@ def test_every_committed_result_file_is_sound():
         for record in results.load_results(path)["records"]:
             if record.get("claim"):
                 assert np.isfinite(record["value"]), f"{path}: {record['claim']} is not finite"
+
+
+# ============================================================================ destinations checked before any work
+def test_check_destination_names_an_unusable_path(tmp_path, monkeypatch):
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    folder = tmp_path / "r.json"
+    folder.mkdir()
+    with pytest.raises(ValueError, match=rf"{a_file}/sub/r.json cannot be written: {a_file} is a file, not a folder"):
+        results.check_destination(a_file / "sub" / "r.json")
+    with pytest.raises(ValueError, match=rf"{folder} is an existing directory, not a file"):
+        results.check_destination(folder)
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real = results.tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):  # root ignores permission bits: refuse as a read-only mount would
+        if Path(dir) == locked:
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(results.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(ValueError, match=rf"{locked}/new/r.json cannot be written: {locked} is not writable"):
+        results.check_destination(locked / "new" / "r.json")
+    assert results.check_destination(tmp_path / "new" / "deeper" / "r.json") and not (tmp_path / "new").exists()
+    assert not list(tmp_path.glob(".hsm-write-test-*"))
+
+
+def _cli(capsys, *argv):
+    from hsm.experiments import cli
+
+    code = cli.main(list(argv))
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("make_out, message", [
+    (lambda tmp: tmp / "file" / "r.json", "is a file, not a folder"),
+    (lambda tmp: tmp / "dir.json", "is an existing directory, not a file"),
+    (lambda tmp: tmp / "r.txt", "expected a .json path"),
+])
+def test_cli_refuses_an_unusable_out_before_any_work(tmp_path, capsys, monkeypatch, make_out, message):
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "dir.json").mkdir()
+    monkeypatch.setattr(T, "_prepare", lambda *a, **k: pytest.fail("work started"))
+    code, err = _cli(capsys, "taxonomy-tables", "--scale", "quick", "--out", str(make_out(tmp_path)))
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_refuses_an_unwritable_hsm_output_before_any_work(tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("x")
+    monkeypatch.setenv("HSM_OUTPUT", str(tmp_path / "file" / "out"))
+    monkeypatch.setattr(T, "_prepare", lambda *a, **k: pytest.fail("work started"))
+    code, err = _cli(capsys, "taxonomy-tables", "--scale", "quick")
+    assert code == 2 and "is a file, not a folder; choose another --out or HSM_OUTPUT" in err
+
+
+def test_bench_json_must_be_a_writable_json_path(tmp_path, capsys):
+    from hsm import bench
+
+    assert bench.main(["--quick", "--json", str(tmp_path / "x.txt")]) == 2
+    assert "expected a .json path" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value, message", [("abc", "HSM_THREADS='abc' is not a number of threads"),
+                                            ("0", "HSM_THREADS must be a positive integer, got 0")])
+def test_bad_hsm_threads_is_named_before_any_work(capsys, monkeypatch, value, message):
+    monkeypatch.setenv("HSM_THREADS", value)
+    monkeypatch.setattr(T, "_prepare", lambda *a, **k: pytest.fail("work started"))
+    code, err = _cli(capsys, "taxonomy-tables", "--scale", "quick")
+    assert code == 2 and message in err
+
+
+@pytest.mark.parametrize("value", ["0.1,,0.2", "0.1,", ",0.1"])
+def test_a_list_option_with_an_empty_entry_is_refused(tmp_path, value):
+    from hsm.experiments import option_floats
+
+    with pytest.raises(ValueError, match="has an empty entry"):
+        option_floats("lr_grid", value, positive=True)
+    with pytest.raises(ValueError, match=r"lr_grid=.*has an empty entry"):
+        C.icml_table1(scale="quick", out=tmp_path / "x.json", data="cooking", lr_grid=value)
+    assert option_floats("lr_grid", " 0.1 , 0.2 ") == (0.1, 0.2)
+
+
+# ============================================================================ a full disk: named, the old file kept
+def test_a_full_disk_names_the_file_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    import errno
+
+    out = tmp_path / "r.json"
+    results.write_results(out, [{"claim": None, "value": 1.0}], _prov(True))
+    before = out.read_bytes()
+
+    def no_space(handle):
+        handle.write(b"{")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(results.DiskFullError, match=rf"the disk is full: cannot write {out} .*kept"):
+        results.atomic_write(out, no_space)
+    assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+    # torch.save on a full disk says "unexpected pos ..." (its zip writer): also named as a full disk
+    monkeypatch.setattr(results.shutil, "disk_usage", lambda p: type("U", (), {"free": 4096})())
+
+    def torch_full(handle):
+        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 4160 vs 4054")
+
+    checkpoint = tmp_path / "ckpt.pt"
+    with pytest.raises(results.DiskFullError, match=rf"cannot write {checkpoint}"):
+        results.atomic_write(checkpoint, torch_full)
+    monkeypatch.setattr(results.shutil, "disk_usage", lambda p: type("U", (), {"free": 10 * 2**30})())
+    with pytest.raises(RuntimeError, match="unexpected pos"):  # another cause: not called a full disk
+        results.atomic_write(checkpoint, torch_full)
+
+
+def test_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
+    import errno
+    import sys
+
+    from hsm import experiments
+
+    fetch = sys.modules["hsm.data.fetch"]
+
+    def full(final, write, check=None):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    experiment = experiments.get("taxonomy-tables")
+    monkeypatch.setattr(fetch, "atomic_write", full)
+    monkeypatch.setitem(experiments.REGISTRY, "taxonomy-tables", experiment.__class__(
+        experiment.name, lambda **kw: results.write_results(kw["out"], [], _prov(True)), experiment.summary,
+        experiment.default_out))
+    code, err = _cli(capsys, "taxonomy-tables", "--scale", "quick", "--out", str(tmp_path / "r.json"))
+    assert code == 1 and f"the disk is full: cannot write {tmp_path / 'r.json'}" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+# ============================================================================ a row that diverges at every rate
+@needs_cooking
+def test_a_row_that_diverges_at_every_rate_is_recorded_and_the_table_goes_on(tmp_path, monkeypatch):
+    real = C.train_bow
+
+    def diverging(train, output, *args, **kwargs):
+        if output == "flat":
+            raise FloatingPointError("loss is nan at step 3")
+        return real(train, output, *args, **kwargs)
+
+    monkeypatch.setattr(C, "train_bow", diverging)
+    options = dict(CLASSIFICATION_TINY, outputs="flat,huffman5", reduce="sum")
+    path = C.icml_table1(scale="quick", out=tmp_path / "t.json", **options)
+    rows = {r["output"]: r for r in results.load_results(path)["records"]}
+    assert "diverged at every learning rate of lr_grid [0.5]" in rows["flat"]["skipped"]
+    assert "reduce=mean" in rows["flat"]["skipped"] and "value" not in rows["flat"]
+    assert 0 <= rows["huffman5"]["p_at_1"] <= 100

@@ -6,8 +6,9 @@ Without ``--out`` a run writes under :func:`hsm.results.output_root` (``HSM_OUTP
 there, and a file recorded at full scale is not replaced by a quick run without ``--force``.
 
 Bad input (an unknown experiment or option, an option value out of range, a scale other than
-quick/full, a device torch cannot use here, a refused replacement) is one line on stderr and exit
-status 2, before any work is done.
+quick/full, a device torch cannot use here, a refused replacement, an unusable ``--out`` or
+``HSM_OUTPUT``, a bad ``HSM_THREADS``) is one line on stderr and exit status 2, before any work is
+done; a full disk while writing a result or checkpoint is one line naming the file, exit status 1.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from hsm.config import env_threads
 from hsm.data.errors import DataError
+from hsm.results import DiskFullError
 
 from . import REGISTRY, check_device, check_scale, get, load_all
 
@@ -55,6 +58,7 @@ def main(argv: list[str]) -> int:
 
             scale = env_scale()  # HSM_SCALE, validated (ValueError naming it)
         check_scale(scale)
+        env_threads()  # HSM_THREADS=abc: named here, before any work
         device = check_device(args.device)
         options: dict[str, str] = {}
         for item in args.option:
@@ -73,5 +77,8 @@ def main(argv: list[str]) -> int:
         message = " ".join(str(exc).split())
         print(f"hsm run {args.name}: {message}", file=sys.stderr)
         return 2
+    except DiskFullError as exc:  # the file is named; the previous one is intact
+        print(f"hsm run {args.name}: {exc.strerror}", file=sys.stderr)
+        return 1
     print(f"wrote {path}")
     return 0

@@ -153,7 +153,13 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
             diverged.append(best)
             log(f"  d={dim} {output} lr={best}: diverged on the full training set, next best rate")
     else:
-        raise FloatingPointError(f"{output} d={dim}: every rate diverged ({scores})")
+        # recorded, not fatal (the other rows of the table still run): a skipped row says why
+        why = (f"diverged at every learning rate of lr_grid {list(scores)}"
+               + (f" and on the full training set at {diverged}" if diverged else "")
+               + f" (reduce={config.reduce}); try smaller rates" + (" or reduce=mean" if config.reduce != "mean" else ""))
+        log(f"d={dim} {output}: {why}")
+        return {"output": output, "skipped": why, "valid_p_at_1": {str(k): v for k, v in scores.items()},
+                "diverged_on_full_train": diverged}
     result = evaluate_bow(trained, test_split, device=device)
     row: dict[str, Any] = {"output": output, "lr": best, "valid_p_at_1": {str(k): v for k, v in scores.items()},
                            "diverged_on_full_train": diverged, "train_seconds": trained.train_seconds, **result}
