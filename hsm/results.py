@@ -330,8 +330,9 @@ def atomic_write(path: str | os.PathLike[str], content: str | bytes | Callable[[
         return _atomic_write(Path(path), write)
     except Exception as exc:  # noqa: BLE001 - re-raised unless it is a full disk
         if _disk_full(exc, Path(path)):
-            raise DiskFullError(errno.ENOSPC, f"the disk is full: cannot write {path} (the previous file, if any, is "
-                                              f"kept unchanged); free some space and run the command again") from exc
+            raise DiskFullError(errno.ENOSPC, f"the disk is full (No space left on device): cannot write {path} "
+                                              "(the previous file, if any, is kept unchanged); free some space and "
+                                              "run the command again") from exc
         raise
 
 

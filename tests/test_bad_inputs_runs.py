@@ -308,7 +308,8 @@ def test_a_full_disk_names_the_file_and_keeps_the_previous_one(tmp_path, monkeyp
         handle.write(b"{")
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with pytest.raises(results.DiskFullError, match=rf"the disk is full: cannot write {out} .*kept"):
+    full = r"the disk is full \(No space left on device\): cannot write"
+    with pytest.raises(results.DiskFullError, match=rf"{full} {out} .*kept"):
         results.atomic_write(out, no_space)
     assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["r.json"]
     # torch.save on a full disk says "unexpected pos ..." (its zip writer): also named as a full disk
@@ -342,7 +343,7 @@ def test_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
         experiment.name, lambda **kw: results.write_results(kw["out"], [], _prov(True)), experiment.summary,
         experiment.default_out))
     code, err = _cli(capsys, "taxonomy-tables", "--scale", "quick", "--out", str(tmp_path / "r.json"))
-    assert code == 1 and f"the disk is full: cannot write {tmp_path / 'r.json'}" in err
+    assert code == 1 and f"the disk is full (No space left on device): cannot write {tmp_path / 'r.json'}" in err
     assert len(err.strip().splitlines()) == 1
 
 
