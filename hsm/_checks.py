@@ -62,8 +62,9 @@ def check_logits_finite(bad_rows: Tensor | Sequence[int], batch: int, dtype: tor
     log-probabilities and a "most likely" label that differs between ``predict`` and ``topk``."""
     rows = sorted({int(r) for r in (bad_rows.tolist() if isinstance(bad_rows, Tensor) else bad_rows)})
     if rows:
+        name = str(dtype).replace("torch.", "")
         raise NonFiniteInputError(
-            f"the layer's logits overflow {str(dtype).replace('torch.', '')} in {len(rows)} of {batch} rows (rows {rows[:5]}"
+            f"the layer's logits overflow {name} in {len(rows)} of {batch} rows (rows {rows[:5]}"
             f"{', ...' if len(rows) > 5 else ''}): the input is finite but too large; scale it down "
             f"(e.g. normalise it) or compute in float64")
 

@@ -524,10 +524,13 @@ class KernelBackend:
 
     def top1(self, layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Tensor]:
         tables = layer._tables
-        labels, values, visited = kernels.run_top1_search(_np(input), _np(layer.weight), self.operand(layer, layer.bias),
-                                                     self.operand(layer, layer.slot_penalty), tables.child_node,
-                                                     tables.child_label, tables.paths[0].shape[1])
-        check_logits_finite(np.flatnonzero(~np.isfinite(values)), input.shape[0], input.dtype)  # NaN: overflow
+        labels, values, visited = kernels.run_top1_search(_np(input), _np(layer.weight),
+                                                          self.operand(layer, layer.bias),
+                                                          self.operand(layer, layer.slot_penalty),
+                                                          tables.child_node, tables.child_label,
+                                                          tables.paths[0].shape[1])
+        # a NaN value: a node the search evaluated had overflowing logits (kernels.top1_search)
+        check_logits_finite(np.flatnonzero(~np.isfinite(values)), input.shape[0], input.dtype)
         return torch.from_numpy(labels), torch.from_numpy(visited)
 
 

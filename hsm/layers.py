@@ -375,7 +375,8 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             return HSMOutput(output, -output.mean())
         collect = self.statistics is not None and self.training
         output, loss, distributions = self._backend(input).path_log_prob(self, input, target, collect)
-        if not math.isfinite(float(loss.detach())):  # a finite input whose logits overflow: refused before the statistics see it
+        # a finite input whose logits overflow: refused before the statistics see it
+        if not math.isfinite(float(loss.detach())):
             check_logits_finite(torch.nonzero(~torch.isfinite(output.detach())).flatten(), input.shape[0], input.dtype)
         if distributions is not None:
             self._collect_statistics(target, distributions)

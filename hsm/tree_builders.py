@@ -313,8 +313,9 @@ def _check_complete_size(num_nodes: int, arity: int, depth: int, num_labels: int
     have far more slots than there are labels (an arity meant for another vocabulary)."""
     slots = num_nodes * arity
     if slots > MAX_SLOTS_PER_LABEL * num_labels + 2**20:
-        raise ValueError(f"a complete {arity}-ary tree of depth {depth} has {slots:.3g} slots ({16 * slots / 2**30:.3g} "
-                         f"GiB) for K = {num_labels} labels: use a smaller arity M (M**D just above K) or depth D")
+        raise ValueError(f"a complete {arity}-ary tree of depth {depth} has {slots:.3g} slots "
+                         f"({16 * slots / 2**30:.3g} GiB) for K = {num_labels} labels: use a smaller arity M "
+                         f"(M**D just above K) or depth D")
 
 
 def _min_depth(num_labels: int, arity: int) -> int:

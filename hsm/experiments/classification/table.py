@@ -156,7 +156,8 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
         # recorded, not fatal (the other rows of the table still run): a skipped row says why
         why = (f"diverged at every learning rate of lr_grid {list(scores)}"
                + (f" and on the full training set at {diverged}" if diverged else "")
-               + f" (reduce={config.reduce}); try smaller rates" + (" or reduce=mean" if config.reduce != "mean" else ""))
+               + f" (reduce={config.reduce}); try smaller rates"
+               + (" or reduce=mean" if config.reduce != "mean" else ""))
         log(f"d={dim} {output}: {why}")
         return {"output": output, "skipped": why, "valid_p_at_1": {str(k): v for k, v in scores.items()},
                 "diverged_on_full_train": diverged}
