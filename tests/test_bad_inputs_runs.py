@@ -364,3 +364,18 @@ def test_a_row_that_diverges_at_every_rate_is_recorded_and_the_table_goes_on(tmp
     assert "diverged at every learning rate of lr_grid [0.5]" in rows["flat"]["skipped"]
     assert "reduce=mean" in rows["flat"]["skipped"] and "value" not in rows["flat"]
     assert 0 <= rows["huffman5"]["p_at_1"] <= 100
+
+
+def test_cli_reports_a_diverged_run_in_one_line(tmp_path, capsys, monkeypatch):
+    from hsm import experiments
+
+    experiment = experiments.get("taxonomy-tables")
+
+    def diverging(**kwargs):
+        raise FloatingPointError("loss is nan at epoch 2, step 17")
+
+    monkeypatch.setitem(experiments.REGISTRY, "taxonomy-tables", experiment.__class__(
+        experiment.name, diverging, experiment.summary, experiment.default_out))
+    code, err = _cli(capsys, "taxonomy-tables", "--scale", "quick", "--out", str(tmp_path / "r.json"))
+    assert code == 1 and "the run diverged (loss is nan at epoch 2, step 17); try a smaller" in err
+    assert len(err.strip().splitlines()) == 1

@@ -286,3 +286,22 @@ def test_a_second_fuse_does_not_silently_take_the_layer():
     layer.fused_optimizer = None
     other.fuse(layer)
     assert layer.fused_optimizer is other
+
+
+def test_a_fused_layer_on_the_pytorch_path_keeps_real_gradients_that_clip():
+    """The fused update runs in the compiled backward only; on the PyTorch path (GPUs, float64,
+    use_kernels=False) the layer gets its gradients and clipping reaches them."""
+    from hsm.optim import RowSparseAdagrad
+
+    torch.manual_seed(0)
+    layer = HierarchicalSoftmax(6, Tree.random(40, 4, 3, seed=1), sparse=False)
+    layer.use_kernels = False
+    opt = RowSparseAdagrad(layer.parameters(), lr=0.1)
+    opt.fuse(layer)
+    layer(torch.randn(8, 6), torch.arange(8)).loss.backward()
+    assert layer.weight.grad is not None and not layer.weight.grad.is_sparse
+    norm = torch.nn.utils.clip_grad_norm_(layer.parameters(), 1e-3)
+    assert float(norm) > 1e-3 and float(torch.linalg.vector_norm(layer.weight.grad)) <= 1e-3 + 1e-9
+    weight = layer.weight.detach().clone()
+    opt.step()
+    assert not torch.equal(layer.weight, weight)

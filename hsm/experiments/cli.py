@@ -80,5 +80,9 @@ def main(argv: list[str]) -> int:
     except DiskFullError as exc:  # the file is named; the previous one is intact
         print(f"hsm run {args.name}: {exc.strerror}", file=sys.stderr)
         return 1
+    except FloatingPointError as exc:  # a diverged run: one line saying where, not a traceback
+        message = " ".join(str(exc).split())
+        print(f"hsm run {args.name}: the run diverged ({message}); try a smaller learning rate", file=sys.stderr)
+        return 1
     print(f"wrote {path}")
     return 0

@@ -112,7 +112,13 @@ def _publish_trees(staging: Path, trees: Path) -> None:
 def _peer_row(config: TableConfig, encoded: dict, peer: str, dim: int, log: Callable[[str], None]) -> dict[str, Any]:
     """The peer's row, or a row saying why it was skipped (its package is missing)."""
     why = peer_available(peer)
-    return {"output": peer, "skipped": why} if why else _run_peer(config, encoded, peer, dim, log)
+    if why:
+        return {"output": peer, "skipped": why}
+    try:
+        return _run_peer(config, encoded, peer, dim, log)
+    except FloatingPointError as exc:  # recorded, not fatal: the other rows of the table still run
+        log(f"d={dim} {peer}: {exc}")
+        return {"output": peer, "skipped": f"diverged: {exc}; try smaller rates"}
 
 
 def _select(scores: dict[float, float | None]) -> float:
