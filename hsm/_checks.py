@@ -6,13 +6,14 @@ torch traceback or a silent wrong result (a NaN log-probability, an arbitrary "m
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor
 
 from .tree import check_integer
 
-__all__ = ["NonFiniteInputError", "check_input", "check_k", "check_target", "check_target_shape"]
+__all__ = ["NonFiniteInputError", "check_input", "check_logits_finite", "check_k", "check_target", "check_target_shape"]
 
 
 class NonFiniteInputError(ValueError):
@@ -51,6 +52,21 @@ def check_input(input: Tensor, in_features: int, parameter: Tensor | None = None
             rows = bad[:5].tolist()
             raise NonFiniteInputError(f"input has NaN or infinite values in {bad.numel()} of {input.shape[0]} "
                                       f"rows (rows {rows}{', ...' if bad.numel() > 5 else ''})")
+
+
+def check_logits_finite(bad_rows: Tensor | Sequence[int], batch: int, dtype: torch.dtype) -> None:
+    """Raise :class:`NonFiniteInputError` naming ``bad_rows`` (row indices, possibly repeated) when
+    there are any: rows whose input is finite but whose node logits ``W h + b`` overflow ``dtype``
+    (a log-softmax of ``inf`` is NaN). Called by every entry point after it computed the logits it
+    needed, so that a huge input raises the same named error as a NaN input instead of giving NaN
+    log-probabilities and a "most likely" label that differs between ``predict`` and ``topk``."""
+    rows = sorted({int(r) for r in (bad_rows.tolist() if isinstance(bad_rows, Tensor) else bad_rows)})
+    if rows:
+        name = str(dtype).replace("torch.", "")
+        raise NonFiniteInputError(
+            f"the layer's logits overflow {name} in {len(rows)} of {batch} rows (rows {rows[:5]}"
+            f"{', ...' if len(rows) > 5 else ''}): the input is finite but too large; scale it down "
+            f"(e.g. normalise it) or compute in float64")
 
 
 def check_k(k: int, num_labels: int, method: str, beam: int | None) -> None:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from . import kernels, search
-from ._checks import check_target, check_target_shape
+from ._checks import check_logits_finite, check_target, check_target_shape
 from .tree import Tree
 
 if TYPE_CHECKING:  # the layer module imports this one
@@ -310,7 +310,19 @@ class _TreePathLogProbKernel(torch.autograd.Function):
                                            plan.order, plan.starts, _np(probs), _np(grad_output.float()), values,
                                            bias_values, need_input, need_weight, adagrad)
         if adagrad is not None:
+            # a placeholder .grad that refuses to be clipped or edited (the update is already applied)
+            from .optim import FusedGradient
+
+            for param in (weight, ctx.bias):
+                if param is not None and param.grad is None:
+                    param.grad = FusedGradient(param)
             return (torch.from_numpy(grad_h) if need_input else None), None, None, None, None, None, None, None
+        if ctx.fused is not None:  # the update waits for step(): a stale placeholder must not take the gradient
+            from .optim import FusedGradient
+
+            for param in (weight, ctx.bias):
+                if param is not None and isinstance(param.grad, FusedGradient):
+                    param.grad = None
         # unique nodes in increasing order (a stable sort by node): the sparse gradients are coalesced
         rows = torch.from_numpy(plan.node[plan.order[plan.starts[:-1]]]).unsqueeze(0)
         grad_input = torch.from_numpy(grad_h) if need_input else None
@@ -424,7 +436,13 @@ def pair_log_softmax(layer: "HierarchicalSoftmax", input: Tensor, example: np.nd
         node_t = torch.from_numpy(np.ascontiguousarray(nd)).to(device)
         logits = grouped_logits(input, layer.weight, plan_groups(ex, nd, device), len(nd), layer.arity,
                                 workspace=layer._workspace())
-        out.append(torch.log_softmax(_add_offsets(logits, layer.bias, layer.slot_penalty, node_t), dim=1))
+        log_probs = torch.log_softmax(_add_offsets(logits, layer.bias, layer.slot_penalty, node_t), dim=1)
+        # a node whose logits overflow has no finite entry (NaN, or -inf everywhere): every search
+        # (top-1, exact top-k, beam) goes through here, so each refuses such a row by name
+        overflow = ~torch.isfinite(log_probs.amax(dim=1))
+        if bool(overflow.any()):
+            check_logits_finite(ex[overflow.cpu().numpy()], input.shape[0], input.dtype)
+        out.append(log_probs)
     return torch.cat(out) if len(out) > 1 else out[0]
 
 
@@ -506,9 +524,13 @@ class KernelBackend:
 
     def top1(self, layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Tensor]:
         tables = layer._tables
-        labels, _, visited = kernels.run_top1_search(_np(input), _np(layer.weight), self.operand(layer, layer.bias),
-                                                     self.operand(layer, layer.slot_penalty), tables.child_node,
-                                                     tables.child_label, tables.paths[0].shape[1])
+        labels, values, visited = kernels.run_top1_search(_np(input), _np(layer.weight),
+                                                          self.operand(layer, layer.bias),
+                                                          self.operand(layer, layer.slot_penalty),
+                                                          tables.child_node, tables.child_label,
+                                                          tables.paths[0].shape[1])
+        # a NaN value: a node the search evaluated had overflowing logits (kernels.top1_search)
+        check_logits_finite(np.flatnonzero(~np.isfinite(values)), input.shape[0], input.dtype)
         return torch.from_numpy(labels), torch.from_numpy(visited)
 
 

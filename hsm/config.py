@@ -88,10 +88,24 @@ def configure_threads(default: int | None = None) -> int:
     shared CPU pass ``default=1``."""
     import torch
 
-    value = os.environ.get(THREADS_ENV)
-    threads = int(value) if value else default
+    threads = env_threads()
+    threads = default if threads is None else threads
     if threads is not None:
-        if threads < 1:
-            raise ValueError(f"{THREADS_ENV} must be a positive integer, got {threads}")
         torch.set_num_threads(threads)
     return torch.get_num_threads()
+
+
+def env_threads() -> int | None:
+    """``HSM_THREADS`` as a positive int, or None when unset or empty; ValueError naming the
+    variable otherwise (``HSM_THREADS=abc``, ``0``). The CLI checks it before any work."""
+    value = os.environ.get(THREADS_ENV, "").strip()
+    if not value:
+        return None
+    try:
+        threads = int(value)
+    except ValueError:
+        raise ValueError(f"{THREADS_ENV}={value!r} is not a number of threads: set a positive integer "
+                         f"(e.g. {THREADS_ENV}=1) or unset it") from None
+    if threads < 1:
+        raise ValueError(f"{THREADS_ENV} must be a positive integer, got {threads}")
+    return threads

@@ -75,6 +75,7 @@ plans, AssignLabels between chunks) is :class:`hsm.fast_trainer.HogwildTrainer`.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
@@ -249,7 +250,28 @@ def _as_labels(labels: Any, count: int, name: str = "labels") -> tuple[np.ndarra
         raise ValueError(f"{offsets.size - 1} {name} for {count} documents")
     if values.size and values.min() < 0:
         raise ValueError(f"unknown label {int(values.min())} in {name}: label ids are >= 0")
-    return np.ascontiguousarray(values), offsets
+    return unique_label_sets(np.ascontiguousarray(values), offsets)
+
+
+def unique_label_sets(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Ragged label sets ``(values, offsets)`` with each set's repeated labels kept once, in the
+    order of their first appearance (the arrays themselves when nothing repeats).
+
+    A gold set is a set: ``[3, 3, 5]`` is ``{3, 5}``. A repeated label would otherwise be drawn
+    twice as often in training (one label per example per epoch, uniformly among its labels) and
+    would count twice among the gold labels, lowering recall for the same predictions."""
+    lengths = np.diff(offsets)
+    if values.size == 0 or lengths.max() <= 1:
+        return values, offsets
+    doc = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+    keys = doc * (int(values.max()) + 1) + values  # (document, label) as one int64 key
+    first = np.unique(keys, return_index=True)[1]
+    if first.size == values.size:
+        return values, offsets
+    keep = np.sort(first)
+    new_offsets = np.zeros_like(offsets)
+    np.cumsum(np.bincount(doc[keep], minlength=lengths.size), out=new_offsets[1:])
+    return np.ascontiguousarray(values[keep]), new_offsets
 
 
 def _check_positive(value: Any, name: str) -> float:
@@ -285,17 +307,56 @@ def _check_fraction(value: Any, name: str) -> float:
     return float(value)
 
 
+#: an inferred size (largest id + 1) is refused when it exceeds this many times the distinct ids
+#: seen, plus :data:`SPARSE_IDS_SLACK`: one stray id (a label 10**6 among labels 0..9) would
+#: otherwise build, and train, a model of a million rows that no example uses
+SPARSE_IDS_FACTOR = 10
+SPARSE_IDS_SLACK = 1000
+
+
+def _physical_memory() -> int | None:
+    """Bytes of physical memory (None where the platform does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _check_inferred_size(ids: np.ndarray, size: int, what: str, option: str) -> None:
+    """ValueError when ``size`` (the largest of ``ids`` plus one) is far beyond the distinct ids."""
+    distinct = int(np.unique(ids).size)
+    if size > SPARSE_IDS_FACTOR * distinct + SPARSE_IDS_SLACK:
+        raise ValueError(f"the largest {what} id {size - 1} would size the model for {size:,} {what}s, but only "
+                         f"{distinct:,} distinct {what} ids appear: renumber them 0..{distinct - 1} "
+                         f"(np.unique(ids, return_inverse=True)), or pass {option}={size} if you mean it")
+
+
+def model_bytes(num_words: int, num_labels: int, dim: int, arity: int, output: str) -> int:
+    """A lower estimate of the memory a model of these sizes needs: float32 embeddings and output
+    parameters, and for a learned tree the node statistics (K x depth x M)."""
+    output_rows = num_labels if output == "flat" else num_labels * arity // max(arity - 1, 1) + arity
+    total = 4 * dim * (num_words + output_rows) + 8 * (num_labels + num_words)
+    if output == "learned":
+        depth = max(1, math.ceil(math.log(max(num_labels, 2)) / math.log(arity)))
+        total += 4 * num_labels * depth * arity
+    return total
+
+
 def _training_sizes(values: np.ndarray, label_values: np.ndarray, num_words: int | None,
                     num_labels: int | None) -> tuple[int, int]:
     """(num_words, num_labels) of a fresh fit: the given sizes, checked against the largest ids
-    of the training data, or those ids plus one."""
+    of the training data, or those ids plus one. An inferred size far beyond the distinct ids
+    seen (:data:`SPARSE_IDS_FACTOR`) is refused before anything is allocated; a size given
+    explicitly is taken as meant."""
     seen_words = int(values.max()) + 1 if values.size else 1
     if num_words is None:
+        _check_inferred_size(values, seen_words, "word", "num_words")
         num_words = seen_words
     elif check_integer(num_words, "num_words") < seen_words:
         raise ValueError(f"word id {seen_words - 1} is outside 0..num_words-1 = 0..{num_words - 1}")
     seen_labels = int(label_values.max()) + 1
     if num_labels is None:
+        _check_inferred_size(label_values, seen_labels, "label", "num_labels")
         num_labels = seen_labels
     elif check_integer(num_labels, "num_labels") < seen_labels:
         raise ValueError(f"unknown label {seen_labels - 1}: num_labels={num_labels} gives labels "
@@ -606,6 +667,15 @@ class FastBowClassifier:
             raise ValueError(f"a classifier needs K >= 2 labels, got {shown}")
         if (counts < 0).any() or not np.isfinite(counts).all():
             raise ValueError("label_counts must be finite and non-negative")
+        if self.output != "flat" and self.arity > counts.size:
+            raise ValueError(f"arity M = {self.arity} exceeds the K = {counts.size} labels: a node has at most K "
+                             f"children; use arity <= {counts.size}")
+        # refused before allocating: an out-of-memory kill has no message (and may hit another process)
+        need, have = model_bytes(num_words, counts.size, self.dim, self.arity, self.output), _physical_memory()
+        if have is not None and need > have:
+            raise ValueError(f"a model of {num_words:,} words and {counts.size:,} labels at dim {self.dim} needs at "
+                             f"least {need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB: "
+                             f"check num_words / num_labels and the largest ids")
         with torch.random.fork_rng(devices=[]):  # the layers' own initialisations, overwritten below, draw from
             # torch's global generator: leave the caller's stream as it was
             model, layer = self._new_modules(num_words, counts)

@@ -521,6 +521,7 @@ def _node_log_softmax(h, b, weight, bias, penalty, n, arity, out):  # pragma: no
     log_z = top + np.log(total)
     for m in range(arity):
         out[m] -= log_z
+    return log_z  # not finite when the node's logits overflow the dtype (finite but huge inputs)
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
@@ -533,7 +534,8 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
     the best label found so far, which is exact because a node's path probability bounds every
     label below it. ``child_node`` / ``child_label`` [N, M] (-1 where the slot holds no node /
     label; empty slots have -inf in ``penalty``). Writes ``labels``, ``values`` (the best
-    log-probability) and ``visited`` (distinct node evaluations) per row. The greedy path's node
+    log-probability; NaN when a node the search evaluated had logits that overflow, so that no
+    label is trustworthy) and ``visited`` (distinct node evaluations) per row. The greedy path's node
     distributions are kept so the search does not evaluate them twice. Rows are claimed from
     ``cursor`` as groups are in :func:`path_forward` (a search's cost varies a lot by row)."""
     arity = child_node.shape[1]
@@ -554,8 +556,10 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
         best_label = -1
         depth = 0
         count = 0
+        overflow = False
         while n >= 0 and depth < max_depth:
-            _node_log_softmax(h, b, weight, bias, penalty, n, arity, lp)
+            if not np.isfinite(_node_log_softmax(h, b, weight, bias, penalty, n, arity, lp)):
+                overflow = True
             count += 1
             greedy_nodes[depth] = n
             greedy_lp[depth, :] = lp
@@ -589,7 +593,8 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
             if cached >= 0:
                 lp[:] = greedy_lp[cached]
             else:
-                _node_log_softmax(h, b, weight, bias, penalty, n, arity, lp)
+                if not np.isfinite(_node_log_softmax(h, b, weight, bias, penalty, n, arity, lp)):
+                    overflow = True
                 count += 1
             for m in range(arity):
                 v = score + lp[m]
@@ -602,7 +607,7 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
                     stack_score[top] = v
                     top += 1
         labels[b] = best_label
-        values[b] = best
+        values[b] = np.nan if overflow else best
         visited[b] = count
 
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import backend, search
-from ._checks import NonFiniteInputError, check_input, check_k, check_target, check_target_shape
+from ._checks import NonFiniteInputError, check_input, check_logits_finite, check_k, check_target, check_target_shape
 from ._loss_options import check_loss_options, forward_rows, over_leading_dims
 from .backend import KERNELS, TORCH, OutputBackend, NodeDistributions, TreeTables, _EmptyBatch
 from .optim import RowSparseAdagrad, RowSparseSGD
@@ -405,6 +405,9 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             return HSMOutput(output, -output.mean())
         collect = self.statistics is not None and self.training
         output, loss, distributions = self._backend(input).path_log_prob(self, input, target, collect)
+        # a finite input whose logits overflow: refused before the statistics see it
+        if not math.isfinite(float(loss.detach())):
+            check_logits_finite(torch.nonzero(~torch.isfinite(output.detach())).flatten(), input.shape[0], input.dtype)
         if distributions is not None:
             self._collect_statistics(target, distributions)
         return HSMOutput(output, loss)
@@ -472,7 +475,11 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             node_lp = torch.log_softmax(logits, dim=-1).reshape(chunk.shape[0], self.num_nodes * self.arity)
             per_step = node_lp[:, index]  # [b, K, L]
             rows.append(torch.where(mask, per_step, torch.zeros_like(per_step)).sum(-1))
-        return torch.cat(rows)
+        out = torch.cat(rows)
+        if out.numel() and not math.isfinite(float(out.detach().amax())):  # overflowing logits give NaN / -inf rows
+            check_logits_finite(torch.nonzero(~torch.isfinite(out.detach()).all(dim=1)).flatten(), input.shape[0],
+                                input.dtype)
+        return out
 
     @over_leading_dims
     @torch.no_grad()
@@ -569,20 +576,29 @@ class FlatSoftmax(nn.Module):
     def _forward_rows(self, input: Tensor, target: Tensor) -> HSMOutput:
         check_input(input, self.in_features, self.linear.weight)
         check_target(target, input.shape[0], self.num_labels)
-        log_probs = torch.log_softmax(self.linear(input), dim=-1)
+        log_probs = self._log_softmax(input)
         output = log_probs.gather(1, target[:, None]).squeeze(1)
         return HSMOutput(output, -output.mean())
+
+    def _log_softmax(self, input: Tensor) -> Tensor:
+        """``log_softmax(W h + b)`` [B, K]; NonFiniteInputError naming the rows whose logits overflow."""
+        logits = self.linear(input)
+        bad = ~torch.isfinite(logits.detach()).all(dim=-1)  # +-inf logits: NaN or -inf log-probabilities
+        if input.shape[0] and bool(bad.any()):
+            check_logits_finite(torch.nonzero(bad).flatten(), input.shape[0], input.dtype)
+        return torch.log_softmax(logits, dim=-1)
 
     @over_leading_dims
     def log_prob(self, input: Tensor) -> Tensor:
         check_input(input, self.in_features, self.linear.weight)
-        return torch.log_softmax(self.linear(input), dim=-1)
+        return self._log_softmax(input)
 
     @over_leading_dims
     @torch.no_grad()
     def predict(self, input: Tensor) -> Tensor:
+        """The most likely label of each row: the first column of :meth:`topk` (same ties)."""
         check_input(input, self.in_features, self.linear.weight)
-        return self.linear(input).argmax(dim=-1)
+        return self._log_softmax(input).topk(1, dim=-1).indices[:, 0]
 
     @over_leading_dims
     @torch.no_grad()

@@ -22,7 +22,7 @@ from . import kernels
 if TYPE_CHECKING:  # the layer module imports this one
     from .layers import HierarchicalSoftmax
 
-__all__ = ["RowSparseAdagrad", "RowSparseSGD"]
+__all__ = ["FusedGradient", "RowSparseAdagrad", "RowSparseSGD"]
 
 
 def _strictly_increasing(indices: Tensor) -> bool:
@@ -57,6 +57,45 @@ def _check_no_weight_decay(optimizer: str, weight_decay: Any) -> None:
                          f"update every row at every step); use torch.optim.{optimizer} for weight decay")
 
 
+class FusedGradient(Tensor):
+    """What ``.grad`` holds for the weight and bias of a layer fused with
+    :meth:`RowSparseAdagrad.fuse` after a backward pass that already applied their update: a
+    placeholder with the parameter's shape, dtype and device and no storage. Anything that reads
+    or changes it (``clip_grad_norm_``, ``clip_grad_value_``, an L2 term, a gradient norm for a
+    log, AMP's unscaling) raises a RuntimeError saying that the update was applied in backward,
+    instead of silently leaving the layer out as a gradient of None would; zeroing it
+    (``zero_grad(set_to_none=False)``) is allowed, and :meth:`RowSparseAdagrad.step` skips it."""
+
+    _ALLOWED = frozenset({"zero_", "detach_", "requires_grad_"})
+
+    @staticmethod
+    def __new__(cls, param: Tensor) -> "FusedGradient":
+        return Tensor._make_wrapper_subclass(cls, param.shape, dtype=param.dtype, device=param.device)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name == "__get__":  # attribute reads (shape, dtype, is_sparse, ...)
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        if name in cls._ALLOWED:
+            return args[0]
+        raise RuntimeError(_FUSED_MESSAGE.format(name=name))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(_FUSED_MESSAGE.format(name=getattr(func, "__name__", str(func))))
+
+    def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105 - a repr must not compute
+        return f"FusedGradient(shape={list(self.shape)}, dtype={self.dtype}: update applied in backward)"
+
+
+_FUSED_MESSAGE = ("a fused layer's gradient was used between backward() and step() ({name}), but "
+                  "RowSparseAdagrad.fuse(layer) already applied the layer's update inside backward(), so "
+                  "clipping, an L2 term or averaging cannot reach it: set layer.fused_optimizer = None to edit "
+                  "gradients (the update then waits for step())")
+
+
 class _RowSparseOptimizer(torch.optim.Optimizer):
     """The loop both row-sparse optimisers share: every parameter with a gradient gets
     :meth:`_update` (``torch.optim``'s ``step`` protocol, closure included)."""
@@ -80,7 +119,7 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for param in group["params"]:
-                if param.grad is not None:
+                if param.grad is not None and not isinstance(param.grad, FusedGradient):  # fused: done
                     self._update(param, param.grad, group)
         return loss
 
@@ -134,16 +173,18 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         a separate ``step()`` makes; tests/test_optim.py compares parameters and state with the
         unfused optimiser and with ``torch.optim.Adagrad``).
 
-        The layer's parameters then get no ``.grad`` from such a backward, and ``step()`` (which
-        skips parameters without a gradient) does not touch them again; their step count advances
-        in the backward. Fuse only where nothing reads or changes the gradients between
-        ``backward()`` and ``step()`` (an L2 term added to them, clipping, averaging across
-        processes), call ``zero_grad(set_to_none=True)`` (torch's default), and do not run two
-        backward passes per step. Other paths (the layer's PyTorch path, float64, other
-        devices) produce gradients as usual. ``layer.fused_optimizer = None`` undoes it.
+        The layer's parameters then get a :class:`FusedGradient` placeholder as ``.grad`` from
+        such a backward, which ``step()`` skips; their step count advances in the backward. Fuse
+        only where nothing reads or changes the gradients between ``backward()`` and ``step()``
+        (an L2 term added to them, clipping, averaging across processes): the placeholder raises
+        a RuntimeError saying so when something does (``clip_grad_norm_``), rather than the
+        layer being left out silently. Do not run two backward passes per step. Other paths
+        (the layer's PyTorch path, float64, other devices) produce gradients as usual.
+        ``layer.fused_optimizer = None`` undoes it.
 
         Raises TypeError unless ``layer`` is an :class:`HierarchicalSoftmax`; ValueError unless
-        its weight (and bias) are parameters of this optimiser, in one parameter group."""
+        its weight (and bias) are parameters of this optimiser, in one parameter group, and when
+        the layer is already fused with another optimiser (which would silently stop updating it)."""
         from .layers import HierarchicalSoftmax  # (imported here: the layer module imports this one)
 
         if not isinstance(layer, HierarchicalSoftmax):
@@ -153,6 +194,10 @@ class RowSparseAdagrad(_RowSparseOptimizer):
             raise ValueError("the layer's weight and bias must be parameters of this optimiser to fuse its update")
         if any(g is not groups[0] for g in groups):
             raise ValueError("the layer's weight and bias must be in one parameter group to fuse their update")
+        current = getattr(layer, "fused_optimizer", None)
+        if current is not None and current is not self:
+            raise ValueError("the layer is already fused with another RowSparseAdagrad, which would stop updating "
+                             "it: set layer.fused_optimizer = None first to move it to this one")
         layer.fused_optimizer = self
 
     def _group_of(self, param: Tensor) -> dict | None:

@@ -40,13 +40,16 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import hashlib
+import errno
 import json
 import math
 import os
 import platform
 import re
+import shutil
 import socket
 import subprocess
+import tempfile
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +66,7 @@ __all__ = [
     "check_code_committed",
     "make_record",
     "write_results",
+    "write_progress",
     "atomic_write",
     "read_json_or_none",
     "ResumableParts",
@@ -70,8 +74,11 @@ __all__ = [
     "output_path",
     "recorded_scale",
     "check_replace",
+    "check_destination",
+    "DiskFullError",
     "OUTPUT_ENV",
     "load_results",
+    "check_result_payload",
     "iter_results",
     "default_results_root",
     "hardware_summary",
@@ -350,6 +357,34 @@ def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, A
     return atomic_write(path, text)
 
 
+def is_complete_result(path: str | os.PathLike[str]) -> bool:
+    """Whether ``path`` holds a readable result file that is not marked incomplete
+    (``provenance.config.complete`` is not False; files without the key are complete)."""
+    payload = read_json_or_none(path, "result file")
+    if not _is_result_payload(payload):
+        return False
+    config = payload["provenance"].get("config")
+    return not (isinstance(config, Mapping) and config.get("complete") is False)
+
+
+def write_progress(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]], provenance: Mapping[str, Any],
+                   force: bool = False) -> Path:
+    """Write an incomplete result (``provenance.config.complete`` False: the parts finished so far)
+    to ``path``, unless ``path`` already holds a complete result: a re-run that is interrupted must
+    never replace a finished table with its first few parts (its progress is in the hidden partial
+    file, :class:`ResumableParts`; the complete result replaces the old one at the end, through
+    :func:`write_results`). Where no result or only an incomplete one exists, the progress is
+    written, so that a long first run shows its finished parts. Returns ``path``."""
+    path = Path(path)
+    config = provenance.get("config") if isinstance(provenance, Mapping) else None
+    if not (isinstance(config, Mapping) and config.get("complete") is False):
+        raise ValueError("write_progress writes incomplete results: provenance.config.complete must be False "
+                         "(write a complete result with write_results)")
+    if is_complete_result(path):
+        return path
+    return write_results(path, records, provenance, force=force)
+
+
 def atomic_write(path: str | os.PathLike[str], content: str | bytes | Callable[[IO[bytes]], Any]) -> Path:
     """Write ``content`` (text as UTF-8, bytes, or a function given the open binary file, e.g.
     ``lambda f: torch.save(obj, f)``) to ``path`` atomically and return ``path``.
@@ -370,7 +405,61 @@ def atomic_write(path: str | os.PathLike[str], content: str | bytes | Callable[[
             else:
                 handle.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
 
-    return _atomic_write(Path(path), write)
+    try:
+        return _atomic_write(Path(path), write)
+    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a full disk
+        if _disk_full(exc, Path(path)):
+            raise DiskFullError(errno.ENOSPC, f"the disk is full (No space left on device): cannot write {path} "
+                                              "(the previous file, if any, is kept unchanged); free some space and "
+                                              "run the command again") from exc
+        raise
+
+
+class DiskFullError(OSError):
+    """No space left to write a result file or a checkpoint (an OSError with errno ENOSPC,
+    naming the file); the previous file is intact (:func:`atomic_write`)."""
+
+
+def _disk_full(exc: BaseException, path: Path) -> bool:
+    """Whether ``exc`` (or what caused it) is a full disk or quota: ENOSPC / EDQUOT, or torch's
+    zip writer failing ("unexpected pos", "failed writing") on a file system with almost no room."""
+    seen = exc
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
+            return True
+        if isinstance(seen, RuntimeError) and ("unexpected pos" in str(seen) or "failed writing" in str(seen)):
+            folder = path.parent
+            while not folder.exists() and folder != folder.parent:
+                folder = folder.parent
+            try:
+                return shutil.disk_usage(folder).free < 64 * 2**20
+            except OSError:
+                return False
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def check_destination(path: str | os.PathLike[str], what: str = "result file") -> Path:
+    """Check, before any work, that the file ``path`` can be written: not an existing directory,
+    its folder creatable (no file in the way) and writable (a probe file is created and removed
+    in the nearest existing folder). ValueError naming the path and the fix otherwise."""
+    path = Path(path)
+    hint = "choose another --out" + (f" or {OUTPUT_ENV}" if os.environ.get(OUTPUT_ENV) else "")
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is an existing directory, not a file: {hint} (e.g. {path / 'result.json'})")
+    existing = path.parent if str(path.parent) else Path(".")
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{what} {path} cannot be written: {existing} is a file, not a folder; {hint}")
+    try:
+        descriptor, probe = tempfile.mkstemp(prefix=".hsm-write-test-", dir=existing)
+        os.close(descriptor)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ValueError(f"{what} {path} cannot be written: {existing} is not writable ({exc.strerror}); {hint}") \
+            from None
+    return path
 
 
 def read_json_or_none(path: str | os.PathLike[str], what: str = "file") -> Any | None:
@@ -519,8 +608,13 @@ def check_replace(path: str | os.PathLike[str], scale: str, force: bool = False)
 
     Raises ValueError naming the file and both scales when ``path`` holds a result recorded at
     ``full`` and ``scale`` is ``quick`` (``scale`` may be a label such as ``"full, reduced: ..."``:
-    its first word counts), unless ``force``. Experiments call it before they start, so the
-    refusal costs nothing; :func:`write_results` calls it again before writing."""
+    its first word counts), unless ``force``; and ValueError when ``path`` cannot be written at all
+    (:func:`check_destination`: a directory, a folder under a file, a read-only folder) or is not
+    ``.json``. Experiments call it before they start, so the refusal costs nothing;
+    :func:`write_results` calls it again before writing."""
+    check_destination(path)
+    if Path(path).suffix != ".json":
+        raise ValueError(f"result files are JSON: expected a .json path, got {path}")
     if force:
         return
     existing = recorded_scale(path)
@@ -537,23 +631,77 @@ def _is_result_payload(payload: Any) -> bool:
     return isinstance(payload, dict) and isinstance(payload.get("provenance"), dict) and isinstance(payload.get("records"), list)
 
 
+#: the keys of a result file; a JSON object with any of them is meant as one (and checked as one)
+_RESULT_KEYS = ("schema", "provenance", "records")
+
+
+def _read_json(path: Path) -> Any:
+    """The JSON in ``path``; ValueError naming the file when its bytes are not UTF-8 or not JSON."""
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"{path} is not UTF-8 text (byte {exc.start}: {exc.reason}); restore it from git "
+                         f"or re-run its experiment") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc}; restore it from git or re-run its experiment") from None
+
+
+def check_result_payload(path: str | os.PathLike[str], payload: Any) -> dict[str, Any]:
+    """``payload`` (the JSON read from the result file ``path``) after checking it is a sound
+    result file; ValueError naming ``path`` and the damage otherwise: ``provenance`` not an object
+    (or lacking ``hsm_scale``), ``records`` not a list of objects, a schema newer than this code,
+    a record whose ``claim`` is not a paper number (:data:`hsm.paper.NUMBERS`), or a claimed
+    record without a numeric ``value``. A non-finite ``value`` (``NaN`` / ``Infinity``, which
+    :func:`write_results` never writes) is kept: the landing page marks it (:func:`reproduction_rows`)."""
+    where = f"result file {path}"
+    if not isinstance(payload, dict):
+        raise ValueError(f"{where} is not a result file: expected an object with 'provenance' and 'records', "
+                         f"got {type(payload).__name__}")
+    if not any(key in payload for key in _RESULT_KEYS):
+        raise ValueError(f"{path} is not a result file: expected an object with 'provenance' and 'records'")
+    schema = payload.get("schema", SCHEMA_VERSION)
+    if isinstance(schema, bool) or not isinstance(schema, int):
+        raise ValueError(f"{where} is damaged: 'schema' is {schema!r}, not an integer")
+    if schema > SCHEMA_VERSION:
+        raise ValueError(f"{where} has schema {schema}; this hsm reads up to {SCHEMA_VERSION}")
+    prov, records = payload.get("provenance"), payload.get("records")
+    if not isinstance(prov, dict):
+        raise ValueError(f"{where} is damaged: 'provenance' is {type(prov).__name__}, not an object")
+    if "hsm_scale" not in prov:
+        raise ValueError(f"{where} is damaged: its provenance has no 'hsm_scale'")
+    if prov.get("config") is not None and not isinstance(prov["config"], dict):
+        raise ValueError(f"{where} is damaged: 'provenance.config' is {type(prov['config']).__name__}, not an object")
+    if not isinstance(records, list):
+        raise ValueError(f"{where} is damaged: 'records' is {type(records).__name__}, not a list")
+    for index, record in enumerate(records):
+        if not isinstance(record, dict):
+            raise ValueError(f"{where} is damaged: records[{index}] is {type(record).__name__}, not an object")
+        claim = record.get("claim")
+        if claim is None:
+            continue
+        if not isinstance(claim, str) or claim not in paper.NUMBERS:
+            try:
+                paper.get(str(claim))  # its message names the close keys
+                hint = ""
+            except KeyError as exc:
+                hint = f" ({exc.args[0]})"
+            raise ValueError(f"{where}: records[{index}] names an unknown claim {claim!r}{hint}; fix the record "
+                             f"or add the paper number to hsm.paper")
+        value = record.get("value")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{where}: records[{index}] (claim {claim!r}) has a non-numeric value {value!r}")
+    return payload
+
+
 def load_results(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Read a result file written by :func:`write_results`.
+    """Read a result file written by :func:`write_results`, checked by :func:`check_result_payload`.
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file is not valid JSON or not a result file (no provenance/records).
+        ValueError: naming the file: not UTF-8, not valid JSON, not a result file, or damaged.
     """
     path = Path(path)
-    try:
-        payload = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-    if not _is_result_payload(payload):
-        raise ValueError(f"{path} is not a result file: expected an object with 'provenance' and 'records'")
-    if payload.get("schema", SCHEMA_VERSION) > SCHEMA_VERSION:
-        raise ValueError(f"{path} has schema {payload['schema']}; this hsm reads up to {SCHEMA_VERSION}")
-    return payload
+    return check_result_payload(path, _read_json(path))
 
 
 def default_results_root() -> Path:
@@ -572,8 +720,10 @@ def default_results_root() -> Path:
 
 def iter_results(root: str | os.PathLike[str] | None = None) -> Iterator[tuple[Path, dict[str, Any]]]:
     """Every result file under ``root`` (default :func:`default_results_root`), in path order,
-    as ``(path, payload)``. JSON files that are not result files (a saved tree, say) are skipped;
-    a result file that does not parse raises, so a broken committed file cannot go unnoticed."""
+    as ``(path, payload)``. JSON objects with none of a result file's keys (a saved tree, say) are
+    skipped; a file that is not UTF-8 or not JSON, or an object with ``schema``, ``provenance`` or
+    ``records`` that is damaged (:func:`check_result_payload`), raises ValueError naming the file,
+    so a broken committed result fails the book's build instead of losing its rows silently."""
     root = default_results_root() if root is None else Path(root)
     if not root.exists():
         return
@@ -582,12 +732,9 @@ def iter_results(root: str | os.PathLike[str] | None = None) -> Iterator[tuple[P
     for path in sorted(root.rglob("*.json")):
         if any(part.startswith(".") for part in path.relative_to(root).parts):
             continue  # temporary files of an in-progress write, hidden folders
-        try:
-            payload = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path} is not valid JSON: {exc}") from exc
-        if _is_result_payload(payload):
-            yield path, payload
+        payload = _read_json(path)
+        if isinstance(payload, dict) and any(key in payload for key in _RESULT_KEYS):
+            yield path, check_result_payload(path, payload)
 
 
 def hardware_summary(prov: Mapping[str, Any]) -> str:
@@ -620,9 +767,14 @@ class ReproductionRow:
     result_file: str | None = None
 
     @property
+    def finite(self) -> bool:
+        """Whether ours is a finite number (a damaged or diverged result may hold NaN / inf)."""
+        return self.ours is not None and math.isfinite(self.ours)
+
+    @property
     def delta(self) -> float | None:
-        """ours - paper, in the paper's unit (None when not measured)."""
-        return None if self.ours is None else self.ours - self.paper_value
+        """ours - paper, in the paper's unit (None when not measured or not finite)."""
+        return self.ours - self.paper_value if self.finite else None
 
     @property
     def reproduced(self) -> bool:
@@ -654,10 +806,7 @@ def reproduction_rows(
             claim = record.get("claim") if isinstance(record, dict) else None
             if claim is None:
                 continue
-            paper.get(claim)  # a result naming an unknown claim is an error in that result file
-            value = record.get("value")
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ValueError(f"{path}: records[{index}] (claim {claim!r}) has a non-numeric value {value!r}")
+            value = record["value"]  # a known claim with a number: checked by iter_results
             scale = str(prov.get("hsm_scale") or "unknown")
             date = str(prov.get("date_utc") or "")
             previous = latest.get((claim, scale))
@@ -694,6 +843,8 @@ def reproduction_rows(
 
 
 def _format_number(value: float, unit: str) -> str:
+    if not math.isfinite(value):  # a diverged or damaged result: said in words, never "nan"
+        return "no finite value (NaN)" if math.isnan(value) else f"no finite value ({'+' if value > 0 else '-'}inf)"
     text = f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
     if unit in ("x", "%"):
         return f"{text}{unit}"
@@ -712,7 +863,7 @@ def reproduction_table_markdown(rows: Sequence[ReproductionRow]) -> str:
             ours, delta, scale, hardware = "not yet reproduced", "", "", ""
         else:
             ours = _format_number(row.ours, row.unit)
-            delta = f"{row.delta:+.3g}"
+            delta = "" if row.delta is None else f"{row.delta:+.3g}"
             scale, hardware = row.scale or "", row.hardware or ""
         cells = [row.description, row.source, paper_text, ours, delta, scale, hardware]
         lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")

@@ -37,6 +37,7 @@ book's errata chapter, notebooks/errata.md); our choices:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -82,6 +83,7 @@ class NodeStatistics:
         self._allocate(tree)
 
     def _allocate(self, tree: Tree) -> None:
+        self._tree = tree
         num_leaves, length = tree.num_leaves, tree.max_depth
         self.sum_probas = torch.zeros(num_leaves, length, self.arity, device=self.device, dtype=self.dtype)
         self.path_counts = torch.zeros(num_leaves, length, device=self.device, dtype=self.dtype)
@@ -192,17 +194,76 @@ class NodeStatistics:
         self.path_counts[changed] = 0.0
         self.stat_node = new_nodes
         self.current_child = torch.as_tensor(new_tree.path_children, device=self.device)
+        self._tree = new_tree
 
     def state_dict(self) -> dict[str, Any]:
         return {"sum_probas": self.sum_probas, "path_counts": self.path_counts, "label_counts": self.label_counts,
                 "stat_node": self.stat_node, "current_child": self.current_child, "prior": self.prior,
                 "decay": self.decay, "prior_mode": self.prior_mode}
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key in ("sum_probas", "path_counts", "label_counts", "stat_node", "current_child"):
-            setattr(self, key, state[key].to(self.device))
-        self.prior, self.decay = float(state["prior"]), float(state["decay"])
-        self.prior_mode = state.get("prior_mode", "current_child")
+    def checked_state(self, state: Any, tree: Tree) -> dict[str, Any]:
+        """``state`` (from :meth:`state_dict`) checked against ``tree``, the tree it is loaded
+        with, converted to this object's device and dtype; nothing is changed. ValueError naming
+        the entry: a missing key, an array that is not a tensor of the shape ``tree`` gives
+        (truncated), NaN / infinite or negative sums and counts, ``stat_node`` /
+        ``current_child`` that are not ``tree``'s paths, ``prior`` not finite and > 0, ``decay``
+        outside [0, 1], an unknown ``prior_mode``."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"statistics state must be a dict from NodeStatistics.state_dict(), got "
+                             f"{type(state).__name__}")
+        arrays = ("sum_probas", "path_counts", "label_counts", "stat_node", "current_child")
+        missing = [key for key in (*arrays, "prior", "decay") if key not in state]
+        if missing:
+            raise ValueError(f"statistics state lacks {', '.join(map(repr, missing))}")
+        leaves, length = tree.num_leaves, tree.max_depth
+        shapes = {"sum_probas": (leaves, length, tree.arity), "path_counts": (leaves, length),
+                  "label_counts": (leaves,), "stat_node": (leaves, length), "current_child": (leaves, length)}
+        out: dict[str, Any] = {}
+        for key in arrays:
+            value = state[key]
+            if not isinstance(value, torch.Tensor) or tuple(value.shape) != shapes[key]:
+                got = list(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+                raise ValueError(f"statistics {key} must be a tensor of shape {list(shapes[key])} for the saved "
+                                 f"tree (K'={leaves} leaves, depth {length}, M={tree.arity}), got {got}")
+            if key in ("sum_probas", "path_counts", "label_counts"):
+                if not value.is_floating_point() or not bool(torch.isfinite(value).all()) or bool((value < 0).any()):
+                    raise ValueError(f"statistics {key} must hold finite, non-negative sums and counts")
+                out[key] = value.to(self.device, self.dtype)
+            else:
+                out[key] = value.to(self.device)
+        expected_node = torch.as_tensor(np.where(tree.path_mask, tree.path_nodes, -1))
+        if not torch.equal(out["stat_node"].cpu().long(), expected_node):
+            raise ValueError("statistics stat_node are not the saved tree's path nodes: the statistics belong to "
+                             "another tree")
+        if not torch.equal(out["current_child"].cpu().long(), torch.as_tensor(tree.path_children)):
+            raise ValueError("statistics current_child are not the saved tree's path children: the statistics "
+                             "belong to another tree")
+        prior, decay = state["prior"], state["decay"]
+        for name, value in (("prior", prior), ("decay", decay)):
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise ValueError(f"statistics {name} must be a real number, got {value!r}")
+        if not (math.isfinite(prior) and prior > 0):
+            raise ValueError(f"statistics prior must be finite and > 0, got {prior}")
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"statistics decay must lie in [0, 1], got {decay}")
+        prior_mode = state.get("prior_mode", "current_child")
+        if prior_mode not in ("current_child", "uniform"):
+            raise ValueError(f"statistics prior_mode must be 'current_child' or 'uniform', got {prior_mode!r}")
+        return {**out, "prior": float(prior), "decay": float(decay), "prior_mode": prior_mode}
+
+    def load_state_dict(self, state: dict[str, Any], tree: Tree | None = None) -> None:
+        """Restore :meth:`state_dict`, checked first (:meth:`checked_state`, against ``tree``, by
+        default the tree the current arrays were allocated for): all or nothing."""
+        if tree is None:
+            tree = self._tree
+        checked = self.checked_state(state, tree)
+        self._install(tree, checked)
+
+    def _install(self, tree: Tree, checked: dict[str, Any]) -> None:
+        """Take a state that :meth:`checked_state` returned for ``tree`` (cannot fail)."""
+        self._allocate(tree)
+        for key, value in checked.items():
+            setattr(self, key, value)
 
 
 def node_objectives(tree: Tree, statistics: NodeStatistics) -> dict[str, np.ndarray]:

@@ -177,8 +177,11 @@ class TreeLearner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: installs the saved tree in the layer (as the layer's own
         ``load_state_dict`` does) and restores the statistics, step count, frozen flag and
-        history. Raises ValueError when ``state`` lacks one of those entries or its tree does not
-        fit the layer (another K, M or N)."""
+        history. Everything is checked against the saved tree first, and nothing is changed
+        unless all of it loads: ValueError when ``state`` lacks an entry, its tree does not fit the
+        layer (another K, M or N), or an entry is damaged (truncated or NaN / negative statistics,
+        ``prior``, ``decay`` or ``prior_mode`` out of range, a bad step count or history;
+        :meth:`hsm.statistics.NodeStatistics.checked_state`)."""
         from .tree import Tree
 
         if not isinstance(state, dict):
@@ -187,12 +190,36 @@ class TreeLearner:
         if missing:
             raise ValueError(f"the TreeLearner state lacks {', '.join(map(repr, missing))} "
                              "(is it a TreeLearner.state_dict()?)")
-        tree = Tree.from_dict(state["tree"])
-        self.layer.set_tree(tree)
-        self.statistics._allocate(tree)
-        self.statistics.load_state_dict(state["statistics"])
-        self.steps = int(state["steps"])
-        self.history = [ReassignRecord(**record) for record in state["history"]]
+        # everything is checked against the saved tree before anything is installed: a damaged
+        # state leaves the layer and the learner as they were (all or nothing)
+        try:
+            tree = Tree.from_dict(state["tree"])
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"the TreeLearner state's tree: {exc}") from None
+        layer = self.layer
+        if tree.arity != layer.arity or tree.num_nodes != layer.num_nodes or tree.num_labels != layer.num_labels:
+            raise ValueError(f"the saved tree has K={tree.num_labels}, M={tree.arity}, N={tree.num_nodes}; the layer "
+                             f"was built for K={layer.num_labels}, M={layer.arity}, N={layer.num_nodes}")
+        if not hasattr(self.statistics, "checked_state"):  # a statistics object of the user's own
+            raise ValueError(f"{type(self.statistics).__name__} cannot be restored by TreeLearner.load_state_dict "
+                             "(it has no checked_state); restore it yourself")
+        statistics = self.statistics.checked_state(state["statistics"], tree)
+        steps = state["steps"]
+        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:
+            raise ValueError(f"the TreeLearner state's steps must be an integer >= 0, got {steps!r}")
+        if not isinstance(state["frozen"], (bool, np.bool_)):
+            raise ValueError(f"the TreeLearner state's frozen must be True or False, got {state['frozen']!r}")
+        if not isinstance(state["history"], list):
+            raise ValueError("the TreeLearner state's history must be a list of reassignment records")
+        try:
+            history = [ReassignRecord(**record) for record in state["history"]]
+        except TypeError as exc:
+            raise ValueError(f"the TreeLearner state's history holds a record that is not a ReassignRecord ({exc})") \
+                from None
+        layer.set_tree(tree)
+        self.statistics._install(tree, statistics)
+        self.steps = int(steps)
+        self.history = history
         self.freeze() if state["frozen"] else self.unfreeze()
 
 

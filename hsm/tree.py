@@ -43,6 +43,8 @@ _EMPTY = -1
 
 def _as_int_array(values: Any, name: str) -> np.ndarray:
     array = np.asarray(values)
+    if array.dtype.kind == "b":  # True / False are flags, not node or label ids
+        raise TypeError(f"{name} must hold integers, got booleans")
     if array.dtype.kind not in "iu":
         if array.size and not np.all(np.equal(np.mod(array, 1), 0)):
             raise TypeError(f"{name} must hold integers")
@@ -81,6 +83,8 @@ def _checked_arguments(child_node: Any, child_label: Any, num_labels: Any,
         raise ValueError(f"num_labels must be >= 1, got {num_labels}")
     if depth_limit is not None and check_integer(depth_limit, "depth_limit") < 1:
         raise ValueError(f"depth_limit must be >= 1 or None, got {depth_limit}")
+    if depth_limit is not None:
+        _check_heap_layout(child_node, child_label, int(depth_limit))
     both = (child_node >= 0) & (child_label >= 0)
     if both.any():
         n, j = np.argwhere(both)[0]
@@ -90,6 +94,26 @@ def _checked_arguments(child_node: Any, child_label: Any, num_labels: Any,
     if (child_label < _EMPTY).any():
         raise ValueError("child_label entries must be -1 or a leaf id >= 0")
     return child_node, child_label, num_labels
+
+
+def _check_heap_layout(child_node: np.ndarray, child_label: np.ndarray, depth: int) -> None:
+    """A fixed-depth tree (``depth_limit = D``) is the complete M-ary tree of depth D in heap
+    numbering, with labels in its last level only: Algorithm 3 re-assigns labels to those
+    positions and keeps the node ids, so a tree of another shape would fail at its first
+    re-assignment. ValueError naming the mismatch."""
+    num_nodes, arity = child_node.shape
+    expected = (arity**depth - 1) // (arity - 1)  # Python ints: no wrap-around
+    if num_nodes != expected:
+        raise ValueError(f"depth_limit={depth} needs the complete {arity}-ary tree of depth {depth} "
+                         f"({expected} internal nodes in heap order), got {num_nodes} nodes: pass the tree's "
+                         f"true depth limit, or depth_limit=None for a tree of any shape")
+    inner = (arity ** (depth - 1) - 1) // (arity - 1)  # nodes above the last internal level
+    heap = np.arange(inner)[:, None] * arity + np.arange(arity)[None, :] + 1
+    if not (np.array_equal(child_node[:inner], heap) and (child_node[inner:] == _EMPTY).all()
+            and (child_label[:inner] == _EMPTY).all()):
+        raise ValueError(f"depth_limit={depth}: child_node / child_label are not the heap layout of a complete "
+                         f"{arity}-ary tree of depth {depth} (child j of node n is M n + j + 1, labels in the last "
+                         f"level only); pass depth_limit=None for a tree of any shape")
 
 
 class Tree:
@@ -123,6 +147,8 @@ class Tree:
         self.child_label = child_label
         self.num_labels = int(num_labels)
         self.depth_limit = None if depth_limit is None else int(depth_limit)
+        if isinstance(label_names, (str, bytes)):  # list("abc") would make one name per character
+            raise TypeError(f"label_names must be a list of names, got a {type(label_names).__name__}")
         self.label_names = None if label_names is None else list(label_names)
         if self.label_names is not None and len(self.label_names) != self.num_labels:
             raise ValueError(f"{len(self.label_names)} label names for {self.num_labels} labels")
@@ -196,6 +222,11 @@ class Tree:
             raise ValueError(f"{missing.size} labels have no leaf (first: {missing[:5].tolist()})")
         if self.leaf_ids_max + 1 > present.sum():
             raise ValueError("leaf ids must be contiguous: dummy leaves are numbered K, K+1, ...")
+        stray = self.child_label[unreachable]
+        if (stray >= max(self.leaf_ids_max + 1, self.num_labels)).any():
+            n = unreachable[np.nonzero((stray >= max(self.leaf_ids_max + 1, self.num_labels)).any(axis=1))[0][0]]
+            raise ValueError(f"unreachable node {n} holds leaf id {int(self.child_label[n].max())}, outside the "
+                             f"tree's leaves 0..{max(self.leaf_ids_max, self.num_labels - 1)}")
 
         # paths (eq. 3): walk up from each leaf
         depth_of_leaf = node_depth[leaf_nodes] + 1

@@ -44,6 +44,7 @@ def complete_tree(
     if np.unique(positions).size != num_labels:
         raise ValueError("two labels share a leaf position")
     num_nodes = (capacity - 1) // (arity - 1)  # internal nodes of the complete tree
+    _check_complete_size(num_nodes, arity, depth, num_labels)
     first_bottom = (arity ** (depth - 1) - 1) // (arity - 1)  # first node of the last internal level
     child_node = np.arange(num_nodes)[:, None] * arity + np.arange(arity)[None, :] + 1
     child_node[first_bottom:] = _EMPTY
@@ -300,6 +301,21 @@ def cluster_tree(
     positions = np.empty(num_labels, dtype=np.int64)
     positions[order] = clusters[order] * arity + slot_in_cluster
     return complete_tree(positions, arity, depth, label_names=label_names)
+
+
+#: the most slots (nodes x M) a complete tree may have per label before it is refused: the complete
+#: M-ary tree of depth D has about M**D slots whatever K is (M = 1000, D = 3: 10**9 slots, 16 GB)
+MAX_SLOTS_PER_LABEL = 1024
+
+
+def _check_complete_size(num_nodes: int, arity: int, depth: int, num_labels: int) -> None:
+    """ValueError, before anything is allocated, when the complete M-ary tree of depth D would
+    have far more slots than there are labels (an arity meant for another vocabulary)."""
+    slots = num_nodes * arity
+    if slots > MAX_SLOTS_PER_LABEL * num_labels + 2**20:
+        raise ValueError(f"a complete {arity}-ary tree of depth {depth} has {slots:.3g} slots "
+                         f"({16 * slots / 2**30:.3g} GiB) for K = {num_labels} labels: use a smaller arity M "
+                         f"(M**D just above K) or depth D")
 
 
 def _min_depth(num_labels: int, arity: int) -> int:

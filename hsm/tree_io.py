@@ -52,15 +52,32 @@ def tree_from_dict(data: Mapping[str, Any]) -> Tree:
         raise ValueError(f"arity M must be >= 2, got {arity}")
     arrays = []
     for key in ("child_node", "child_label"):
-        try:
-            array = np.asarray(data[key], dtype=np.int64)
-        except (TypeError, ValueError, OverflowError) as error:
-            raise ValueError(f"{key} must be a list of integers ({error})") from None
+        array = _json_integers(data[key], key)
         if array.ndim not in (1, 2) or array.size % arity:
             raise ValueError(f"{key} must hold N * arity = N * {arity} integers, got shape {list(array.shape)}")
         arrays.append(array.reshape(-1, arity))
-    return Tree(arrays[0], arrays[1], data["num_labels"], depth_limit=data.get("depth_limit"),
-                label_names=data.get("label_names"))
+    names = data.get("label_names")
+    if names is not None and (not isinstance(names, list) or not all(isinstance(n, str) for n in names)):
+        raise ValueError("label_names must be a list of strings (or null)")
+    # the same checks as Tree() itself: nothing is coerced on the way in
+    return Tree(arrays[0], arrays[1], data["num_labels"], depth_limit=data.get("depth_limit"), label_names=names)
+
+
+def _json_integers(values: Any, key: str) -> np.ndarray:
+    """``values`` (nested JSON lists) as an int64 array, refusing what a cast would silently change:
+    a float such as 1.5 (or 1.0), a boolean, a string. TypeError / ValueError naming ``key``."""
+    try:
+        array = np.asarray(values, dtype=object)
+    except ValueError as error:  # ragged rows
+        raise ValueError(f"{key} must be a list of integers ({error})") from None
+    flat = array.ravel()
+    bad = next((v for v in flat if type(v) is not int), None) if flat.size else None  # noqa: E721 - bool is an int
+    if bad is not None or (flat.size == 0 and array.ndim == 0):
+        raise TypeError(f"{key} must hold integers, got {bad!r} ({type(bad).__name__})")
+    try:
+        return array.astype(np.int64)
+    except OverflowError:
+        raise ValueError(f"{key} holds an integer outside int64") from None
 
 
 def save_tree(tree: Tree, path: str | Path) -> Path:

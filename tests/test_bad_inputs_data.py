@@ -319,6 +319,14 @@ def _save_npz(path: Path, values: np.ndarray) -> None:
         np.savez(handle, values)
 
 
+def _repeat_a_line(path: Path) -> None:
+    """Overwrite the last word of a one-per-line list with the one before it (same line count)."""
+    lines = path.read_text(encoding="utf-8").split("\n")
+    last = len(lines) - 1 if lines[-1] else len(lines) - 2
+    lines[last] = lines[last - 1]
+    path.write_text("\n".join(lines), encoding="utf-8")
+
+
 LM_DAMAGE = {
     "ids beyond the vocabulary": (
         lambda f: _save(f / "train.npy", np.full(np.load(f / "train.npy").shape, VOCAB + 5, dtype=np.int32)),
@@ -351,6 +359,23 @@ LM_DAMAGE = {
     "text in an npy": (lambda f: (f / "valid.npy").write_text("1 2 3\n"), r"valid\.npy cannot be loaded"),
     "npz in an npy": (lambda f: _save_npz(f / "counts.npy", np.load(f / "counts.npy")),
                       r"counts\.npy is not a \.npy array file"),
+    # in-range damage: every id and count within bounds, caught by the metadata all the same
+    "negative counts": (
+        lambda f: _save(f / "counts.npy", np.load(f / "counts.npy") * np.array([1, -1] * (VOCAB // 2)
+                                                                               + [1] * (VOCAB % 2))),
+        r"counts\.npy holds a negative count"),
+    "counts off by one": (
+        lambda f: _save(f / "counts.npy", np.load(f / "counts.npy") + np.eye(1, VOCAB, 3, dtype=np.int64)[0]),
+        r"counts\.npy sums to \d+ but stats\.json counts \d+ training tokens"),
+    "counts swapped": (
+        lambda f: _save(f / "counts.npy", np.load(f / "counts.npy")[::-1].copy()),
+        r"counts\.npy does not match train\.npy for \d+ words"),
+    "train ids changed in range": (
+        lambda f: _save(f / "train.npy", np.zeros_like(np.load(f / "train.npy"))),
+        r"counts\.npy does not match train\.npy"),
+    "vocabulary word repeated": (
+        lambda f: _repeat_a_line(f / "vocab.txt"),
+        r"vocab\.txt lists a word twice"),
 }
 
 
@@ -393,6 +418,17 @@ TOKEN_DAMAGE = {
         lambda f: (f / "stats.json").write_text(json.dumps({**json.loads((f / "stats.json").read_text()),
                                                             "books": 2})),
         r"counts 2 books, the selection has"),
+    "a type never used": (
+        lambda f: _save(f / "ids.npy", np.where(np.load(f / "ids.npy") == 5, 6, np.load(f / "ids.npy"))
+                        .astype(np.int32)),
+        r"ids\.npy never uses 1 of the types"),
+    "eos count": (
+        lambda f: (f / "stats.json").write_text(json.dumps({**json.loads((f / "stats.json").read_text()),
+                                                            "eos_tokens": 3})),
+        r"ids\.npy holds \d+ <eos> tokens but stats\.json says 3"),
+    "type repeated": (
+        lambda f: _repeat_a_line(f / "types.txt"),
+        r"types\.txt lists a type twice"),
 }
 
 

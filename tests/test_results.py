@@ -170,7 +170,7 @@ def test_rows_pick_latest_result_per_scale(tmp_path: Path) -> None:
 def test_rows_reject_results_with_unknown_claims(tmp_path: Path) -> None:
     prov = {"date_utc": "2026-01-01T00:00:00Z", "git_commit": None, "hsm_scale": "quick"}
     (tmp_path / "bad.json").write_text(json.dumps({"provenance": prov, "records": [{"claim": "nope", "value": 1}]}))
-    with pytest.raises(KeyError, match="nope"):
+    with pytest.raises(ValueError, match=r"bad\.json: records\[0\] names an unknown claim 'nope'"):
         results.reproduction_rows(tmp_path)
     (tmp_path / "bad.json").write_text(json.dumps({"provenance": prov, "records": [{"claim": LEARNED, "value": "x"}]}))
     with pytest.raises(ValueError, match="non-numeric"):

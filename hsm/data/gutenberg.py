@@ -38,7 +38,9 @@ Processed folders are derived data, so they are checked, not trusted. A folder i
 loading, ``stats.json`` is the metadata every other file is checked against: each ``.npy`` must load and have the
 dtype and length ``stats.json`` implies, ``types.txt`` / ``vocab.txt`` the number of lines it gives, the book
 offsets must be consistent, and every token id must lie in ``[0, number of types)`` (one min/max pass). A folder
-that fails any check (a truncated ``.npy``, a missing ``stats.json`` or ``vocab.txt``, out-of-range ids) is
+that fails any check (a truncated ``.npy``, a missing ``stats.json`` or ``vocab.txt``, out-of-range ids, and
+in-range damage: negative counts, counts that are not the training split's, a repeated word or type, a type
+``ids.npy`` never uses, an ``<eos>`` count other than ``stats.json``'s) is
 treated as absent: a :class:`~hsm.data.errors.CacheWarning` names the file and the problem, and the folder is
 rebuilt from the verified archive and replaced. If the cache cannot be written, the corpus is built in memory and
 used, with a :class:`~hsm.data.errors.CacheWarning` (it is rebuilt on the next call).
@@ -379,6 +381,17 @@ def _read_tokens_folder(directory: Path, selection: list[ManifestEntry]) -> Toke
         raise _BadProcessedFolder(f"{directory / 'book_offsets.npy'} does not run from 0 to {n_tokens} "
                                   f"(tokens_with_eos in stats.json) in non-decreasing steps")
     ids = _read_array(directory / "ids.npy", np.int32, n_tokens, id_bound=n_types)
+    # in-range damage the metadata still catches: every type is used (types are created when
+    # seen), each once in types.txt, and <eos> as often as stats.json counts it
+    if len(set(types)) != len(types):
+        raise _BadProcessedFolder(f"{directory / 'types.txt'} lists a type twice")
+    uses = np.bincount(ids, minlength=n_types)
+    if not (uses > 0).all():
+        raise _BadProcessedFolder(f"{directory / 'ids.npy'} never uses {int((uses == 0).sum())} of the types in "
+                                  f"types.txt (an id was changed)")
+    if "eos_tokens" in stats and int(uses[0]) != stats["eos_tokens"]:
+        raise _BadProcessedFolder(f"{directory / 'ids.npy'} holds {int(uses[0])} {EOS} tokens but stats.json says "
+                                  f"{stats['eos_tokens']}")
     return TokenizedBooks(types=types, ids=ids, book_offsets=offsets, books=selection, stats=stats)
 
 
@@ -393,6 +406,19 @@ def _read_lm_folder(directory: Path) -> tuple[dict[str, np.ndarray], list[str], 
     splits = {split: _read_array(directory / f"{split}.npy", np.int32,
                                  _stat_count(stats, f"{split}_tokens", directory), id_bound=n_vocab)
               for split in ("train", "valid", "test")}
+    # in-range damage the metadata still catches: counts are the training split's word counts
+    # (the <unk> count included), so they are non-negative, sum to train_tokens and match the ids
+    if len(set(vocab)) != len(vocab):
+        raise _BadProcessedFolder(f"{directory / 'vocab.txt'} lists a word twice")
+    if counts.size and counts.min() < 0:
+        raise _BadProcessedFolder(f"{directory / 'counts.npy'} holds a negative count ({int(counts.min())})")
+    if int(counts.sum()) != splits["train"].size:
+        raise _BadProcessedFolder(f"{directory / 'counts.npy'} sums to {int(counts.sum())} but stats.json counts "
+                                  f"{splits['train'].size} training tokens")
+    mismatch = np.flatnonzero(np.bincount(splits["train"], minlength=n_vocab) != counts)
+    if mismatch.size:
+        raise _BadProcessedFolder(f"{directory / 'counts.npy'} does not match train.npy for {mismatch.size} words "
+                                  f"(first: {vocab[int(mismatch[0])]!r})")
     return splits, vocab, counts, stats
 
 

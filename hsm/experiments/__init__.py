@@ -198,7 +198,12 @@ def option_float(key: str, value: Any, minimum: float | None = None, maximum: fl
 
 def _items(key: str, value: Any) -> list[Any]:
     if isinstance(value, str):
-        return [item.strip() for item in value.split(",") if item.strip()]
+        if not value.strip():
+            return []
+        items = [item.strip() for item in value.split(",")]
+        if not all(items):  # "0.1,,0.2" or a trailing comma: a typo, not a list with a gap
+            raise _fail(key, value, "has an empty entry (two commas in a row, or one at an end)")
+        return items
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return [value]
     if isinstance(value, Sequence) or hasattr(value, "__iter__"):

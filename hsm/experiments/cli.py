@@ -6,10 +6,12 @@ Without ``--out`` a run writes under :func:`hsm.results.output_root` (``HSM_OUTP
 there, and a file recorded at full scale is not replaced by a quick run without ``--force``.
 
 Bad input (an unknown experiment or option, an option value out of range, a scale other than
-quick/full, a device torch cannot use here, a refused replacement) is one line on stderr and exit
-status 2, before any work is done. So is a full-scale run from code with uncommitted changes,
-unless ``--allow-dirty`` (:func:`hsm.results.check_code_committed`). Every result file records the
-command that made it (``provenance.invocation``), which ``python -m hsm reproduce`` runs again.
+quick/full, a device torch cannot use here, a refused replacement, an unusable ``--out`` or
+``HSM_OUTPUT``, a bad ``HSM_THREADS``) is one line on stderr and exit status 2, before any work is
+done, and so is a full-scale run from code with uncommitted changes unless ``--allow-dirty``
+(:func:`hsm.results.check_code_committed`); a full disk while writing a result or checkpoint is one
+line naming the file, exit status 1. Every result file records the command that made it
+(``provenance.invocation``), which ``python -m hsm reproduce`` runs again.
 """
 from __future__ import annotations
 
@@ -17,8 +19,9 @@ import argparse
 import sys
 from pathlib import Path
 
+from hsm.config import env_threads
 from hsm.data.errors import DataError
-from hsm.results import check_code_committed, recording_invocation
+from hsm.results import DiskFullError, check_code_committed, recording_invocation
 
 from . import REGISTRY, check_device, check_scale, get, load_all
 
@@ -61,6 +64,7 @@ def main(argv: list[str]) -> int:
 
             scale = env_scale()  # HSM_SCALE, validated (ValueError naming it)
         check_scale(scale)
+        env_threads()  # HSM_THREADS=abc: named here, before any work
         device = check_device(args.device)
         options: dict[str, str] = {}
         for item in args.option:
@@ -83,5 +87,12 @@ def main(argv: list[str]) -> int:
         message = " ".join(str(exc).split())
         print(f"hsm run {args.name}: {message}", file=sys.stderr)
         return 2
+    except DiskFullError as exc:  # the file is named; the previous one is intact
+        print(f"hsm run {args.name}: {exc.strerror}", file=sys.stderr)
+        return 1
+    except FloatingPointError as exc:  # a diverged run: one line saying where, not a traceback
+        message = " ".join(str(exc).split())
+        print(f"hsm run {args.name}: the run diverged ({message}); try a smaller learning rate", file=sys.stderr)
+        return 1
     print(f"wrote {path}")
     return 0

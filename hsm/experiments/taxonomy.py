@@ -51,7 +51,7 @@ from hsm.experiments import (check_device, check_scale, experiment, option_choic
                              option_ints)
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
 from hsm.results import (ResumableParts, check_replace, load_checkpoint, make_record, output_path, provenance,
-                         save_checkpoint, write_results)
+                         save_checkpoint, write_progress, write_results)
 from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classification_metrics, encode_texts
 from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
@@ -624,11 +624,12 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
                                            seed=seed, scale=scale, test=result["test"], **extra))
             for measure, value in result["test"].items():
                 per_model.setdefault((kind, measure), []).append(value)
-            # write after every run, so a run cut short still leaves its finished part (marked incomplete)
+            # after every run, the finished part (marked incomplete) is shown in the result file, but
+            # only where no complete result exists: an interrupted re-run keeps the previous table
             done = len(run_records) == len(cfg["seeds"]) * len(cfg["models"])
             records = run_records + _mean_records(per_model, table, key, data, scale, cfg["seeds"])
-            path = write_results(path, records, provenance(dict(cfg, **info, complete=done), time.perf_counter() - start,
-                                                           scale=scale), force=force)
+            prov = provenance(dict(cfg, **info, complete=done), time.perf_counter() - start, scale=scale)
+            path = (write_results if done else write_progress)(path, records, prov, force=force)
     parts.finish()
     if checkpoints.is_dir() and not any(checkpoints.iterdir()):
         checkpoints.rmdir()

@@ -58,7 +58,7 @@ from .peers import _doc_tokens, _fasttext_lines, _package_version, peer_availabl
 from .presets import OUTPUTS, PAPER_LR_GRID, PEERS, QUICK, REASSIGNS, STAND_INS, VW_LR_GRID
 from .report import (_MODEL_NAMES, _ROW_ORDER, _describe, _gains, _paper_key, _record, _seconds,
                      paper_table_markdown, table_markdown)
-from .table import _peer_row, _run_ours, _run_peer, _select, run_table
+from .table import _peer_row, _run_ours, _run_peer, _select, run_table, tree_prefix_of
 from .training import TrainedBow, _train_bow_fast, build_output_layer, train_bow
 from .trees import _save_trees, author_grouping
 
@@ -75,6 +75,7 @@ __all__ = [
     "load_table_data",
     "run_table",
     "train_bow",
+    "tree_prefix_of",
 ]
 
 

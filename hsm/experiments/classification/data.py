@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from hsm.fast_classifier import unique_label_sets
 from hsm.text_models import WordVocabulary, hashed_bigrams
 
 from .presets import STAND_INS
@@ -25,6 +26,12 @@ class EncodedSplit:
     label_offsets: np.ndarray
     num_labels: int
     tokens: list[list[int]] | None = field(default=None, repr=False)  #: data-set token ids per doc (peers)
+
+    def __post_init__(self) -> None:
+        # a gold set is a set: a repeated label would be drawn twice as often in training and
+        # count twice among the gold labels (lower recall for the same predictions)
+        self.label_values, self.label_offsets = unique_label_sets(np.asarray(self.label_values, dtype=np.int64),
+                                                                  np.asarray(self.label_offsets, dtype=np.int64))
 
     def __len__(self) -> int:
         return self.offsets.size - 1

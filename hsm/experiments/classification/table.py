@@ -59,9 +59,10 @@ def run_table(config: TableConfig, table: str, device: str = "cpu", out: Path | 
               "test_examples": len(data.test_texts), "num_labels": data.num_labels, "multilabel": data.multilabel,
               "epochs": config.epochs, "reduce": config.reduce, "ngrams": config.ngrams}
     records: list[dict[str, Any]] = []
-    tree_dir = None if out is None else out.parent / "trees"
-    # trees are named after the result file (table1-cooking.json -> trees/cooking-d50-learned5.json)
-    tree_prefix = None if out is None else out.stem.split("-", 1)[-1]
+    # the learned trees are written to a hidden folder beside the result file while the table runs
+    # and moved to trees/ when it is complete: an interrupted re-run leaves the previous result's trees
+    tree_dir = None if out is None else out.parent / f".{out.name}.trees"
+    tree_prefix = None if out is None else tree_prefix_of(out)
     category = None
     if data.taxonomy is not None:
         cat = data.category_of()
@@ -78,15 +79,46 @@ def run_table(config: TableConfig, table: str, device: str = "cpu", out: Path | 
             done_row = row(key, _peer_row, config, encoded, peer, dim, log)
             records.append(_record(table, dim, done_row, common))
     records.extend(_gains(table, records, common))
+    if tree_dir is not None:
+        _publish_trees(tree_dir, out.parent / "trees")
     if parts is not None:
         parts.finish()
     return records
 
 
+def tree_prefix_of(out: Path) -> str:
+    """The name the learned-tree files of the result file ``out`` start with: its stem, less a
+    leading ``table1-`` / ``table3-`` (``table1-cooking.json`` -> ``trees/cooking-d50-learned5.json``),
+    so that a Table 1 file and the Table 3 file of the same run share their trees on purpose
+    (Table 3 re-issues Table 1's rows), while any other two result files never share one
+    (``seed0-cooking.json`` and ``seed1-cooking.json`` in one folder get their own)."""
+    stem = Path(out).stem
+    for table in ("table1-", "table3-"):
+        if stem.startswith(table) and len(stem) > len(table):
+            return stem[len(table):]
+    return stem
+
+
+def _publish_trees(staging: Path, trees: Path) -> None:
+    """Move the tree files of a finished table from ``staging`` into ``trees`` (each an atomic rename)."""
+    if not staging.is_dir():
+        return
+    trees.mkdir(parents=True, exist_ok=True)
+    for path in sorted(staging.iterdir()):
+        path.replace(trees / path.name)
+    staging.rmdir()
+
+
 def _peer_row(config: TableConfig, encoded: dict, peer: str, dim: int, log: Callable[[str], None]) -> dict[str, Any]:
     """The peer's row, or a row saying why it was skipped (its package is missing)."""
     why = peer_available(peer)
-    return {"output": peer, "skipped": why} if why else _run_peer(config, encoded, peer, dim, log)
+    if why:
+        return {"output": peer, "skipped": why}
+    try:
+        return _run_peer(config, encoded, peer, dim, log)
+    except FloatingPointError as exc:  # recorded, not fatal: the other rows of the table still run
+        log(f"d={dim} {peer}: {exc}")
+        return {"output": peer, "skipped": f"diverged: {exc}; try smaller rates"}
 
 
 def _select(scores: dict[float, float | None]) -> float:
@@ -127,7 +159,14 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
             diverged.append(best)
             log(f"  d={dim} {output} lr={best}: diverged on the full training set, next best rate")
     else:
-        raise FloatingPointError(f"{output} d={dim}: every rate diverged ({scores})")
+        # recorded, not fatal (the other rows of the table still run): a skipped row says why
+        why = (f"diverged at every learning rate of lr_grid {list(scores)}"
+               + (f" and on the full training set at {diverged}" if diverged else "")
+               + f" (reduce={config.reduce}); try smaller rates"
+               + (" or reduce=mean" if config.reduce != "mean" else ""))
+        log(f"d={dim} {output}: {why}")
+        return {"output": output, "skipped": why, "valid_p_at_1": {str(k): v for k, v in scores.items()},
+                "diverged_on_full_train": diverged}
     result = evaluate_bow(trained, test_split, device=device)
     row: dict[str, Any] = {"output": output, "lr": best, "valid_p_at_1": {str(k): v for k, v in scores.items()},
                            "diverged_on_full_train": diverged, "train_seconds": trained.train_seconds, **result}
@@ -148,8 +187,9 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
         row["start_author_grouping"] = author_grouping(trained.start_tree, category)
     if tree_dir is not None and config.save_trees and trained.learner is not None:
         stem = f"{tree_prefix or _data_slug(config.data)}-d{dim}-{output}"
-        row["tree_file"], row["start_tree_file"] = _save_trees(trained.layer.tree, trained.start_tree,
-                                                               source.label_names, tree_dir, stem)
+        _save_trees(trained.layer.tree, trained.start_tree, source.label_names, tree_dir, stem)
+        # recorded where run_table moves them once the table is complete
+        row["tree_file"], row["start_tree_file"] = f"trees/{stem}.json", f"trees/{stem}-start.json"
     log(f"d={dim} {output}: lr={best} P@1={result['p_at_1']:.2f} train {trained.train_seconds:.1f}s "
         f"test {result['test_seconds']:.2f}s visited {result['nodes_visited']:.1f}")
     return row

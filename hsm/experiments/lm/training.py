@@ -256,8 +256,10 @@ class _Training:
         learner = self.learner
         self.model.load_state_dict(state["model"])
         if learner is not None:
-            self.output.set_tree(Tree.from_dict(state["tree"]))
-            learner.statistics.load_state_dict(state["statistics"])
+            tree = Tree.from_dict(state["tree"])
+            learner.statistics.checked_state(state["statistics"], tree)  # damaged: refused before anything changes
+            self.output.set_tree(tree)
+            learner.statistics.load_state_dict(state["statistics"], tree)
             learner.steps = state["learner_steps"]
             if state["frozen"]:
                 learner.freeze()

@@ -15,7 +15,7 @@ import torch
 
 from hsm import sampling as S
 from hsm.experiments import check_device, experiment
-from hsm.results import check_replace, provenance, write_results
+from hsm.results import check_replace, provenance, write_progress, write_results
 
 from .config import _lm_settings, _settings
 from .lm_training import (_bench_contestants, _benchmark_steps, _sampling_plan, _select_sampling_lr,
@@ -112,8 +112,9 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
     Train ms/batch of each run is measured under whatever else the machine was running; the
     round-robin benchmark (:func:`_benchmark_steps`, flat and random tree included) is the fair
     speed comparison. The result file is rewritten after every run (``complete`` says whether all
-    finished); finished runs are kept under the cache (``hsm.config.cache_dir()``) at full scale,
-    so an interrupted command resumes.
+    finished) unless it holds a complete result, which only the complete new one replaces
+    (:func:`hsm.results.write_progress`); finished runs are kept under the cache
+    (``hsm.config.cache_dir()``) at full scale, so an interrupted command resumes.
     """
     from dataclasses import replace
 
@@ -155,7 +156,9 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
                                         "K negatives shared by the minibatch)",
                                note="beyond the papers: no paper number to compare with"),
                           time.perf_counter() - start, scale=scale)
-        return write_results(path, records + _bench_records(bench, common), prov, force=force)
+        # an incomplete result never replaces a complete one (an interrupted re-run keeps the old file)
+        return (write_results if complete else write_progress)(path, records + _bench_records(bench, common), prov,
+                                                               force=force)
 
     with _SparseSampledOutputs():
         for label, kind, k in plan:

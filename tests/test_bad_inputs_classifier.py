@@ -1,0 +1,110 @@
+"""Reliability of the classifiers: gold label sets are sets, and sizes are checked before
+anything is allocated (FastBowClassifier, the compiled trainer; the PyTorch trainer of the
+classification tables; the trees and the LM experiments)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hsm.experiments import classification as C
+from hsm.fast_classifier import FastBowClassifier, unique_label_sets
+from hsm.tree import Tree
+
+RNG = np.random.default_rng(0)
+DOCS = [RNG.integers(0, 60, size=RNG.integers(3, 9)) for _ in range(120)]
+SETS = [[i % 7, (i * 3) % 7] if i % 2 else [i % 7] for i in range(120)]
+REPEATED = [s + s[:1] for s in SETS]  # every set with its first label again
+
+
+# ============================================================================ a gold set is a set
+def test_unique_label_sets_keeps_the_first_of_each_label_in_order():
+    values, offsets = unique_label_sets(np.array([3, 3, 5, 1, 2, 2, 2]), np.array([0, 3, 4, 7]))
+    assert values.tolist() == [3, 5, 1, 2] and offsets.tolist() == [0, 2, 3, 4]
+    same = np.array([4, 1, 0]), np.array([0, 2, 3])
+    assert unique_label_sets(*same)[0] is same[0]  # nothing repeated: the arrays as given
+
+
+@pytest.mark.parametrize("output", ["flat", "huffman", "learned"])
+def test_repeated_gold_labels_count_once_in_fit_and_test(output):
+    """Compiled path: training on repeated labels is training on the sets, and test() scores the
+    same predictions the same."""
+    fits = []
+    for labels in (SETS, REPEATED):
+        clf = FastBowClassifier(dim=8, output=output, arity=3, lr=0.3, epochs=2, threads=1, seed=0)
+        fits.append(clf.fit(DOCS, labels))
+    assert torch.equal(fits[0].model.embedding.weight, fits[1].model.embedding.weight)
+    clf = fits[0]
+    assert clf.test(DOCS, REPEATED, k=2) == clf.test(DOCS, SETS, k=2)
+    assert clf.test(DOCS, [[s[0], s[0]] for s in SETS]) == clf.test(DOCS, [s[0] for s in SETS])
+
+
+def test_repeated_gold_labels_count_once_on_the_pytorch_path():
+    """The classification tables' PyTorch trainer reads label sets through EncodedSplit: repeated
+    labels are dropped there, so sampling and recall see sets."""
+    def split(sets):
+        values = np.concatenate([np.asarray(s) for s in sets])
+        offsets = np.concatenate([[0], np.cumsum([len(s) for s in sets])])
+        doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in DOCS])])
+        return C.EncodedSplit(np.concatenate(DOCS), doc_offsets, values, offsets, num_labels=7)
+
+    plain, repeated = split(SETS), split(REPEATED)
+    assert np.array_equal(plain.label_values, repeated.label_values)
+    assert np.array_equal(plain.label_offsets, repeated.label_offsets)
+    predictions = np.array([s[-1] for s in SETS])
+    assert C._precision_recall(predictions, repeated) == C._precision_recall(predictions, plain)
+    rng0, rng1 = np.random.default_rng(3), np.random.default_rng(3)
+    assert np.array_equal(plain.sample_labels(rng0), repeated.sample_labels(rng1))
+    trained = [C.train_bow(s, "huffman2", 4, 0.2, epochs=1, batch_size=16, vocab_size=60, seed=0)
+               for s in (plain, repeated)]
+    assert torch.equal(trained[0].layer.weight, trained[1].layer.weight)
+
+
+# ============================================================================ sizes checked before allocating
+@pytest.mark.parametrize("docs, labels, message", [
+    (DOCS, [s[0] for s in SETS[:-1]] + [10**6], r"largest label id 1000000 .* only 8 distinct label ids.*num_labels="),
+    (DOCS, [s[0] for s in SETS[:-1]] + [10**9], r"largest label id 1000000000"),
+    (DOCS[:-1] + [np.array([10**9])], [s[0] for s in SETS], r"largest word id 1000000000 .*num_words="),
+])
+def test_a_stray_id_is_refused_before_the_model_is_sized(docs, labels, message):
+    with pytest.raises(ValueError, match=message):
+        FastBowClassifier(dim=8, output="flat", epochs=1, threads=1).fit(docs, labels)
+
+
+def test_sizes_given_explicitly_are_taken_unless_they_cannot_fit_in_memory():
+    labels = [s[0] for s in SETS]
+    clf = FastBowClassifier(dim=4, output="flat", epochs=1, threads=1).fit(DOCS, labels, num_words=5000,
+                                                                             num_labels=3000)
+    assert clf.num_words == 5000 and clf.num_labels == 3000
+    with pytest.raises(ValueError, match=r"needs at least .* GiB, more than this machine's"):
+        FastBowClassifier(dim=64, output="flat", epochs=1).fit(DOCS, labels, num_words=10**12)
+
+
+@pytest.mark.parametrize("output", ["huffman", "learned"])
+def test_arity_above_the_number_of_labels_is_an_error(output):
+    with pytest.raises(ValueError, match=r"arity M = 1000000 exceeds the K = 7 labels"):
+        FastBowClassifier(dim=8, output=output, arity=10**6, epochs=1).fit(DOCS, [s[0] for s in SETS])
+
+
+@pytest.mark.parametrize("args", [(10, 10**6, 3), (10_000, 10**6, 3), (10_000, 1000, 3)])
+def test_fixed_depth_trees_refuse_an_arity_that_would_not_fit_in_memory(args):
+    """A complete M-ary tree of depth D has about M**D slots whatever K is: refused by name before
+    any allocation (an LM run with -o arity=1000000 once died in a 7 TiB numpy allocation)."""
+    with pytest.raises(ValueError, match=rf"a complete {args[1]}-ary tree of depth 3 has .* GiB\) for K = {args[0]} "):
+        Tree.random(*args)
+    assert Tree.random(args[0], 100, 3).num_labels == args[0]  # a sensible arity is unaffected
+
+
+def test_lm_experiment_refuses_a_huge_arity_in_one_line(tmp_path, monkeypatch, capsys):
+    from hsm.experiments import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HSM_CACHE", str(tmp_path / "cache"))
+    if not (Path(os.environ.get("HSM_DATA_MIRROR", "/nonexistent")) / "ptb").exists():
+        pytest.skip("data mirror not available")
+    code = cli.main(["lm-ptb", "--scale", "quick", "-o", "arity=1000000", "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "a complete 1000000-ary tree of depth 3" in err and len(err.strip().splitlines()) == 1
