@@ -102,7 +102,8 @@ def test_cli_label_is_the_scale_that_ran(capsys, monkeypatch, env, flag) -> None
     payload = results.load_results("f.json")
     assert payload["provenance"]["hsm_scale"] == flag
     alphas = payload["provenance"]["config"]["alphas"]
-    assert len(alphas) == (3 if flag == "quick" else 7)  # and the preset of that scale is what ran
+    # the preset of that scale is what ran: 0, 1, 3, ln 499, ln 999, log(C - 1), 9 and 12 at full
+    assert len(alphas) == (3 if flag == "quick" else 8)
 
 
 def _expected_scale(path: Path, config: dict) -> str | None:

@@ -257,6 +257,7 @@ def test_first_half_schedule_steps():
 @given(num_labels=st.integers(2, 9), arity=st.integers(2, 4), output=st.sampled_from(["flat", "huffman", "learned"]),
        reduce=st.sampled_from(["mean", "sum"]), seed=st.integers(0, 1000))
 def test_log_probs_normalised_and_predict_is_their_argmax(num_labels, arity, output, reduce, seed):
+    arity = min(arity, num_labels)  # a node has at most K children (a larger arity is refused)
     docs, labels = _problem(num_docs=30, num_labels=num_labels, seed=seed)
     clf = FastBowClassifier(dim=5, output=output, arity=arity, lr=0.5, epochs=2, threads=1, reduce=reduce,
                             rebuilds=3, seed=seed).fit(docs, labels)

@@ -231,10 +231,10 @@ def test_bad_flags_and_values(files, capsys, argv, message):
 
 
 def test_refit_on_arrays_forgets_the_file_dictionary(files):
-    classifier = FastBowClassifier(dim=4, epochs=1, threads=1).fit_file(files["train"])
+    classifier = FastBowClassifier(dim=4, epochs=1, threads=1, arity=2).fit_file(files["train"])
     assert classifier.predict_file(files["test"])
     classifier.fit([[0, 1], [2, 3]], [0, 1])
     with pytest.raises(RuntimeError, match="call fit_file again"):
         classifier.predict_file(files["test"])
     with pytest.raises(RuntimeError, match="not trained on a file"):
-        FastBowClassifier(dim=4, epochs=1, threads=1).fit([[0, 1], [2, 3]], [0, 1]).test_file(files["test"])
+        FastBowClassifier(dim=4, epochs=1, threads=1, arity=2).fit([[0, 1], [2, 3]], [0, 1]).test_file(files["test"])
