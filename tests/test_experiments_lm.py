@@ -545,3 +545,18 @@ def test_setting_a_package_name_reaches_the_code_that_calls_it(monkeypatch) -> N
     assert len(calls) == 1 and calls[0][0] == Path("never-written.json")
     monkeypatch.undo()
     assert lm.atomic_write is real and lm.training.atomic_write is real and lm.report.atomic_write is real
+
+
+def test_read_runs_picks_the_best_epoch_on_validation_only() -> None:
+    epochs = [{"epoch": 1, "valid_perplexity": 200.0, "test_perplexity": 210.0},
+              {"epoch": 2, "valid_perplexity": 180.0, "test_perplexity": 195.0},
+              {"epoch": 3, "valid_perplexity": 185.0, "test_perplexity": 190.0}]
+    records = [{"run": "random", "measure": "test_perplexity", "model": "Random Tree", "value": 190.0,
+                "per_epoch": epochs, "epochs": 3},
+               {"run": "random", "measure": "train_ms_per_batch", "value": 5.0},
+               {"run": "random", "measure": "test_ms_per_batch", "value": 1.0}]
+    row = lm.read_runs({"records": records})["random"]
+    # epoch 3 has the lowest test perplexity, but early stopping may only look at validation
+    assert (row.best_epoch, row.best_test) == (2, 195.0)
+    assert row.final == 190.0 and row.final_valid == 185.0 and row.valid == [200.0, 180.0, 185.0]
+    assert row.train_ms == 5.0 and row.rebuilds == []

@@ -77,7 +77,7 @@ from .presets import (ABLATION_VARIANTS, ABLATION_WHAT, DEFAULT_OUT, RESULTS_DIR
 from .report import (_EMBEDDINGS, _MODEL_NAMES, _SLUGS, _ablation_records, _out_path, _records, _write,
                      ablation_markdown, ablation_rows, best_epoch_markdown, combine_parts, leaf_table,
                      leaf_table_markdown, load_tree_file, plot_ablation, plot_learning_evidence, plot_per_epoch,
-                     plt_colours, runs_of, table_markdown)
+                     plt_colours, read_runs, RunRecord, runs_of, table_markdown)
 from .tables import _run_dir, _table_corpus, run_ablation, run_table
 from .training import (RankedAdaptiveSoftmax, RunFiles, _add_l2, _atomic_save, _evaluate, _load_checkpoint,
                        _load_finished, _make_output, _select_lr, _sync, train_lm)

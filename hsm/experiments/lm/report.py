@@ -7,7 +7,7 @@ import gzip
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from .presets import ABLATION_WHAT, ABLATION_VARIANTS, LMScale, _ablation_change
 
 __all__ = ["ablation_markdown", "ablation_rows", "best_epoch_markdown", "combine_parts", "leaf_table",
            "leaf_table_markdown", "load_tree_file", "plot_ablation", "plot_learning_evidence", "plot_per_epoch",
-           "runs_of", "table_markdown"]
+           "read_runs", "RunRecord", "runs_of", "table_markdown"]
 
 
 _MODEL_NAMES = {"flat": "Flat soft-max", "random": "Random Tree", "clustering": "Clustering Tree",
@@ -182,6 +182,46 @@ def runs_of(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for record in payload["records"]:
         if "run" in record:
             out.setdefault(record["run"], {})[record["measure"]] = record
+    return out
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One run (output layer) of a result file, read by name: its perplexities per epoch, the
+    epoch an early stop on **validation** would pick, and its times."""
+
+    model: str  # the layer, as the tables name it
+    final: float  # test perplexity after the last epoch, as the tables report it
+    final_valid: float  # validation perplexity after the last epoch
+    valid: list[float]  # validation perplexity after epoch 1, 2, ...
+    test: list[float]  # test perplexity after epoch 1, 2, ...
+    best_epoch: int  # the epoch (1 = the first) with the lowest validation perplexity
+    best_test: float  # the test perplexity at that epoch (chosen on validation only)
+    train_ms: float  # wall time per training step
+    test_ms: float  # wall time per test batch
+    epochs: int  # epochs trained
+    learn_epochs: float  # learned tree: epochs during which the tree was rebuilt (0 for the others)
+    train_tokens: int  # training tokens per epoch
+    batch_size: int
+    # learned tree only: one record per rebuild (J_n per depth, share of words moved, seconds)
+    rebuilds: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_runs(payload: dict[str, Any]) -> dict[str, RunRecord]:
+    """``{run name: RunRecord}`` for every run of a result file (or of :func:`combine_parts`)."""
+    out = {}
+    for run, measures in runs_of(payload).items():
+        rec = measures["test_perplexity"]
+        epochs = rec["per_epoch"]
+        best = min(epochs, key=lambda e: e["valid_perplexity"])
+        out[run] = RunRecord(
+            model=rec["model"], final=rec["value"], final_valid=epochs[-1]["valid_perplexity"],
+            valid=[e["valid_perplexity"] for e in epochs], test=[e["test_perplexity"] for e in epochs],
+            best_epoch=best["epoch"], best_test=best["test_perplexity"],
+            train_ms=measures["train_ms_per_batch"]["value"], test_ms=measures["test_ms_per_batch"]["value"],
+            epochs=rec.get("epochs", len(epochs)), learn_epochs=rec.get("learn_epochs", 0),
+            train_tokens=rec.get("train_tokens", 0), batch_size=rec.get("batch_size", 0),
+            rebuilds=measures.get("mean_moved_labels", {}).get("reassignments", []))
     return out
 
 
