@@ -314,7 +314,7 @@ def plot_per_epoch(payload: dict[str, Any], ax: Any, split: str = "test_perplexi
     ax.set_xlabel("epoch")
     ax.set_ylabel(split.replace("_", " "))
     ax.set_xticks(sorted({e["epoch"] for m in runs_of(payload).values() for e in m["test_perplexity"]["per_epoch"]}))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     ax.set_title(title)
     return ax
 
@@ -331,7 +331,7 @@ def plot_learning_evidence(payload: dict[str, Any], axes: Sequence[Any], run: st
                      marker=".", label=f"depth {depth} (root = 0)")
     axes[0].set_xlabel("epoch")
     axes[0].set_ylabel("mean $J_n$ (eq. 6, continuous)")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=9)
     axes[1].plot(epochs, [h["moved_labels"] for h in history], marker=".")
     axes[1].set_xlabel("epoch")
     axes[1].set_ylabel("fraction of words moved")
@@ -420,7 +420,7 @@ def plot_ablation(payload: dict[str, Any], axes: Sequence[Any],
                          label=f"{'learned' if run == 'base' else 'random'}, depth {depth}")
     axes[0].set_xlabel("epoch")
     axes[0].set_ylabel("mass-weighted mean $J_n$")
-    axes[0].legend(fontsize=7, ncol=2)
+    axes[0].legend(fontsize=9, ncol=2)
     for run in moved_runs:
         history = rows.get(run, {}).get("reassignments") or []
         if history:
@@ -428,14 +428,14 @@ def plot_ablation(payload: dict[str, Any], axes: Sequence[Any],
     axes[1].set_xlabel("epoch")
     axes[1].set_ylabel("share of words moved per rebuild")
     axes[1].set_yscale("log")
-    axes[1].legend(fontsize=7)
+    axes[1].legend(fontsize=9)
     variants = [(name, rec) for name, rec in rows.items() if rec.get("variant")]
     axes[2].barh([name for name, _ in variants], [rec["gain_vs_random"] for _, rec in variants])
     spread = next((r for r in payload["records"] if r.get("measure") == "random_seed_spread"), None)
     if spread is not None:
         axes[2].axvspan(-2 * spread["value"], 2 * spread["value"], color="grey", alpha=0.25,
                         label="random seeds: ±2 s.d.")
-        axes[2].legend(fontsize=7)
+        axes[2].legend(fontsize=9)
     axes[2].axvline(0, color="black", lw=0.8)
     # a bar or two far off the scale (learning the tree in every epoch) would hide the others:
     # clip the axis and write those values at its edge
@@ -444,7 +444,7 @@ def plot_ablation(payload: dict[str, Any], axes: Sequence[Any],
     for y, (_, rec) in enumerate(variants):
         if abs(rec["gain_vs_random"]) > limit:
             edge = math.copysign(limit, rec["gain_vs_random"])
-            axes[2].text(edge * 0.97, y, f"{rec['gain_vs_random']:+.1f}", va="center", fontsize=7,
+            axes[2].text(edge * 0.97, y, f"{rec['gain_vs_random']:+.1f}", va="center", fontsize=9,
                          ha="right" if edge > 0 else "left", color="white")
     axes[2].set_xlabel("test ppl gain over random (clipped at ±10)")
     axes[2].invert_yaxis()
