@@ -137,8 +137,10 @@ def draw_tree_vertical(
         (child, _children_by_mass(tree, child, weights, grandchildren)) for child in level1]
     n_lines = sum(max(len(kids), 1) for _, kids in rows)
     if ax is None:
-        _, ax = plt.subplots(figsize=(7, 0.3 * n_lines + 0.6))
-    x_root, x_mid, x_right = 0.0, 0.12, 0.42
+        # a line per node, tall enough for a boxed line of text at ``fontsize``
+        _, ax = plt.subplots(figsize=(7, 0.034 * fontsize * n_lines + 0.6))
+    # the middle column holds two words a line; wider text pushes the right column out
+    x_root, x_mid, x_right = 0.0, 0.12, 0.42 + 0.03 * max(fontsize - 9, 0)
     box = dict(boxstyle="round,pad=0.25", fc="white", ec="0.6")
     line = 0
     mid_ys = []
@@ -164,10 +166,10 @@ def draw_tree_vertical(
     ax.text(x_root, y_root, "\n".join(tree.top_labels(root, counts, k)), ha="left", va="center",
             fontsize=fontsize, bbox=box, zorder=2)
     n_kids = int(tree.slot_mask[root].sum())
-    ax.text(x_mid, 0.9, f"{len(level1)} busiest of {n_kids} children", ha="left",
-            va="bottom", fontsize=fontsize, color="0.35")
-    ax.text(x_right, 0.9, f"their {grandchildren} busiest children", ha="left",
-            va="bottom", fontsize=fontsize, color="0.35")
+    ax.text(x_mid, 0.9, f"busiest {len(level1)} of {n_kids} children", ha="left",
+            va="bottom", fontsize=fontsize - 1, color="0.35")
+    ax.text(x_right, 0.9, f"busiest {grandchildren} children of each", ha="left",
+            va="bottom", fontsize=fontsize - 1, color="0.35")
     ax.set_xlim(-0.01, 1.0)
     ax.set_ylim(-line + 0.4, 1.5)
     ax.axis("off")

@@ -560,3 +560,11 @@ def test_read_runs_picks_the_best_epoch_on_validation_only() -> None:
     assert (row.best_epoch, row.best_test) == (2, 195.0)
     assert row.final == 190.0 and row.final_valid == 185.0 and row.valid == [200.0, 180.0, 185.0]
     assert row.train_ms == 5.0 and row.rebuilds == []
+
+
+def test_leaf_table_markdown_shows_tokens_literally() -> None:
+    table = lm.leaf_table_markdown({"node 1": ["<eos>", "s_", "a|b"], "node 2": ["the"]})
+    lines = table.splitlines()
+    assert lines[0] == "| node 1 | node 2 |"
+    assert lines[2] == "| &lt;eos&gt; | the |"  # not an HTML tag
+    assert lines[3] == "| s\\_ |  |" and lines[4] == "| a\\|b |  |"

@@ -372,12 +372,23 @@ def leaf_table(tree: Tree, counts: np.ndarray, nodes: int = 4, words: int = 10,
     return {f"node {n}": tree.top_labels(n, counts, words) for n in chosen}
 
 
+def _markdown_word(word: str) -> str:
+    """A corpus token as literal markdown text: ``<eos>`` would be read as an HTML tag and
+    ``s_`` or ``*`` as emphasis, so those characters are escaped."""
+    word = word.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for char in "\\`*_|[]":
+        word = word.replace(char, "\\" + char)
+    return word
+
+
 def leaf_table_markdown(table: dict[str, list[str]]) -> str:
+    """A markdown table with one column per node and its words down the column."""
     names = list(table)
     rows = max(len(v) for v in table.values())
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for i in range(rows):
-        lines.append("| " + " | ".join((table[n][i] if i < len(table[n]) else "") for n in names) + " |")
+        cells = (_markdown_word(table[n][i]) if i < len(table[n]) else "" for n in names)
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
