@@ -431,7 +431,8 @@ def plot_ablation(payload: dict[str, Any], axes: Sequence[Any],
                          label=f"{'learned' if run == 'base' else 'random'}, depth {depth}")
     axes[0].set_xlabel("epoch")
     axes[0].set_ylabel("mass-weighted mean $J_n$")
-    axes[0].legend(fontsize=9, ncol=2)
+    # legends under the panels: inside they would hide the curves
+    axes[0].legend(fontsize=9, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     for run in moved_runs:
         history = rows.get(run, {}).get("reassignments") or []
         if history:
@@ -439,7 +440,7 @@ def plot_ablation(payload: dict[str, Any], axes: Sequence[Any],
     axes[1].set_xlabel("epoch")
     axes[1].set_ylabel("share of words moved per rebuild")
     axes[1].set_yscale("log")
-    axes[1].legend(fontsize=9)
+    axes[1].legend(fontsize=9, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     variants = [(name, rec) for name, rec in rows.items() if rec.get("variant")]
     axes[2].barh([name for name, _ in variants], [rec["gain_vs_random"] for _, rec in variants])
     spread = next((r for r in payload["records"] if r.get("measure") == "random_seed_spread"), None)
