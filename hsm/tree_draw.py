@@ -2,7 +2,8 @@
 
 Both show each node by its most frequent labels, as the papers' figures of learned trees do
 (ICML Figure 3 and arXiv Figure 4 list the four most frequent words of each node).
-``Tree.summary`` and ``Tree.draw`` call these functions.
+``Tree.summary`` and ``Tree.draw`` call these functions; :func:`draw_tree_vertical` lays two
+levels out one node per line, so that a wide tree (65 children per node) stays legible on a page.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 
 from .tree import Tree
 
-__all__ = ["draw_tree", "tree_summary"]
+__all__ = ["draw_tree", "draw_tree_vertical", "tree_summary"]
 
 
 def tree_summary(tree: Tree, counts: Any | None = None, k: int = 4, max_depth: int = 1,
@@ -89,5 +90,87 @@ def draw_tree(
                 bbox=dict(boxstyle="round", fc="white", ec="0.5"))
     ax.set_xlim(-0.7, max(next_x[0] - 0.3, 0.7))
     ax.set_ylim(-max_depth - 0.6, 0.6)
+    ax.axis("off")
+    return ax
+
+
+# between the words of a node: a comma would be confused with the "," token
+SEP = " \u00b7 "
+
+
+def _children_by_mass(tree: Tree, node: int, weights: np.ndarray | None, limit: int) -> list[int]:
+    """The ``limit`` children of ``node`` with the most label mass (label count without weights)."""
+    kids = [int(c) for c, ok in zip(tree.child_node[node], tree.slot_mask[node]) if c >= 0 and ok]
+
+    def mass(child: int) -> float:
+        labels = tree.labels_under(child)
+        return float(weights[labels].sum()) if weights is not None else float(labels.size)
+
+    return sorted(kids, key=mass, reverse=True)[:limit]
+
+
+def draw_tree_vertical(
+    tree: Tree,
+    ax: Any = None,
+    counts: Any | None = None,
+    k: int = 4,
+    children: int = 8,
+    grandchildren: int = 3,
+    root: int = 0,
+    fontsize: float = 9,
+) -> Any:
+    """Draw two levels below ``root`` top to bottom, one node per line, and return the axes.
+
+    The root sits on the left with its ``k`` most frequent labels (ICML Figure 3 shows each
+    node by its four most common words); the middle column lists its ``children`` busiest
+    children (by label mass under ``counts``), each followed in the right column by its
+    ``grandchildren`` busiest children. A 65-ary node cannot show all its children side by side
+    at a legible size, so the drawing keeps the busiest and says how many there are."""
+    import matplotlib.pyplot as plt
+
+    if children < 1 or grandchildren < 1:
+        raise ValueError(f"children={children} and grandchildren={grandchildren}: "
+                         "draw at least one of each")
+    weights = None if counts is None else np.asarray(counts, dtype=np.float64)
+    level1 = _children_by_mass(tree, root, weights, children)
+    rows: list[tuple[int, list[int]]] = [
+        (child, _children_by_mass(tree, child, weights, grandchildren)) for child in level1]
+    n_lines = sum(max(len(kids), 1) for _, kids in rows)
+    if ax is None:
+        # a line per node, tall enough for a boxed line of text at ``fontsize``
+        _, ax = plt.subplots(figsize=(7, 0.034 * fontsize * n_lines + 0.6))
+    # the middle column holds two words a line; wider text pushes the right column out
+    x_root, x_mid, x_right = 0.0, 0.12, 0.42 + 0.03 * max(fontsize - 9, 0)
+    box = dict(boxstyle="round,pad=0.25", fc="white", ec="0.6")
+    line = 0
+    mid_ys = []
+    for child, kids in rows:
+        ys = [-(line + i) for i in range(max(len(kids), 1))]
+        line += len(ys)
+        y_mid = float(np.mean(ys))
+        mid_ys.append(y_mid)
+        for kid, y in zip(kids, ys):
+            # an elbow from the child to each of its own children
+            ax.plot([x_right - 0.03, x_right - 0.015, x_right - 0.015, x_right],
+                    [y_mid, y_mid, y, y], color="0.7", lw=0.8, zorder=1)
+            ax.text(x_right, y, SEP.join(tree.top_labels(kid, counts, k)), ha="left",
+                    va="center", fontsize=fontsize, bbox=box, zorder=2)
+        # two words a line keep the middle column narrow enough for the right one
+        words = tree.top_labels(child, counts, k)
+        text = "\n".join(SEP.join(words[i:i + 2]) for i in range(0, len(words), 2))
+        ax.text(x_mid, y_mid, text, ha="left", va="center", fontsize=fontsize, bbox=box, zorder=2)
+    y_root = float(np.mean(mid_ys))
+    for y in mid_ys:
+        ax.plot([x_root + 0.07, x_mid - 0.03, x_mid - 0.015, x_mid],
+                [y_root, y_root, y, y], color="0.7", lw=0.8, zorder=1)
+    ax.text(x_root, y_root, "\n".join(tree.top_labels(root, counts, k)), ha="left", va="center",
+            fontsize=fontsize, bbox=box, zorder=2)
+    n_kids = int(tree.slot_mask[root].sum())
+    ax.text(x_mid, 0.9, f"busiest {len(level1)} of {n_kids} children", ha="left",
+            va="bottom", fontsize=fontsize - 1, color="0.35")
+    ax.text(x_right, 0.9, f"busiest {grandchildren} children of each", ha="left",
+            va="bottom", fontsize=fontsize - 1, color="0.35")
+    ax.set_xlim(-0.01, 1.0)
+    ax.set_ylim(-line + 0.4, 1.5)
     ax.axis("off")
     return ax

@@ -560,3 +560,26 @@ def test_scale_label_calls_only_smaller_runs_reductions() -> None:
     assert scale_label("full", {"lr_grid": "0.05"}, full) == "full, reduced: lr_grid=0.05"
     # more epochs than the preset is a setting, not a reduction
     assert scale_label("full", {"epochs": str(full.epochs + 1)}, full) == f"full, settings: epochs={full.epochs + 1}"
+
+
+def test_read_runs_picks_the_best_epoch_on_validation_only() -> None:
+    epochs = [{"epoch": 1, "valid_perplexity": 200.0, "test_perplexity": 210.0},
+              {"epoch": 2, "valid_perplexity": 180.0, "test_perplexity": 195.0},
+              {"epoch": 3, "valid_perplexity": 185.0, "test_perplexity": 190.0}]
+    records = [{"run": "random", "measure": "test_perplexity", "model": "Random Tree", "value": 190.0,
+                "per_epoch": epochs, "epochs": 3},
+               {"run": "random", "measure": "train_ms_per_batch", "value": 5.0},
+               {"run": "random", "measure": "test_ms_per_batch", "value": 1.0}]
+    row = lm.read_runs({"records": records})["random"]
+    # epoch 3 has the lowest test perplexity, but early stopping may only look at validation
+    assert (row.best_epoch, row.best_test) == (2, 195.0)
+    assert row.final == 190.0 and row.final_valid == 185.0 and row.valid == [200.0, 180.0, 185.0]
+    assert row.train_ms == 5.0 and row.rebuilds == []
+
+
+def test_leaf_table_markdown_shows_tokens_literally() -> None:
+    table = lm.leaf_table_markdown({"node 1": ["<eos>", "s_", "a|b"], "node 2": ["the"]})
+    lines = table.splitlines()
+    assert lines[0] == "| node 1 | node 2 |"
+    assert lines[2] == "| &lt;eos&gt; | the |"  # not an HTML tag
+    assert lines[3] == "| s\\_ |  |" and lines[4] == "| a\\|b |  |"

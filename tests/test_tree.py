@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hsm.tree import Tree
+from hsm.tree_draw import draw_tree_vertical
 
 
 def _check_paths_consistent(tree: Tree) -> None:
@@ -120,6 +121,12 @@ def test_summary_and_draw():
     assert "node 0: 30 labels: w0, w1, w2, w3" in text
     ax = tree.draw(counts=counts, max_depth=2)
     assert len(ax.texts) > 3
+    # two levels, one node per line: root, 3 children, 2 grandchildren each, 2 column headers
+    ax = draw_tree_vertical(tree, counts=counts, children=3, grandchildren=2)
+    assert len(ax.texts) == 1 + 3 + 3 * 2 + 2
+    assert ax.texts[-3].get_text() == "w0\nw1\nw2\nw3"  # the root, its 4 most frequent labels
+    with pytest.raises(ValueError, match="draw at least one"):
+        draw_tree_vertical(tree, children=0)
 
 
 @pytest.mark.parametrize(

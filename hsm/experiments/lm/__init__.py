@@ -9,10 +9,10 @@ output layers behind one interface:
 * ``clustering``: ICML §7.2's clustering tree: 50-dimensional word embeddings, MiniBatchKMeans into
   ``M**2`` centroids, words filled greedily into the nearest non-full centroid (M words each).
   The paper does not say how the ``M**2`` clusters are grouped under the root; we run a second
-  k-means over the centroids into M groups of M clusters (same greedy fill). The paper learns the
-  embeddings with fastText (5 epochs, hierarchical-softmax loss); fastText is not installed here,
-  so we learn them with our own log-bilinear model (d = 50, random-tree HSM) on the same training
-  data, and use its input embeddings ``U``;
+  k-means over the centroids into M groups of M clusters (same greedy fill). The embeddings are
+  fastText's, as the paper's (5 epochs, hierarchical-softmax loss; the optional ``hsm[baselines]``
+  extra); ``-o clustering_embeddings=lbl`` learns them with our own log-bilinear model (d = 50,
+  random-tree HSM) on the same training data instead, as the quick scale does;
 * ``learned``: Algorithm 1 (:class:`hsm.TreeLearner`) with Algorithm 3 (depth constraint) and the
   log-likelihood ranking of eq. 12, starting from a random tree, re-assigning 20 times per epoch
   (arXiv) or 50 times (ICML) while the tree is learned, then fine-tuning with the tree fixed.
@@ -77,7 +77,7 @@ from .presets import (ABLATION_VARIANTS, ABLATION_WHAT, DEFAULT_OUT, RESULTS_DIR
 from .report import (_EMBEDDINGS, _MODEL_NAMES, _SLUGS, _ablation_records, _out_path, _records, _write,
                      ablation_markdown, ablation_rows, best_epoch_markdown, combine_parts, leaf_table,
                      leaf_table_markdown, load_tree_file, plot_ablation, plot_learning_evidence, plot_per_epoch,
-                     plt_colours, runs_of, table_markdown)
+                     plt_colours, read_runs, RunRecord, runs_of, table_markdown)
 from .tables import _run_dir, _table_corpus, run_ablation, run_table
 from .training import (RankedAdaptiveSoftmax, RunFiles, _add_l2, _atomic_save, _evaluate, _load_checkpoint,
                        _load_finished, _make_output, _select_lr, _sync, train_lm)

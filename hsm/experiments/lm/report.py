@@ -7,7 +7,7 @@ import gzip
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +21,7 @@ from .presets import ABLATION_WHAT, ABLATION_VARIANTS, SCALES, LMScale, _ablatio
 
 __all__ = ["ablation_markdown", "ablation_rows", "best_epoch_markdown", "combine_parts", "leaf_table",
            "leaf_table_markdown", "load_tree_file", "plot_ablation", "plot_learning_evidence", "plot_per_epoch",
-           "runs_of", "table_markdown"]
+           "read_runs", "RunRecord", "runs_of", "table_markdown"]
 
 
 _MODEL_NAMES = {"flat": "Flat soft-max", "random": "Random Tree", "clustering": "Clustering Tree",
@@ -226,6 +226,46 @@ def runs_of(payload: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
+@dataclass(frozen=True)
+class RunRecord:
+    """One run (output layer) of a result file, read by name: its perplexities per epoch, the
+    epoch an early stop on **validation** would pick, and its times."""
+
+    model: str  # the layer, as the tables name it
+    final: float  # test perplexity after the last epoch, as the tables report it
+    final_valid: float  # validation perplexity after the last epoch
+    valid: list[float]  # validation perplexity after epoch 1, 2, ...
+    test: list[float]  # test perplexity after epoch 1, 2, ...
+    best_epoch: int  # the epoch (1 = the first) with the lowest validation perplexity
+    best_test: float  # the test perplexity at that epoch (chosen on validation only)
+    train_ms: float  # wall time per training step
+    test_ms: float  # wall time per test batch
+    epochs: int  # epochs trained
+    learn_epochs: float  # learned tree: epochs during which the tree was rebuilt (0 for the others)
+    train_tokens: int  # training tokens per epoch
+    batch_size: int
+    # learned tree only: one record per rebuild (J_n per depth, share of words moved, seconds)
+    rebuilds: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_runs(payload: dict[str, Any]) -> dict[str, RunRecord]:
+    """``{run name: RunRecord}`` for every run of a result file (or of :func:`combine_parts`)."""
+    out = {}
+    for run, measures in runs_of(payload).items():
+        rec = measures["test_perplexity"]
+        epochs = rec["per_epoch"]
+        best = min(epochs, key=lambda e: e["valid_perplexity"])
+        out[run] = RunRecord(
+            model=rec["model"], final=rec["value"], final_valid=epochs[-1]["valid_perplexity"],
+            valid=[e["valid_perplexity"] for e in epochs], test=[e["test_perplexity"] for e in epochs],
+            best_epoch=best["epoch"], best_test=best["test_perplexity"],
+            train_ms=measures["train_ms_per_batch"]["value"], test_ms=measures["test_ms_per_batch"]["value"],
+            epochs=rec.get("epochs", len(epochs)), learn_epochs=rec.get("learn_epochs", 0),
+            train_tokens=rec.get("train_tokens", 0), batch_size=rec.get("batch_size", 0),
+            rebuilds=measures.get("mean_moved_labels", {}).get("reassignments", []))
+    return out
+
+
 def combine_parts(payloads: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One table from a table run in parts (``-o runs=...``, one result file each).
 
@@ -315,7 +355,7 @@ def plot_per_epoch(payload: dict[str, Any], ax: Any, split: str = "test_perplexi
     ax.set_xlabel("epoch")
     ax.set_ylabel(split.replace("_", " "))
     ax.set_xticks(sorted({e["epoch"] for m in runs_of(payload).values() for e in m["test_perplexity"]["per_epoch"]}))
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     ax.set_title(title)
     return ax
 
@@ -332,7 +372,7 @@ def plot_learning_evidence(payload: dict[str, Any], axes: Sequence[Any], run: st
                      marker=".", label=f"depth {depth} (root = 0)")
     axes[0].set_xlabel("epoch")
     axes[0].set_ylabel("mean $J_n$ (eq. 6, continuous)")
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=9)
     axes[1].plot(epochs, [h["moved_labels"] for h in history], marker=".")
     axes[1].set_xlabel("epoch")
     axes[1].set_ylabel("fraction of words moved")
@@ -373,12 +413,23 @@ def leaf_table(tree: Tree, counts: np.ndarray, nodes: int = 4, words: int = 10,
     return {f"node {n}": tree.top_labels(n, counts, words) for n in chosen}
 
 
+def _markdown_word(word: str) -> str:
+    """A corpus token as literal markdown text: ``<eos>`` would be read as an HTML tag and
+    ``s_`` or ``*`` as emphasis, so those characters are escaped."""
+    word = word.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    for char in "\\`*_|[]":
+        word = word.replace(char, "\\" + char)
+    return word
+
+
 def leaf_table_markdown(table: dict[str, list[str]]) -> str:
+    """A markdown table with one column per node and its words down the column."""
     names = list(table)
     rows = max(len(v) for v in table.values())
     lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
     for i in range(rows):
-        lines.append("| " + " | ".join((table[n][i] if i < len(table[n]) else "") for n in names) + " |")
+        cells = (_markdown_word(table[n][i]) if i < len(table[n]) else "" for n in names)
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -421,7 +472,8 @@ def plot_ablation(payload: dict[str, Any], axes: Sequence[Any],
                          label=f"{'learned' if run == 'base' else 'random'}, depth {depth}")
     axes[0].set_xlabel("epoch")
     axes[0].set_ylabel("mass-weighted mean $J_n$")
-    axes[0].legend(fontsize=7, ncol=2)
+    # legends under the panels: inside they would hide the curves
+    axes[0].legend(fontsize=9, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     for run in moved_runs:
         history = rows.get(run, {}).get("reassignments") or []
         if history:
@@ -429,14 +481,14 @@ def plot_ablation(payload: dict[str, Any], axes: Sequence[Any],
     axes[1].set_xlabel("epoch")
     axes[1].set_ylabel("share of words moved per rebuild")
     axes[1].set_yscale("log")
-    axes[1].legend(fontsize=7)
+    axes[1].legend(fontsize=9, ncol=3, loc="upper center", bbox_to_anchor=(0.5, -0.18))
     variants = [(name, rec) for name, rec in rows.items() if rec.get("variant")]
     axes[2].barh([name for name, _ in variants], [rec["gain_vs_random"] for _, rec in variants])
     spread = next((r for r in payload["records"] if r.get("measure") == "random_seed_spread"), None)
     if spread is not None:
         axes[2].axvspan(-2 * spread["value"], 2 * spread["value"], color="grey", alpha=0.25,
                         label="random seeds: ±2 s.d.")
-        axes[2].legend(fontsize=7)
+        axes[2].legend(fontsize=9)
     axes[2].axvline(0, color="black", lw=0.8)
     # a bar or two far off the scale (learning the tree in every epoch) would hide the others:
     # clip the axis and write those values at its edge
@@ -445,7 +497,7 @@ def plot_ablation(payload: dict[str, Any], axes: Sequence[Any],
     for y, (_, rec) in enumerate(variants):
         if abs(rec["gain_vs_random"]) > limit:
             edge = math.copysign(limit, rec["gain_vs_random"])
-            axes[2].text(edge * 0.97, y, f"{rec['gain_vs_random']:+.1f}", va="center", fontsize=7,
+            axes[2].text(edge * 0.97, y, f"{rec['gain_vs_random']:+.1f}", va="center", fontsize=9,
                          ha="right" if edge > 0 else "left", color="white")
     axes[2].set_xlabel("test ppl gain over random (clipped at ±10)")
     axes[2].invert_yaxis()
