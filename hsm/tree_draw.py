@@ -1,19 +1,28 @@
-"""Showing a label tree: a text outline and a matplotlib drawing of its top levels.
+"""Showing a label tree: a text outline, a drawing of its top levels, and a drawing of a small
+tree in full.
 
-Both show each node by its most frequent labels, as the papers' figures of learned trees do
-(ICML Figure 3 and arXiv Figure 4 list the four most frequent words of each node).
-``Tree.summary`` and ``Tree.draw`` call these functions; :func:`draw_tree_vertical` lays two
-levels out one node per line, so that a wide tree (65 children per node) stays legible on a page.
+The outline and :func:`draw_tree` show each node by its most frequent labels, as the papers'
+figures of learned trees do (ICML Figure 3 and arXiv Figure 4 list the four most frequent words
+of each node). ``Tree.summary`` and ``Tree.draw`` call these functions;
+:func:`draw_tree_vertical` lays two levels out one node per line, so that a wide tree (65 children
+per node) stays legible on a page. :func:`draw_label_tree` draws every node and leaf of a small
+tree, as the papers' figures of a hierarchical predictor do (ICML Figure 1, thesis Figures 3.1-3.3
+and 3.6): named nodes, one box per label, text on the edges (a child's number, a probability) and
+one label's path in bold.
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from .tree import Tree
 
-__all__ = ["draw_tree", "draw_tree_vertical", "tree_summary"]
+__all__ = ["draw_label_tree", "draw_tree", "draw_tree_vertical", "tree_summary"]
+
+#: draw_label_tree draws every leaf; beyond this many the boxes no longer fit a page's width
+MAX_DRAWN_LEAVES = 40
 
 
 def tree_summary(tree: Tree, counts: Any | None = None, k: int = 4, max_depth: int = 1,
@@ -172,5 +181,100 @@ def draw_tree_vertical(
             va="bottom", fontsize=fontsize - 1, color="0.35")
     ax.set_xlim(-0.01, 1.0)
     ax.set_ylim(-line + 0.4, 1.5)
+
+
+def draw_label_tree(
+    tree: Tree,
+    ax: Any = None,
+    *,
+    node_names: Mapping[int, str] | None = None,
+    edge_text: Mapping[tuple[int, int], str] | None = None,
+    highlight: int | None = None,
+    child_numbers: bool = False,
+    marked_nodes: Any = (),
+    fontsize: float = 10,
+) -> Any:
+    """Draw every internal node and every leaf of a small ``tree`` and return the axes.
+
+    Internal nodes are circles named ``node_names[n]`` (default ``n1, n2, ...``: node id + 1, so
+    the root is ``n1`` as in the papers); leaves are boxes with the label names. ``highlight``
+    is a label whose path ``c^label`` (ICML Eq. 3, :meth:`Tree.path`) is drawn in bold red.
+    ``edge_text[(n, j)]`` is written on the edge from node ``n`` to its child slot ``j``
+    (0-based), e.g. the node's probability of that child; ``child_numbers`` writes ``j + 1`` on
+    every edge that has no other text. ``marked_nodes`` (node ids) are drawn with a dashed
+    orange outline, e.g. the nodes a re-assignment created. Empty (masked) slots are skipped.
+    """
+    import matplotlib.pyplot as plt
+
+    if tree.num_leaves > MAX_DRAWN_LEAVES:
+        raise ValueError(
+            f"draw_label_tree draws every leaf and this tree has {tree.num_leaves}; "
+            f"use draw_tree (Tree.draw), which draws the top levels, for trees over "
+            f"{MAX_DRAWN_LEAVES} leaves"
+        )
+    if highlight is not None and not 0 <= highlight < tree.num_labels:
+        raise ValueError(
+            f"highlight={highlight} is not a label of this tree: pick one of 0..{tree.num_labels - 1}"
+        )
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 1.1 * (tree.max_depth + 1)))
+    names = {n: f"n{n + 1}" for n in range(tree.num_nodes)}
+    names.update(node_names or {})
+    edge_text = dict(edge_text or {})
+    marked = {int(n) for n in np.atleast_1d(np.asarray(marked_nodes, dtype=np.int64))}
+    on_path = set(tree.path(highlight)) if highlight is not None else set()
+
+    # leaves get consecutive x in depth-first order; a node sits above the mean of its children
+    node_xy: dict[int, tuple[float, float]] = {}
+    leaf_xy: dict[int, tuple[float, float]] = {}
+    edges: list[tuple[int, int, tuple[float, float]]] = []
+    next_x = [0.0]
+
+    def layout(node: int, depth: int) -> float:
+        xs = []
+        for slot in range(tree.arity):
+            if not tree.slot_mask[node, slot]:
+                continue
+            child, label = int(tree.child_node[node, slot]), int(tree.child_label[node, slot])
+            if child >= 0:
+                x = layout(child, depth + 1)
+                end = (x, -(depth + 1.0))
+            else:
+                x = next_x[0]
+                next_x[0] += 1.0
+                end = (x, -(depth + 1.0))
+                leaf_xy[label] = end
+            edges.append((node, slot, end))
+            xs.append(x)
+        x = float(np.mean(xs))
+        node_xy[node] = (x, -float(depth))
+        return x
+
+    layout(0, 0)
+    for node, slot, (xb, yb) in edges:
+        xa, ya = node_xy[node]
+        bold = (node, slot) in on_path
+        ax.plot([xa, xb], [ya, yb], color="tab:red" if bold else "0.55", lw=2.6 if bold else 1.1,
+                zorder=1)
+        text = edge_text.get((node, slot))
+        if text is None and child_numbers:
+            text = str(slot + 1)
+        if text is not None:
+            ax.text(xa + 0.55 * (xb - xa), ya + 0.55 * (yb - ya), text, ha="center", va="center",
+                    fontsize=fontsize - 1, color="tab:red" if bold else "0.2", zorder=3,
+                    bbox=dict(boxstyle="round,pad=0.15", fc="white", ec="none"))
+    for node, (x, y) in node_xy.items():
+        ax.text(x, y, names[node], ha="center", va="center", fontsize=fontsize, zorder=2,
+                bbox=dict(boxstyle="circle,pad=0.25", fc="#e8eef7",
+                          ec="tab:orange" if node in marked else "0.3",
+                          ls="--" if node in marked else "-", lw=1.8 if node in marked else 1))
+    for label, (x, y) in leaf_xy.items():
+        name = tree.label_names[label] if tree.label_names is not None else str(label)
+        bold = label == highlight
+        ax.text(x, y, name, ha="center", va="center", fontsize=fontsize, zorder=2,
+                bbox=dict(boxstyle="round,pad=0.3", fc="#fff4e0" if bold else "white",
+                          ec="tab:red" if bold else "0.5", lw=1.8 if bold else 1))
+    ax.set_xlim(-0.6, max(next_x[0] - 0.4, 0.6))
+    ax.set_ylim(-tree.max_depth - 0.45, 0.45)
     ax.axis("off")
     return ax
