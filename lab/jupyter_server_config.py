@@ -13,9 +13,6 @@ The chapters (notebooks/*.md) are jupytext MyST notebooks. This configuration
 """
 import re
 
-from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
-from jupytext.async_contentsmanager import build_async_jupytext_contents_manager_class
-
 #: cell tag -> what JupyterLab collapses for it
 COLLAPSED = {
     "hide-cell": {"source_hidden": True, "outputs_hidden": True},
@@ -58,20 +55,23 @@ def write_like_the_sources(model: dict, path: str, contents_manager, **kwargs) -
     model["content"] = _OPTIONS_THEN_BLANK.sub(unless_on_disk, text)
 
 
-class ChapterContentsManager(build_async_jupytext_contents_manager_class(AsyncLargeFileManager)):
-    """jupytext's contents manager, with the book's hidden cells collapsed on opening and saves
-    written as the sources are."""
+if "get_config" in globals():  # read by Jupyter (tests import the functions above alone)
+    from jupyter_server.services.contents.largefilemanager import AsyncLargeFileManager
+    from jupytext.async_contentsmanager import build_async_jupytext_contents_manager_class
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.register_pre_save_hook(write_like_the_sources)
+    class ChapterContentsManager(build_async_jupytext_contents_manager_class(AsyncLargeFileManager)):
+        """jupytext's contents manager, with the book's hidden cells collapsed on opening and saves
+        written as the sources are."""
 
-    async def get(self, path, content=True, type=None, format=None, **kwargs):
-        model = await super().get(path, content=content, type=type, format=format, **kwargs)
-        if content and model.get("type") == "notebook" and model.get("content"):
-            collapse_hidden_cells(model["content"])
-        return model
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.register_pre_save_hook(write_like_the_sources)
 
+        async def get(self, path, content=True, type=None, format=None, **kwargs):
+            model = await super().get(path, content=content, type=type, format=format, **kwargs)
+            if content and model.get("type") == "notebook" and model.get("content"):
+                collapse_hidden_cells(model["content"])
+            return model
 
-c = get_config()  # noqa: F821 (defined by Jupyter when it reads this file)
-c.ServerApp.contents_manager_class = ChapterContentsManager
+    c = get_config()  # noqa: F821 (defined by Jupyter when it reads this file)
+    c.ServerApp.contents_manager_class = ChapterContentsManager
