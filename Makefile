@@ -77,7 +77,7 @@ $(LAB_STAMP): $(VENV_STAMP) lab/jupyter_server_config.py lab/overrides.json
 	touch $@
 
 lab: $(LAB_STAMP)
-	$(BIN)/jupyter lab $(LAB_ARGS)
+	$(BIN)/python -m jupyterlab $(LAB_ARGS)
 
 # npm pack downloads each tarball once; later builds find the unpacked copy and stay offline.
 $(VENDOR_STAMP):
