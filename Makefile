@@ -2,6 +2,7 @@
 #
 #   make test    set up .venv, run the package tests and every notebook in notebooks/ (nbval)
 #   make book    set up .venv, fetch the vendored JavaScript once, build the book (-W, clean _build)
+#   make lab     set up .venv with JupyterLab, open the chapters as notebooks
 #   make clean   remove build outputs (keeps .venv and the vendored JavaScript)
 #
 # Works from a fresh clone with no network beyond PyPI and npm; after the first run the book
@@ -36,11 +37,12 @@ NPM_PACKAGES := @jupyter-widgets/html-manager@1.0.6 requirejs@2.3.7 mathjax@3.2.
 
 BUILD := _build
 
-.PHONY: help venv test book vendor check-offline clean distclean
+.PHONY: help venv test book lab vendor check-offline clean distclean
 
 help:
 	@echo "make test   - package tests + nbval over notebooks/ (HSM_SCALE=$(HSM_SCALE))"
 	@echo "make book   - build the Jupyter Book into $(BUILD)/html (warnings are errors)"
+	@echo "make lab    - JupyterLab on the chapters (double-click opens one as a notebook)"
 	@echo "make clean  - remove build outputs;  make distclean - also .venv and $(VENDOR)"
 
 $(VENV_STAMP): pyproject.toml constraints.txt
@@ -57,6 +59,25 @@ venv: $(VENV_STAMP)
 PYTEST_ARGS ?=
 test: $(VENV_STAMP)
 	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env $(PYTEST_ARGS) || [ $$? -eq 5 ]
+
+# JupyterLab on the chapters. The `lab` extra adds JupyterLab to .venv (jupytext, in the `test`
+# and `book` extras, brings its Lab extension); the settings go into .venv, not into ~/.jupyter:
+# - lab/overrides.json: double-clicking a .md file opens it as a notebook (jupytext's viewer);
+# - lab/jupyter_server_config.py: the cells the book hides (exercise solutions, plotting code,
+#   checks) open collapsed, and a save writes the chapter as its source is written.
+# jupytext.toml (repository root) keeps jupytext_version and Lab's cell state out of saved files.
+# HSM_DATA_MIRROR reaches the kernels (exported above when a mirror sits beside the clone).
+LAB_STAMP := $(VENV)/.hsm-lab-installed
+LAB_ARGS ?=
+$(LAB_STAMP): $(VENV_STAMP) lab/jupyter_server_config.py lab/overrides.json
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,book,lab]"
+	mkdir -p $(VENV)/etc/jupyter $(VENV)/share/jupyter/lab/settings
+	cp lab/jupyter_server_config.py $(VENV)/etc/jupyter/jupyter_server_config.py
+	cp lab/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	touch $@
+
+lab: $(LAB_STAMP)
+	$(BIN)/python -m jupyterlab $(LAB_ARGS)
 
 # npm pack downloads each tarball once; later builds find the unpacked copy and stay offline.
 $(VENDOR_STAMP):

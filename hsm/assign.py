@@ -306,7 +306,7 @@ def _capacity_row(capacity: Any, arity: int) -> np.ndarray:
 def assign_node(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | None = None, *,
                 wrt: Wrt | None = None) -> np.ndarray:
     """Greedy assignment of the labels at one node under per-child capacities (ICML Algorithm 3,
-    lines "argmax over (i, j) with j not full ... if |assigned_j| = M^{D-d}: full").
+    lines "argmax over (i, j) with j not full ... if ``|assigned_j| = M^{D-d}``: full").
 
     Parameters
     ----------

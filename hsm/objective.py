@@ -777,14 +777,14 @@ def thesis_corollary32_error_bound(
 
     where F is chosen by the flags:
 
-    ==========  =====================  ==================================  ==========================
-    balanced    with_m_minus_1_factor  F                                   as printed in the thesis?
-    ==========  =====================  ==================================  ==========================
-    False       False                  :math:`M(1-2\\gamma)+2\\gamma`       yes (general case)
-    False       True                   :math:`[M(1-2\\gamma)+2\\gamma](M-1)` no: the correct inversion
-    True        True                   :math:`M-1`                         yes (balanced case), correct
-    True        False                  1                                   no (for comparison only)
-    ==========  =====================  ==================================  ==========================
+    ==========  =====================  ====================================  ==========================
+    balanced    with_m_minus_1_factor  F                                     as printed in the thesis?
+    ==========  =====================  ====================================  ==========================
+    False       False                  :math:`M(1-2\\gamma)+2\\gamma`           yes (general case)
+    False       True                   :math:`[M(1-2\\gamma)+2\\gamma](M-1)`    no: the correct inversion
+    True        True                   :math:`M-1`                           yes (balanced case), correct
+    True        False                  1                                     no (for comparison only)
+    ==========  =====================  ====================================  ==========================
 
     The proof sets :math:`N = K/(M-1)` internal nodes (an M-ary tree with K leaves has
     :math:`(K-1)/(M-1)`, strictly) in :math:`N = (1/\\kappa)^{c\\ln K}` and solves for

@@ -2,7 +2,7 @@
 
 Every experiment writes its measured numbers to a JSON file under ``results/`` (committed), as
 
-.. code-block:: json
+.. code-block:: text
 
     {"schema": 1,
      "provenance": {"date_utc": "...", "git_commit": "...", "git_dirty": false, "hostname": "...",

@@ -39,7 +39,7 @@ MODULES = [
 @dataclass(frozen=True)
 class Experiment:
     name: str
-    func: Callable[..., Any]  #: func(scale: str, device: str, out: Path | None, **options) -> Path of the result file
+    func: Callable[..., Any]  #: ``func(scale: str, device: str, out: Path | None, **options) -> Path`` of the result file
     summary: str
     #: the committed result file, relative to the repository root, e.g. "results/lm/ptb-25.json"; a run
     #: without ``out`` writes the same path under hsm-results/ instead (hsm.results.output_path)

@@ -1,6 +1,6 @@
-"""The settings of one run of each experiment: the preset of its scale (:mod:`.presets`) with the
-``-o key=value`` options applied, each parsed and range-checked before any work starts
-(ValueError naming the option and its value)."""
+"""The settings of one run of each experiment: the preset of its scale
+(:mod:`hsm.experiments.sampling.presets`) with the ``-o key=value`` options applied, each parsed
+and range-checked before any work starts (ValueError naming the option and its value)."""
 from __future__ import annotations
 
 import copy

@@ -2,7 +2,7 @@
 Figs. 1 and 2 and the learning rates the full-scale run picked for them, the settings of each
 scale (:data:`FIG_SETTINGS`, :data:`LM_SETTINGS`), the sampled outputs of the PTB comparison and
 their names in tables, and where each experiment writes. ``-o key=value`` options override the
-settings (:mod:`.config`)."""
+settings (:mod:`hsm.experiments.sampling.config`)."""
 from __future__ import annotations
 
 from typing import Any

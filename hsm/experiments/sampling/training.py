@@ -119,8 +119,8 @@ def train_softmax_regression(problem: SoftmaxRegressionProblem, method: str, ite
     weights at the evaluation points) gives the bias against the exact-gradient run.
 
     Returns a dict of lists per evaluation point: ``iteration``, ``loglik`` (mean exact
-    log-likelihood on the training set), ``bias_vs_true`` (log10 mean |p_theta - p_theta0|),
-    ``bias_vs_exact`` and ``param_diff_vs_exact`` (log10 mean |W - W_exact|) when ``reference`` is given,
+    log-likelihood on the training set), ``bias_vs_true`` (log10 mean ``|p_theta - p_theta0|``),
+    ``bias_vs_exact`` and ``param_diff_vs_exact`` (log10 mean ``|W - W_exact|``) when ``reference`` is given,
     plus ``weights`` (the snapshots), ``scores_per_batch`` (mean w^T x computed) and ``diverged``.
     """
     name = "ranking" if method.startswith("ranking") else method
