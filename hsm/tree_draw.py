@@ -181,6 +181,8 @@ def draw_tree_vertical(
             va="bottom", fontsize=fontsize - 1, color="0.35")
     ax.set_xlim(-0.01, 1.0)
     ax.set_ylim(-line + 0.4, 1.5)
+    ax.axis("off")
+    return ax
 
 
 def draw_label_tree(
