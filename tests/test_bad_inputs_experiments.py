@@ -97,6 +97,8 @@ def test_provenance_records_the_scale_passed_not_the_environment(monkeypatch) ->
 @pytest.mark.parametrize("env, flag", [("full", "quick"), ("quick", "full")])
 def test_cli_label_is_the_scale_that_ran(capsys, monkeypatch, env, flag) -> None:
     monkeypatch.setenv("HSM_SCALE", env)
+    # a committed checkout: the full run must not be refused for a developer's uncommitted edits
+    monkeypatch.setattr(results, "_CODE_AT_START", (results._CODE_AT_START[0], False))
     code, out, err = _run(capsys, "sampling-fig1", "--scale", flag, "--out", "f.json", *_fig_args())
     assert code == 0, err
     payload = results.load_results("f.json")
