@@ -32,13 +32,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hsm.results import _CODE_AT_START, load_results
+from hsm.results import _CODE_AT_START, load_results, scale_of_label
 
 __all__ = ["Difference", "ReproduceError", "invocation_of", "command_for", "compare_records", "main"]
 
 #: field names that measure the machine, not the method: shown, never checked
-_TIMING_FIELD = re.compile(r"(^|_)(ms|s|sec|secs|seconds|time|times|wall|speedup|ratio|throughput|per_s)(_|$)"
-                           r"|time|speed|_ms_|seconds")
+_TIMING_FIELD = re.compile(r"(^|_)(ms|s|sec|secs|wall|ratio|throughput|per_s)(_|$)|time|speed|seconds")
 
 
 class ReproduceError(ValueError):
@@ -48,7 +47,8 @@ class ReproduceError(ValueError):
 def invocation_of(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> dict[str, Any]:
     """The command recorded in a result file's provenance (``provenance.invocation``), or for a
     file written before commands were recorded, the one its settings determine
-    (:func:`_inferred_invocation`: the language models and Barber & Botev's experiments).
+    (:func:`_inferred_invocation`: the language models, Barber & Botev's experiments, Schuurmans &
+    Frasincar's tables, ICML Tables 1 and 3 and the benchmarks).
 
     Raises:
         ReproduceError: the file records none (it was written before result files recorded their
@@ -89,14 +89,13 @@ def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str,
     config = prov.get("config")
     if not isinstance(config, Mapping):
         return None
-    scale = str(prov.get("hsm_scale") or "").split(",", 1)[0].strip()
+    scale = scale_of_label(prov.get("hsm_scale"))
     if scale not in ("quick", "full"):
         return None
     device = str(config.get("device") or "cpu")
     experiment = config.get("experiment")
     if experiment is None and {"vocab", "methods", "metrics", "predict_scale"} <= set(config):
         return {"command": "bench", "argv": _bench_argv(config), "inferred": True}
-    options: dict[str, str] | None = None
     if isinstance(config.get("overrides"), Mapping) and isinstance(experiment, str):
         options = {k: _option_text(v) for k, v in config["overrides"].items()}
         if experiment != "lm-ptb-ablation" and isinstance(config.get("runs"), list):
@@ -318,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     prov = payload["provenance"]
-    recorded_scale = str(prov.get("hsm_scale") or invocation.get("scale") or "full").split(",", 1)[0].strip()
+    recorded_scale = scale_of_label(prov.get("hsm_scale") or invocation.get("scale") or "full")
     scale = args.scale or recorded_scale
     same_scale = scale == recorded_scale
 

@@ -39,8 +39,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import hashlib
 import errno
+import hashlib
 import json
 import math
 import os
@@ -64,6 +64,7 @@ __all__ = [
     "provenance",
     "recording_invocation",
     "check_code_committed",
+    "scale_of_label",
     "make_record",
     "write_results",
     "write_progress",
@@ -170,6 +171,12 @@ def recording_invocation(invocation: Mapping[str, Any]) -> Iterator[None]:
         _INVOCATION = previous
 
 
+def scale_of_label(label: Any) -> str:
+    """The scale word of a scale label: ``"full, reduced: epochs=2"`` -> ``"full"`` (what precedes
+    the first comma; the label as given when it has none)."""
+    return str(label or "").split(",", 1)[0].strip()
+
+
 def check_code_committed(scale: str, allow_dirty: bool = False) -> None:
     """Refuse a full-scale run from code with uncommitted changes, unless ``allow_dirty``.
 
@@ -181,9 +188,9 @@ def check_code_committed(scale: str, allow_dirty: bool = False) -> None:
         ValueError: ``scale`` is ``full`` (its first word), the code differs from its commit and
             ``allow_dirty`` is False; the message names the changed files and both ways out.
     """
-    if str(scale).split(",", 1)[0].strip() != "full" or allow_dirty:
+    if scale_of_label(scale) != "full" or allow_dirty:
         return
-    commit, dirty = _CODE_AT_START
+    _, dirty = _CODE_AT_START
     if not dirty:
         return
     files = (_DIFF_AT_START or {}).get("files") or ["(unknown files)"]
@@ -238,7 +245,7 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
     if scale is not None:
         from hsm.experiments import check_scale
 
-        check_scale(str(scale).split(",", 1)[0].strip())
+        check_scale(scale_of_label(scale))
     recorded = scale if scale is not None else _scale()
 
     import numpy
@@ -420,6 +427,13 @@ class DiskFullError(OSError):
     naming the file); the previous file is intact (:func:`atomic_write`)."""
 
 
+def _nearest_existing(folder: Path) -> Path:
+    """``folder``, or its closest ancestor that exists (where a file in ``folder`` would land)."""
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    return folder
+
+
 def _disk_full(exc: BaseException, path: Path) -> bool:
     """Whether ``exc`` (or what caused it) is a full disk or quota: ENOSPC / EDQUOT, or torch's
     zip writer failing ("unexpected pos", "failed writing") on a file system with almost no room."""
@@ -428,11 +442,8 @@ def _disk_full(exc: BaseException, path: Path) -> bool:
         if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
             return True
         if isinstance(seen, RuntimeError) and ("unexpected pos" in str(seen) or "failed writing" in str(seen)):
-            folder = path.parent
-            while not folder.exists() and folder != folder.parent:
-                folder = folder.parent
             try:
-                return shutil.disk_usage(folder).free < 64 * 2**20
+                return shutil.disk_usage(_nearest_existing(path.parent)).free < 64 * 2**20
             except OSError:
                 return False
         seen = seen.__cause__ or seen.__context__
@@ -447,9 +458,7 @@ def check_destination(path: str | os.PathLike[str], what: str = "result file") -
     hint = "choose another --out" + (f" or {OUTPUT_ENV}" if os.environ.get(OUTPUT_ENV) else "")
     if path.is_dir():
         raise ValueError(f"{what} {path} is an existing directory, not a file: {hint} (e.g. {path / 'result.json'})")
-    existing = path.parent if str(path.parent) else Path(".")
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
+    existing = _nearest_existing(path.parent)
     if not existing.is_dir():
         raise ValueError(f"{what} {path} cannot be written: {existing} is a file, not a folder; {hint}")
     try:
