@@ -270,8 +270,7 @@ class HogwildTrainer:
             samples = int(clf.epochs * lengths.sum())
             tokens = {"samples": samples, "period": samples // 2 // clf.rebuilds, "local": 0, "tokens": 0}
             tokens["next"] = tokens["period"]
-        mean = clf.reduce == "mean"
-        embedding = clf.model.embedding.weight.data.numpy()
+        mean, embedding = self._inputs()
         history = FitHistory()
         start_time = time.perf_counter()
         done = 0
@@ -307,6 +306,11 @@ class HogwildTrainer:
         history.train_seconds = time.perf_counter() - start_time
         history.examples_per_second = total / max(history.train_seconds, 1e-12)
         return history
+
+    def _inputs(self) -> tuple[bool, np.ndarray]:
+        """(mean reduction?, the embedding [V, d] the kernel trains in place)."""
+        clf = self.classifier
+        return clf.reduce == "mean", clf.model.embedding.weight.data.numpy()
 
     def _run_chunk(self, values, offsets, order, targets, mean, embedding, schedule_code, done, total, collect,
                    losses, threads, epoch, position) -> None:

@@ -1,0 +1,479 @@
+"""A label tree with linear node models on sparse TF-IDF features, learned by Algorithm 1.
+
+The paper's model is ``p(y | x) = prod_{(n, c) in path(y)} softmax_c(W_n f(x) + b_n)`` (ICML eq. 3)
+with a learned representation ``f(x)``. Today's label-tree classifiers (Parabel, Bonsai, PLT)
+keep the tree and drop the learned representation: ``f(x)`` is the document's sparse TF-IDF
+vector (:mod:`hsm.sparse_features`) and each node is a linear model over it. Algorithm 1 needs
+nothing of ``f`` but the node probabilities, so it applies unchanged: this module is the paper's
+tree learning on their representation.
+
+* **Parameters.** ``W`` is stored feature-major, ``[F, N * M]``: row ``f`` holds feature f's
+  weight for child c of node n at column ``n * M + c``. A step touches, for each non-zero of x
+  and each node on the path, M consecutive floats (one cache line or two), and the exact
+  posterior over every label reads one contiguous row per non-zero.
+* **Training.** Per-example SGD on eq. 5 along the label's path (the compiled Hogwild driver of
+  :class:`hsm.fast_classifier.FastBowClassifier`, :class:`hsm.fast_trainer.HogwildTrainer`,
+  with a sparse kernel), NodeCompute's statistics collected on the way, and AssignLabels
+  (Algorithm 2) between chunks in the first half of training (ICML §11.1).
+* **Starting trees.** The M-ary Huffman tree of the label counts (the paper's), or the
+  balanced k-means label tree the label-tree libraries build before training
+  (:func:`kmeans_label_tree`).
+* **Prediction.** Exact: every node's log-softmax, summed along every label's path.
+
+Multi-label documents are trained on one of their labels drawn uniformly per epoch (fastText's
+softmax over a multi-label example, as everywhere in this package).
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Literal
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+from .assign import assign_labels_well_formed
+from .fast_classifier import Prediction, _as_labels, _check_fraction, _check_positive, _choice, _count
+from .fast_trainer import FitHistory, HogwildTrainer
+from .kernels import _FASTMATH, _run
+from .objective import RankingScore, _score_name
+from .statistics import NodeStatistics
+from .training import ReassignRecord
+from .tree import Tree, check_integer
+
+__all__ = ["SparseTreeClassifier", "full_tree", "kmeans_label_tree", "label_centroids"]
+
+_NEG_INF = np.float32(-np.inf)
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, penalty, path_nodes, path_children,
+                         path_mask, lr, schedule, start, stride, phase, total, collect, sum_probas, path_counts,
+                         label_counts, losses):  # pragma: no cover - compiled
+    """One SGD step of eq. 5 per example ``order[k]``, in place; ``losses[k]`` gets its NLL.
+
+    ``indptr``/``indices``/``data``: the CSR rows of x; ``weight`` [F, N*M] (feature-major),
+    ``bias`` [N, M], ``penalty`` [N, M] (-inf on slots holding no real label; 0 rows: none), the
+    label paths ``path_*`` [K', L]. Rate and statistics as :func:`hsm.fast_trainer._sgd_examples`.
+    Returns -1, or the k of the first example whose loss is not finite (it stops there)."""
+    arity = bias.shape[1]
+    has_penalty = penalty.shape[0] > 0
+    length = path_nodes.shape[1]
+    logit = np.empty(arity, dtype=np.float32)
+    alpha = np.empty(arity, dtype=np.float32)
+    for k in range(order.shape[0]):
+        i = order[k]
+        progress = (start + k * stride + phase) / total
+        if schedule == 0:
+            rate = np.float32(lr * (1.0 - progress))
+        else:
+            rate = np.float32(lr * min(1.0, 2.0 * (1.0 - progress)))
+        first, last = indptr[i], indptr[i + 1]
+        y = targets[i]
+        loss = 0.0
+        for depth in range(length):
+            if not path_mask[y, depth]:
+                break
+            n = path_nodes[y, depth]
+            c = path_children[y, depth]
+            base = n * arity
+            for m in range(arity):
+                logit[m] = bias[n, m]
+            for t in range(first, last):
+                f = indices[t]
+                v = data[t]
+                for m in range(arity):
+                    logit[m] += weight[f, base + m] * v
+            top = _NEG_INF
+            for m in range(arity):
+                if has_penalty and penalty[n, m] == _NEG_INF:
+                    logit[m] = _NEG_INF  # a slot holding no real label: probability 0
+                top = max(top, logit[m])
+            norm = np.float32(0.0)
+            for m in range(arity):
+                norm += np.exp(logit[m] - top)
+            loss += np.log(norm) + top - logit[c]
+            for m in range(arity):
+                p = np.exp(logit[m] - top) / norm
+                if collect:
+                    sum_probas[y, depth, m] += p
+                alpha[m] = rate * ((1.0 if m == c else 0.0) - p)
+                bias[n, m] += alpha[m]
+            for t in range(first, last):
+                f = indices[t]
+                v = data[t]
+                for m in range(arity):
+                    weight[f, base + m] += alpha[m] * v
+            if collect:
+                path_counts[y, depth] += 1.0
+        if collect:
+            label_counts[y] += 1.0
+        losses[k] = loss
+        if not np.isfinite(loss):
+            return k
+    return -1
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _label_log_probs(indptr, indices, data, lo, hi, weight, bias, penalty, path_nodes, path_children, path_mask,
+                     out):  # pragma: no cover - compiled
+    """``out[i - lo, y]`` = log p(y | x_i) (eq. 3) for rows ``lo <= i < hi`` and every label y:
+    every node's log-softmax (one contiguous row of ``weight`` per non-zero), summed on the paths."""
+    num_nodes, arity = bias.shape
+    has_penalty = penalty.shape[0] > 0
+    num_labels = out.shape[1]
+    length = path_nodes.shape[1]
+    logit = np.empty(num_nodes * arity, dtype=np.float32)
+    for i in range(lo, hi):
+        for j in range(num_nodes * arity):
+            logit[j] = bias[j // arity, j % arity]
+        for t in range(indptr[i], indptr[i + 1]):
+            f = indices[t]
+            v = data[t]
+            for j in range(num_nodes * arity):
+                logit[j] += weight[f, j] * v
+        for n in range(num_nodes):
+            base = n * arity
+            top = _NEG_INF
+            for m in range(arity):
+                if has_penalty and penalty[n, m] == _NEG_INF:
+                    logit[base + m] = _NEG_INF
+                top = max(top, logit[base + m])
+            norm = np.float32(0.0)
+            for m in range(arity):
+                norm += np.exp(logit[base + m] - top)
+            shift = top + np.log(norm)
+            for m in range(arity):
+                logit[base + m] -= shift
+        for y in range(num_labels):
+            s = np.float32(0.0)
+            for depth in range(length):
+                if not path_mask[y, depth]:
+                    break
+                s += logit[path_nodes[y, depth] * arity + path_children[y, depth]]
+            out[i - lo, y] = s
+
+
+# ---------------------------------------------------------------------------------------------- starting trees
+def label_centroids(features: sp.csr_matrix, label_values: np.ndarray, label_offsets: np.ndarray,
+                    num_labels: int) -> sp.csr_matrix:
+    """[K, F] label centroids: the sum of the feature rows of each label's documents, scaled to
+    unit length (Parabel's label representation; a label without documents is a zero row)."""
+    lengths = np.diff(label_offsets)
+    docs = np.repeat(np.arange(lengths.size), lengths)
+    membership = sp.csr_matrix((np.ones(label_values.size, dtype=np.float32), (label_values, docs)),
+                               shape=(num_labels, lengths.size))
+    centroids = (membership @ features).tocsr()
+    norms = np.sqrt(np.asarray(centroids.multiply(centroids).sum(axis=1)).ravel())
+    return sp.diags(1.0 / np.maximum(norms, 1e-12)).dot(centroids).tocsr().astype(np.float32)
+
+
+def kmeans_label_tree(centroids: sp.csr_matrix | np.ndarray, arity: int, seed: int = 0, components: int = 100
+                      ) -> Tree:
+    """The balanced k-means label tree of the label-tree classifiers (Parabel, Bonsai, napkinXC's
+    k-means trees): labels clustered by their centroids (:func:`label_centroids`), every cluster
+    holding at most M labels, built before training and never changed.
+
+    The centroids are projected on their ``components`` leading singular directions (truncated
+    SVD) and normalised, then: depth 2 when K <= M**2 (M clusters of at most M labels under the
+    root, k-means with a greedy fill), else the depth-3 tree of :func:`hsm.clustering.clustering_tree`
+    (M**2 clusters grouped M by M); deeper trees are refused (raise ``arity``)."""
+    from sklearn.decomposition import TruncatedSVD
+
+    from .clustering import _kmeans_fill, clustering_tree
+
+    num_labels = centroids.shape[0]
+    arity = check_integer(arity, "arity")
+    if not 2 <= arity <= num_labels:
+        raise ValueError(f"arity must be in [2, K = {num_labels}], got {arity}")
+    if num_labels > arity**3:
+        raise ValueError(f"K = {num_labels} labels need a tree deeper than 3 at arity {arity}: "
+                         f"use arity >= {math.ceil(num_labels ** (1 / 3))}")
+    width = min(components, centroids.shape[1] - 1, num_labels - 1)
+    if sp.issparse(centroids) and width >= 2:
+        points = TruncatedSVD(width, random_state=seed).fit_transform(centroids)
+    else:
+        points = np.asarray(centroids.todense() if sp.issparse(centroids) else centroids, dtype=np.float64)
+    points = points / np.maximum(np.linalg.norm(points, axis=1, keepdims=True), 1e-12)
+    if num_labels <= arity**2:
+        clusters, _ = _kmeans_fill(points, arity, arity, seed)
+        _, clusters = np.unique(clusters, return_inverse=True)
+        return full_tree(Tree.from_clusters(clusters, arity, 2))
+    return full_tree(clustering_tree(points, arity, depth=3, seed=seed))
+
+
+def full_tree(tree: Tree) -> Tree:
+    """``tree`` with every empty slot of a reachable node holding a dummy leaf (ids K, K+1, ...),
+    so that it is the full M-ary tree Algorithm 2 needs (ICML §5); dummy slots keep probability 0."""
+    child_node, child_label = tree.child_node.copy(), tree.child_label.copy()
+    rows = np.zeros(child_node.shape[0], dtype=bool)
+    rows[tree.bfs_order] = True
+    empty = rows[:, None] & (child_node < 0) & (child_label < 0)
+    first = max(tree.leaf_ids_max + 1, tree.num_labels)
+    child_label[empty] = first + np.arange(int(empty.sum()))
+    return Tree(child_node, child_label, tree.num_labels, label_names=tree.label_names)
+
+
+# ---------------------------------------------------------------------------------------------- the trainer
+class _SparseHogwildTrainer(HogwildTrainer):
+    """:class:`HogwildTrainer`'s epochs, chunks and rebuild plans on the sparse kernel."""
+
+    def __init__(self, classifier: "SparseTreeClassifier", data: np.ndarray) -> None:
+        super().__init__(classifier)
+        self.data = data
+
+    def _inputs(self) -> tuple[bool, np.ndarray]:
+        return False, np.zeros((0, 0), dtype=np.float32)  # no embedding: x is the representation
+
+    def _run_chunk(self, values, offsets, order, targets, mean, embedding, schedule_code, done, total, collect,
+                   losses, threads, epoch, position) -> None:
+        size = order.size
+        if size == 0:
+            return
+        clf = self.classifier
+        stats = clf.statistics
+        if stats is None:
+            sums, paths, counts = np.zeros((0, 1, 1), np.float32), np.zeros((0, 1), np.float32), np.zeros(0, np.float32)
+        else:
+            sums, paths, counts = stats.sum_probas.numpy(), stats.path_counts.numpy(), stats.label_counts.numpy()
+        nodes, children, mask, penalty = clf._path_arrays()
+        parts = max(1, min(threads, size))
+        bounds = np.linspace(0, size, parts + 1).astype(np.int64)
+        shares = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        bad = [-1] * len(shares)
+
+        def task(index: int, lo: int, hi: int) -> None:
+            bad[index] = _sgd_sparse_examples(offsets, values, self.data, order[lo:hi], targets, clf.weight, clf.bias,
+                                              penalty, nodes, children, mask, clf.lr, schedule_code, float(done),
+                                              float(parts), float(index), float(total), collect, sums, paths, counts,
+                                              losses[lo:hi])
+
+        _run(task, shares)
+        for index, k in enumerate(bad):
+            if k >= 0:
+                raise FloatingPointError(f"training loss is not finite at epoch {epoch}, example "
+                                         f"{int(order[shares[index][0] + k])} (lr={clf.lr}): lower lr")
+
+    def _rebuild(self, done: int) -> ReassignRecord:
+        """AssignLabels (Algorithm 2); node parameters stay with their node ids (ICML §4)."""
+        clf = self.classifier
+        start = time.perf_counter()
+        result = assign_labels_well_formed(clf.tree, clf.statistics, score=clf.score)
+        clf._set_tree(result.tree)
+        clf.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
+        return ReassignRecord(done, time.perf_counter() - start, result.moved_labels, len(result.moved_nodes))
+
+
+# ---------------------------------------------------------------------------------------------- the classifier
+class SparseTreeClassifier:
+    """Hierarchical softmax with a linear model per node on sparse features (ICML eq. 3 with
+    ``f(x) = x``), the tree fixed or learned by Algorithm 1.
+
+    Parameters
+    ----------
+    output: ``"flat"`` (one softmax over all K labels), ``"tree"`` (the starting tree, fixed) or
+        ``"learned"`` (Algorithm 1 from the starting tree).
+    start: the starting tree: ``"huffman"`` (M-ary Huffman tree of the label counts plus one,
+        ICML §7.1), ``"kmeans"`` (:func:`kmeans_label_tree`) or a :class:`hsm.Tree`.
+    arity: M; None picks ``ceil(sqrt(K))``, a tree of depth 2 for balanced trees.
+    lr: the initial per-example learning rate (rows of x have unit length).
+    epochs: passes over the training data.
+    threads: Hogwild threads (1 is deterministic).
+    lr_schedule: as :class:`hsm.fast_classifier.FastBowClassifier` (``"auto"``: constant then
+        linear for ``"learned"``, linear otherwise).
+    rebuilds: AssignLabels calls in the first half of training (ICML §11.1: 50).
+    prior, decay, score: Algorithm 1's statistics (:class:`hsm.NodeStatistics`) and Algorithm 2's
+        ranking score (ICML eq. 12 by default).
+    multi_label: how a document with several labels is trained: ``"sample"`` one of them per
+        epoch, uniformly (fastText), or ``"all"`` of them every epoch, as one example per label
+        (the pick-all-labels reduction of Menon et al. 2019, whose top-k is consistent for P@k).
+    seed: the orders, the multi-label draws and the k-means tree.
+
+    Attributes after :meth:`fit`: ``weight`` [F, N*M], ``bias`` [N, M], ``tree`` (None for
+    flat), ``start_tree``, ``statistics``, ``history`` (:class:`hsm.fast_trainer.FitHistory`).
+    """
+
+    def __init__(self, output: Literal["flat", "tree", "learned"] = "learned",
+                 start: Literal["huffman", "kmeans"] | Tree = "huffman", arity: int | None = None, lr: float = 0.5,
+                 epochs: int = 5, threads: int | None = None,
+                 lr_schedule: Literal["auto", "linear", "constant_then_linear"] = "auto", rebuilds: int = 50,
+                 prior: float = 1.0, decay: float = 1.0, score: RankingScore | None = None,
+                 multi_label: Literal["sample", "all"] = "sample", seed: int = 0) -> None:
+        self.output = _choice(output, "output", ("flat", "tree", "learned"))
+        if not isinstance(start, Tree):
+            start = _choice(start, "start", ("huffman", "kmeans"), described="'huffman', 'kmeans' or a Tree")
+        self.start = start
+        self.arity = None if arity is None else _count(arity, "arity", 2, shown="arity M")
+        self.lr = _check_positive(lr, "lr")
+        self.epochs = _count(epochs, "epochs", 1)
+        if threads is not None and check_integer(threads, "threads") < 1:
+            raise ValueError(f"threads must be >= 1 or None, got {threads}")
+        self.threads = threads
+        self.lr_schedule = _choice(lr_schedule, "lr_schedule", ("auto", "linear", "constant_then_linear"))
+        self.rebuilds = _count(rebuilds, "rebuilds", 0)
+        self.prior = _check_positive(prior, "prior")
+        self.decay = _check_fraction(decay, "decay")
+        self.score: RankingScore = _score_name(score, None, default="eq12")
+        self.multi_label = _choice(multi_label, "multi_label", ("sample", "all"))
+        self.seed = check_integer(seed, "seed")
+        # what HogwildTrainer reads besides the above
+        self.schedule, self.rebuild_tokens, self.reduce, self.shuffle, self.reset_moved_nodes = (
+            "first_half", 100_000, "sum", True, False)
+        self.weight: np.ndarray | None = None
+        self.bias: np.ndarray | None = None
+        self.tree: Tree | None = None
+        self.start_tree: Tree | None = None
+        self.statistics: NodeStatistics | None = None
+        self.history = FitHistory()
+        self._paths: tuple[np.ndarray, ...] | None = None
+
+    # ------------------------------------------------------------------ set-up
+    @property
+    def num_features(self) -> int:
+        self._check_fitted()
+        return self.weight.shape[0]
+
+    @property
+    def num_labels(self) -> int:
+        self._check_fitted()
+        return self._num_labels
+
+    def _set_tree(self, tree: Tree | None) -> None:
+        self.tree = tree
+        if tree is None:  # flat: one node, K children
+            k = self._num_labels
+            self._paths = (np.zeros((k, 1), np.int64), np.arange(k, dtype=np.int64)[:, None], np.ones((k, 1), bool),
+                           np.zeros((0, k), np.float32))
+            return
+        penalty = (np.zeros((0, tree.arity), np.float32) if tree.slot_mask.all()
+                   else np.where(tree.slot_mask, 0.0, -np.inf).astype(np.float32))
+        self._paths = (np.ascontiguousarray(tree.path_nodes, dtype=np.int64),
+                       np.ascontiguousarray(tree.path_children, dtype=np.int64),
+                       np.ascontiguousarray(tree.path_mask), penalty)
+
+    def _path_arrays(self) -> tuple[np.ndarray, ...]:
+        return self._paths
+
+    def _starting_tree(self, features: sp.csr_matrix, label_values: np.ndarray, label_offsets: np.ndarray,
+                       counts: np.ndarray) -> Tree:
+        if isinstance(self.start, Tree):
+            if self.start.num_labels != counts.size:
+                raise ValueError(f"the start tree has {self.start.num_labels} labels, the data {counts.size}")
+            return self.start
+        arity = self.arity or max(2, math.ceil(math.sqrt(counts.size)))
+        if arity > counts.size:
+            raise ValueError(f"arity M = {arity} exceeds the K = {counts.size} labels; use arity <= {counts.size}")
+        if self.start == "huffman":
+            return Tree.huffman(counts + 1.0, arity)
+        return kmeans_label_tree(label_centroids(features, label_values, label_offsets, counts.size), arity,
+                                 seed=self.seed)
+
+    def _check_fitted(self) -> None:
+        if self.weight is None:
+            raise RuntimeError("the classifier has no model yet: call fit first")
+
+    # ------------------------------------------------------------------ training
+    def fit(self, features: sp.spmatrix, labels: Any, num_labels: int | None = None) -> "SparseTreeClassifier":
+        """Train on ``features`` ([n, F] sparse, e.g. :func:`hsm.sparse_features.tfidf_features`'
+        rows) and ``labels`` (one int per row, or a label set per row).
+
+        Raises ValueError for a non-2-D or empty matrix, mismatched lengths, fewer than 2 labels or
+        a model too large for this machine's memory (named, before anything is allocated)."""
+        features = _as_csr(features, "features")
+        n, num_features = features.shape
+        label_values, label_offsets = _as_labels(labels, n)
+        k = int(label_values.max()) + 1 if num_labels is None else check_integer(num_labels, "num_labels")
+        if label_values.size and label_values.max() >= k:
+            raise ValueError(f"label {int(label_values.max())} is outside 0..{k - 1}: pass num_labels > {k - 1}")
+        if k < 2:
+            raise ValueError(f"a classifier needs K >= 2 labels, got {k}")
+        counts = np.bincount(label_values, minlength=k).astype(np.float64)
+        self._num_labels = k
+        tree = None if self.output == "flat" else self._starting_tree(features, label_values, label_offsets, counts)
+        slots = k if tree is None else tree.num_nodes * tree.arity
+        need = 4 * num_features * slots
+        from .fast_classifier import _physical_memory
+
+        have = _physical_memory()
+        if have is not None and need > 0.8 * have:
+            raise ValueError(f"the weights of {num_features:,} features x {slots:,} slots need {need / 2**30:.1f} GiB, "
+                             f"more than 80 % of this machine's {have / 2**30:.1f} GiB: keep fewer features "
+                             f"(tfidf_features' min_df / max_features)")
+        self.start_tree = tree
+        self.weight = np.zeros((num_features, slots), dtype=np.float32)
+        self.bias = np.zeros((1 if tree is None else tree.num_nodes, k if tree is None else tree.arity), np.float32)
+        self._set_tree(tree)
+        self.statistics = (NodeStatistics(tree, prior=self.prior, decay=self.decay)
+                           if self.output == "learned" else None)
+        if self.multi_label == "all" and (np.diff(label_offsets) != 1).any():  # one example per (document, label)
+            features = features[np.repeat(np.arange(n), np.diff(label_offsets))]
+            label_offsets = np.arange(label_values.size + 1, dtype=np.int64)
+        trainer = _SparseHogwildTrainer(self, features.data)
+        self.history = trainer.train(features.indices, features.indptr, label_values, label_offsets, False)
+        return self
+
+    # ------------------------------------------------------------------ inference
+    def log_prob(self, features: sp.spmatrix) -> np.ndarray:
+        """[n, K] log p(y | x) of every label (eq. 3), exact."""
+        self._check_fitted()
+        features = _as_csr(features, "features", self.num_features)
+        n = features.shape[0]
+        out = np.empty((n, self._num_labels), dtype=np.float32)
+        self._log_probs_into(features, 0, n, out)
+        return out
+
+    def _log_probs_into(self, features: sp.csr_matrix, lo: int, hi: int, out: np.ndarray) -> None:
+        nodes, children, mask, penalty = self._paths
+        threads = max(1, min(self.threads or 1, hi - lo))
+        bounds = np.linspace(lo, hi, threads + 1).astype(np.int64)
+        shares = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+
+        def task(index: int, a: int, b: int) -> None:
+            _label_log_probs(features.indptr, features.indices, features.data, a, b, self.weight, self.bias, penalty,
+                             nodes, children, mask, out[a - lo:b - lo])
+
+        _run(task, shares)
+
+    def predict(self, features: sp.spmatrix, k: int = 1, batch: int = 4096) -> Prediction:
+        """The ``k`` most likely labels of every row (exact) and their log-probabilities."""
+        self._check_fitted()
+        features = _as_csr(features, "features", self.num_features)
+        k = _count(k, "k", 1)
+        k = min(k, self._num_labels)
+        n = features.shape[0]
+        labels = np.empty((n, k), dtype=np.int64)
+        scores = np.empty((n, k), dtype=np.float32)
+        block = np.empty((min(batch, max(n, 1)), self._num_labels), dtype=np.float32)
+        for lo in range(0, n, batch):
+            hi = min(n, lo + batch)
+            part = block[:hi - lo]
+            self._log_probs_into(features, lo, hi, part)
+            top = np.argpartition(-part, k - 1, axis=1)[:, :k] if k < self._num_labels else np.tile(
+                np.arange(k), (hi - lo, 1))
+            order = np.argsort(-np.take_along_axis(part, top, axis=1), axis=1, kind="stable")
+            labels[lo:hi] = np.take_along_axis(top, order, axis=1)
+            scores[lo:hi] = np.take_along_axis(part, labels[lo:hi], axis=1)
+        return Prediction(labels, scores)
+
+    def model_bytes(self) -> int:
+        """Bytes of the parameters (dense; the weights of features a node never saw are zeros)."""
+        self._check_fitted()
+        return int(self.weight.nbytes + self.bias.nbytes)
+
+
+def _as_csr(features: Any, name: str, num_features: int | None = None) -> sp.csr_matrix:
+    if not sp.issparse(features):
+        raise TypeError(f"{name} must be a scipy.sparse matrix (e.g. TfidfFeatures.transform), got "
+                        f"{type(features).__name__}")
+    features = features.tocsr()
+    if features.ndim != 2 or features.shape[0] == 0:
+        raise ValueError(f"{name} must be a non-empty [n, F] matrix, got shape {features.shape}")
+    if num_features is not None and features.shape[1] != num_features:
+        raise ValueError(f"{name} has {features.shape[1]} columns, the model {num_features} features: transform "
+                         f"with the same fitted TfidfFeatures")
+    if not features.has_sorted_indices:
+        features = features.sorted_indices()
+    return sp.csr_matrix((np.asarray(features.data, dtype=np.float32), features.indices.astype(np.int64),
+                          features.indptr.astype(np.int64)), shape=features.shape)

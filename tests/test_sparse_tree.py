@@ -1,0 +1,217 @@
+"""hsm.sparse_tree and hsm.sparse_features: TF-IDF rows, the sparse kernels against autograd and
+a plain reference, the starting trees, the classifier end to end, and its errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hsm import Tree
+from hsm.sparse_features import count_matrix, tfidf_features
+from hsm.sparse_tree import (SparseTreeClassifier, _sgd_sparse_examples, full_tree, kmeans_label_tree,
+                             label_centroids)
+
+
+def _toy(n: int = 400, k: int = 12, f: int = 60, seed: int = 0):
+    """Documents whose features name their label (3 private features per label) plus noise."""
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, k, n)
+    rows, cols = [], []
+    for i, y in enumerate(labels):
+        own = 3 * y + rng.integers(0, 3, 2)
+        noise = rng.integers(3 * k, f, 3)
+        cols += own.tolist() + noise.tolist()
+        rows += [i] * 5
+    x = sp.csr_matrix((np.ones(len(cols), np.float32), (rows, cols)), shape=(n, f))
+    x.sum_duplicates()
+    norms = np.sqrt(np.asarray(x.multiply(x).sum(1)).ravel())
+    return sp.diags(1 / norms).dot(x).tocsr().astype(np.float32), labels
+
+
+# ---------------------------------------------------------------------------------------------- features
+def test_tfidf_rows_have_unit_length_and_sublinear_idf_weights():
+    values = np.array([0, 0, 1, 1, 2, 3], dtype=np.int64)  # doc 0: 0 0 1, doc 1: 1 2, doc 2: 3
+    offsets = np.array([0, 3, 5, 6], dtype=np.int64)
+    feats = tfidf_features(values, offsets, 5, min_df=1)
+    assert feats.columns.tolist() == [0, 1, 2, 3]  # id 4 is never seen
+    x = feats.transform(values, offsets).toarray()
+    np.testing.assert_allclose(np.linalg.norm(x, axis=1), 1.0, rtol=1e-6)
+    idf = 1 + np.log(4 / np.array([2, 3, 2, 2]))  # n = 3 documents, smoothed
+    raw0 = np.array([(1 + np.log(2)) * idf[0], idf[1], 0, 0])
+    np.testing.assert_allclose(x[0], raw0 / np.linalg.norm(raw0), rtol=1e-6)
+
+
+def test_tfidf_min_df_and_max_features_keep_the_most_frequent_ids():
+    values = np.array([0, 1, 0, 2, 0, 1, 3], dtype=np.int64)
+    offsets = np.array([0, 2, 4, 7], dtype=np.int64)
+    assert tfidf_features(values, offsets, 4, min_df=2).columns.tolist() == [0, 1]
+    assert tfidf_features(values, offsets, 4, min_df=1, max_features=1).columns.tolist() == [0]
+    with pytest.raises(ValueError, match="lower min_df"):
+        tfidf_features(values, offsets, 4, min_df=9)
+
+
+def test_count_matrix_refuses_ids_out_of_range():
+    with pytest.raises(ValueError, match=r"\[0, 3\)"):
+        count_matrix(np.array([0, 3]), np.array([0, 2]), 3)
+
+
+# ---------------------------------------------------------------------------------------------- kernels
+def _autograd_step(x_dense, y, tree, weight, bias, lr):
+    """One SGD step on -log p(y | x) (eq. 3 with f(x) = x) by autograd, weights feature-major."""
+    w = torch.tensor(weight, requires_grad=True)
+    b = torch.tensor(bias, requires_grad=True)
+    x = torch.tensor(x_dense)
+    arity = tree.arity
+    loss = torch.zeros(())
+    for depth in range(tree.path_nodes.shape[1]):
+        if not tree.path_mask[y, depth]:
+            break
+        n, c = int(tree.path_nodes[y, depth]), int(tree.path_children[y, depth])
+        logits = x @ w[:, n * arity:(n + 1) * arity] + b[n]
+        logits = logits.masked_fill(torch.tensor(~tree.slot_mask[n]), float("-inf"))
+        loss = loss - torch.log_softmax(logits, 0)[c]
+    loss.backward()
+    return (w - lr * w.grad).detach().numpy(), (b - lr * b.grad).detach().numpy(), float(loss.detach())
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), arity=st.integers(2, 4), k=st.integers(3, 9))
+def test_one_sparse_sgd_step_is_the_autograd_step(seed, arity, k):
+    rng = np.random.default_rng(seed)
+    tree = Tree.huffman(rng.integers(1, 20, k).astype(float), arity)
+    f = 7
+    x = sp.random(1, f, density=0.5, random_state=seed, format="csr", dtype=np.float32)
+    if x.nnz == 0:
+        x = sp.csr_matrix(np.eye(1, f, dtype=np.float32))
+    y = int(rng.integers(0, k))
+    weight = rng.normal(0, 0.3, (f, tree.num_nodes * arity)).astype(np.float32)
+    bias = rng.normal(0, 0.3, (tree.num_nodes, arity)).astype(np.float32)
+    expected_w, expected_b, expected_loss = _autograd_step(x.toarray()[0], y, tree, weight, bias, 0.1)
+    penalty = (np.zeros((0, arity), np.float32) if tree.slot_mask.all()
+               else np.where(tree.slot_mask, 0.0, -np.inf).astype(np.float32))
+    losses = np.zeros(1)
+    # schedule 1 (constant then linear) at progress 0: the rate is lr
+    bad = _sgd_sparse_examples(x.indptr.astype(np.int64), x.indices.astype(np.int64), x.data, np.zeros(1, np.int64),
+                               np.array([y]), weight, bias, penalty, tree.path_nodes, tree.path_children,
+                               tree.path_mask, 0.1, 1, 0.0, 1.0, 0.0, 10.0, False, np.zeros((0, 1, 1), np.float32),
+                               np.zeros((0, 1), np.float32), np.zeros(0, np.float32), losses)
+    assert bad == -1
+    np.testing.assert_allclose(weight, expected_w, atol=1e-5)
+    np.testing.assert_allclose(bias, expected_b, atol=1e-5)
+    assert losses[0] == pytest.approx(expected_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("output,start", [("flat", "huffman"), ("tree", "huffman"), ("tree", "kmeans")])
+def test_log_prob_is_a_distribution_and_predict_is_its_top_k(output, start):
+    x, y = _toy()
+    clf = SparseTreeClassifier(output=output, start=start, arity=4, lr=0.5, epochs=2, threads=1).fit(x, y)
+    logp = clf.log_prob(x[:50]).astype(np.float64)
+    np.testing.assert_allclose(np.exp(logp).sum(1), 1.0, rtol=1e-4)
+    pred = clf.predict(x[:50], k=3)
+    np.testing.assert_array_equal(pred.labels[:, 0], logp.argmax(1))
+    np.testing.assert_allclose(pred.log_probs, np.take_along_axis(logp, pred.labels, 1), rtol=1e-6)
+    assert (np.diff(pred.log_probs, axis=1) <= 0).all()
+
+
+def test_log_prob_matches_a_plain_reference():
+    x, y = _toy(n=120, k=7)
+    clf = SparseTreeClassifier(output="tree", arity=3, lr=0.5, epochs=1, threads=1).fit(x, y)
+    tree, dense = clf.tree, x.toarray()
+    for i in range(5):
+        for label in range(7):
+            ref = 0.0
+            for n, c in tree.path(label):
+                logits = dense[i] @ clf.weight[:, n * 3:(n + 1) * 3] + clf.bias[n]
+                logits = np.where(tree.slot_mask[n], logits, -np.inf)
+                ref += logits[c] - np.log(np.exp(logits - logits.max()).sum()) - logits.max()
+            assert clf.log_prob(x[i])[0, label] == pytest.approx(ref, abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------- trees
+def test_label_centroids_are_unit_sums_of_their_documents():
+    x, y = _toy(n=200, k=6, f=40)
+    centroids = label_centroids(x, y, np.arange(y.size + 1), 6).toarray()
+    for label in range(6):
+        total = np.asarray(x[y == label].sum(0)).ravel()
+        np.testing.assert_allclose(centroids[label], total / np.linalg.norm(total), rtol=1e-5, atol=1e-7)
+
+
+def test_kmeans_label_tree_groups_labels_with_similar_centroids():
+    rng = np.random.default_rng(0)
+    family = np.repeat([0, 1], 8)  # labels 0-7 near one direction, 8-15 near another
+    points = np.eye(10)[family * 5] + 0.05 * rng.normal(size=(16, 10))
+    tree = kmeans_label_tree(sp.csr_matrix(points), arity=4)
+    assert tree.is_well_formed() and tree.depths.max() == 2
+    for node in tree.child_node[0]:
+        assert len(set(family[tree.labels_under(int(node))])) == 1  # no cluster mixes the families
+
+
+@settings(max_examples=20, deadline=None)
+@given(k=st.integers(4, 40), arity=st.integers(2, 7), seed=st.integers(0, 100))
+def test_full_tree_keeps_every_label_in_place_and_is_well_formed(k, arity, seed):
+    rng = np.random.default_rng(seed)
+    arity = min(arity, k)
+    depth = 1
+    while arity**depth < k:
+        depth += 1
+    positions = rng.permutation(arity**depth)[:k]
+    tree = Tree.complete(positions, arity, depth)
+    full = full_tree(tree)
+    assert full.is_well_formed()
+    for label in range(k):
+        assert full.path(label) == tree.path(label)
+
+
+def test_kmeans_label_tree_refuses_a_tree_deeper_than_three():
+    with pytest.raises(ValueError, match="use arity >= 3"):
+        kmeans_label_tree(np.eye(20), arity=2)
+
+
+# ---------------------------------------------------------------------------------------------- the classifier
+@pytest.mark.parametrize("output,start", [("flat", "huffman"), ("tree", "kmeans"), ("learned", "huffman"),
+                                          ("learned", "kmeans")])
+def test_classifier_learns_a_separable_problem(output, start):
+    x, y = _toy(seed=1)
+    clf = SparseTreeClassifier(output=output, start=start, arity=4, lr=1.0, epochs=5, threads=1, rebuilds=5)
+    clf.fit(x[:300], y[:300])
+    assert (clf.predict(x[300:]).labels[:, 0] == y[300:]).mean() > 0.9
+    if output == "learned":
+        assert len(clf.history.rebuilds) == 5 and clf.tree.is_well_formed()
+
+
+def test_multi_label_all_trains_one_example_per_label():
+    x, y = _toy(n=100)
+    sets = [[int(a), int((a + 1) % 12)] for a in y]
+    clf = SparseTreeClassifier(output="flat", lr=0.5, epochs=1, threads=1, multi_label="all").fit(x, sets)
+    assert clf.history.examples_per_second > 0
+    assert len(clf.history.epoch_loss) == 1
+    sampled = SparseTreeClassifier(output="flat", lr=0.5, epochs=1, threads=1).fit(x, sets)
+    assert not np.allclose(clf.weight, sampled.weight)
+
+
+def test_one_thread_is_deterministic():
+    x, y = _toy()
+    a = SparseTreeClassifier(arity=4, epochs=2, threads=1, rebuilds=3, seed=3).fit(x, y)
+    b = SparseTreeClassifier(arity=4, epochs=2, threads=1, rebuilds=3, seed=3).fit(x, y)
+    np.testing.assert_array_equal(a.weight, b.weight)
+    assert a.tree == b.tree
+
+
+def test_errors_name_the_problem():
+    x, y = _toy(n=50)
+    with pytest.raises(TypeError, match="scipy.sparse"):
+        SparseTreeClassifier().fit(x.toarray(), y)
+    with pytest.raises(ValueError, match="output"):
+        SparseTreeClassifier(output="deep")
+    with pytest.raises(ValueError, match="start"):
+        SparseTreeClassifier(start="random")
+    clf = SparseTreeClassifier(output="flat", epochs=1, threads=1).fit(x, y)
+    with pytest.raises(ValueError, match="same fitted TfidfFeatures"):
+        clf.predict(x[:, :10])
+    with pytest.raises(RuntimeError, match="call fit"):
+        SparseTreeClassifier().predict(x)
+    with pytest.raises(ValueError, match="num_labels"):
+        SparseTreeClassifier().fit(x, y, num_labels=3)
