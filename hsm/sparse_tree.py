@@ -51,15 +51,20 @@ _NEG_INF = np.float32(-np.inf)
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, penalty, path_nodes, path_children,
                          path_mask, lr, schedule, start, stride, phase, total, collect, sum_probas, path_counts,
-                         label_counts, losses):  # pragma: no cover - compiled
+                         label_counts, losses, squares):  # pragma: no cover - compiled
     """One SGD step of eq. 5 per example ``order[k]``, in place; ``losses[k]`` gets its NLL.
 
     ``indptr``/``indices``/``data``: the CSR rows of x; ``weight`` [F, N*M] (feature-major),
     ``bias`` [N, M], ``penalty`` [N, M] (-inf on slots holding no real label; 0 rows: none), the
     label paths ``path_*`` [K', L]. Rate and statistics as :func:`hsm.fast_trainer._sgd_examples`.
+    ``squares`` [F, N] (0 rows: plain SGD): AdaGrad's running sum of squared gradients per
+    (feature, node), shared by the node's M weights of that feature; the step of feature f at
+    node n is divided by ``sqrt(1 + squares[f, n])`` (so it starts as the plain SGD step and
+    shrinks for features seen often, leaving rare ones large).
     Returns -1, or the k of the first example whose loss is not finite (it stops there)."""
     arity = bias.shape[1]
     has_penalty = penalty.shape[0] > 0
+    adagrad = squares.shape[0] > 0
     length = path_nodes.shape[1]
     logit = np.empty(arity, dtype=np.float32)
     alpha = np.empty(arity, dtype=np.float32)
@@ -95,15 +100,21 @@ def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, pe
             for m in range(arity):
                 norm += np.exp(logit[m] - top)
             loss += np.log(norm) + top - logit[c]
+            residual = np.float32(0.0)  # sum over children of (1[m = c] - p_m)^2
             for m in range(arity):
                 p = np.exp(logit[m] - top) / norm
                 if collect:
                     sum_probas[y, depth, m] += p
-                alpha[m] = rate * ((1.0 if m == c else 0.0) - p)
+                r = (1.0 if m == c else 0.0) - p
+                residual += r * r
+                alpha[m] = rate * r
                 bias[n, m] += alpha[m]
             for t in range(first, last):
                 f = indices[t]
                 v = data[t]
+                if adagrad:
+                    squares[f, n] += v * v * residual
+                    v = v / np.sqrt(np.float32(1.0) + squares[f, n])
                 for m in range(arity):
                     weight[f, base + m] += alpha[m] * v
             if collect:
@@ -248,7 +259,7 @@ class _SparseHogwildTrainer(HogwildTrainer):
             bad[index] = _sgd_sparse_examples(offsets, values, self.data, order[lo:hi], targets, clf.weight, clf.bias,
                                               penalty, nodes, children, mask, clf.lr, schedule_code, float(done),
                                               float(parts), float(index), float(total), collect, sums, paths, counts,
-                                              losses[lo:hi])
+                                              losses[lo:hi], clf.squares)
 
         _run(task, shares)
         for index, k in enumerate(bad):
@@ -289,6 +300,9 @@ class SparseTreeClassifier:
     multi_label: how a document with several labels is trained: ``"sample"`` one of them per
         epoch, uniformly (fastText), or ``"all"`` of them every epoch, as one example per label
         (the pick-all-labels reduction of Menon et al. 2019, whose top-k is consistent for P@k).
+    optimizer: ``"sgd"`` (fastText's per-example step) or ``"adagrad"`` (the step of each
+        feature at each node scaled by its own gradient history, Duchi et al. 2011: rare
+        features, most bigrams, keep large steps).
     seed: the orders, the multi-label draws and the k-means tree.
 
     Attributes after :meth:`fit`: ``weight`` [F, N*M], ``bias`` [N, M], ``tree`` (None for
@@ -300,7 +314,8 @@ class SparseTreeClassifier:
                  epochs: int = 5, threads: int | None = None,
                  lr_schedule: Literal["auto", "linear", "constant_then_linear"] = "auto", rebuilds: int = 50,
                  prior: float = 1.0, decay: float = 1.0, score: RankingScore | None = None,
-                 multi_label: Literal["sample", "all"] = "sample", seed: int = 0) -> None:
+                 multi_label: Literal["sample", "all"] = "sample", optimizer: Literal["sgd", "adagrad"] = "sgd",
+                 seed: int = 0) -> None:
         self.output = _choice(output, "output", ("flat", "tree", "learned"))
         if not isinstance(start, Tree):
             start = _choice(start, "start", ("huffman", "kmeans"), described="'huffman', 'kmeans' or a Tree")
@@ -317,12 +332,14 @@ class SparseTreeClassifier:
         self.decay = _check_fraction(decay, "decay")
         self.score: RankingScore = _score_name(score, None, default="eq12")
         self.multi_label = _choice(multi_label, "multi_label", ("sample", "all"))
+        self.optimizer = _choice(optimizer, "optimizer", ("sgd", "adagrad"))
         self.seed = check_integer(seed, "seed")
         # what HogwildTrainer reads besides the above
         self.schedule, self.rebuild_tokens, self.reduce, self.shuffle, self.reset_moved_nodes = (
             "first_half", 100_000, "sum", True, False)
         self.weight: np.ndarray | None = None
         self.bias: np.ndarray | None = None
+        self.squares: np.ndarray | None = None
         self.tree: Tree | None = None
         self.start_tree: Tree | None = None
         self.statistics: NodeStatistics | None = None
@@ -402,8 +419,13 @@ class SparseTreeClassifier:
                              f"more than 80 % of this machine's {have / 2**30:.1f} GiB: keep fewer features "
                              f"(tfidf_features' min_df / max_features)")
         self.start_tree = tree
-        self.weight = np.zeros((num_features, slots), dtype=np.float32)
+        # written once in order: np.zeros maps pages lazily, and the first random touch of each page
+        # by the SGD steps is a page fault (on virtual machines, orders of magnitude slower than a write)
+        self.weight = np.empty((num_features, slots), dtype=np.float32)
+        self.weight.fill(0.0)
         self.bias = np.zeros((1 if tree is None else tree.num_nodes, k if tree is None else tree.arity), np.float32)
+        self.squares = np.empty((num_features if self.optimizer == "adagrad" else 0, self.bias.shape[0]), np.float32)
+        self.squares.fill(0.0)
         self._set_tree(tree)
         self.statistics = (NodeStatistics(tree, prior=self.prior, decay=self.decay)
                            if self.output == "learned" else None)

@@ -97,7 +97,7 @@ def test_one_sparse_sgd_step_is_the_autograd_step(seed, arity, k):
     bad = _sgd_sparse_examples(x.indptr.astype(np.int64), x.indices.astype(np.int64), x.data, np.zeros(1, np.int64),
                                np.array([y]), weight, bias, penalty, tree.path_nodes, tree.path_children,
                                tree.path_mask, 0.1, 1, 0.0, 1.0, 0.0, 10.0, False, np.zeros((0, 1, 1), np.float32),
-                               np.zeros((0, 1), np.float32), np.zeros(0, np.float32), losses)
+                               np.zeros((0, 1), np.float32), np.zeros(0, np.float32), losses, np.zeros((0, 1), np.float32))
     assert bad == -1
     np.testing.assert_allclose(weight, expected_w, atol=1e-5)
     np.testing.assert_allclose(bias, expected_b, atol=1e-5)
@@ -215,3 +215,28 @@ def test_errors_name_the_problem():
         SparseTreeClassifier().predict(x)
     with pytest.raises(ValueError, match="num_labels"):
         SparseTreeClassifier().fit(x, y, num_labels=3)
+
+
+def test_adagrad_divides_each_step_by_its_feature_and_node_history():
+    x = sp.csr_matrix(np.array([[0.6, 0.8, 0.0]], dtype=np.float32))
+    tree = Tree.huffman(np.ones(3), 3)  # one node, three labels
+    weight = np.zeros((3, 3), np.float32)
+    bias = np.zeros((1, 3), np.float32)
+    squares = np.zeros((3, 1), np.float32)
+    losses = np.zeros(2)
+    args = (np.zeros((0, 3), np.float32), tree.path_nodes, tree.path_children, tree.path_mask, 1.0, 1, 0.0, 1.0, 0.0,
+            10.0, False, np.zeros((0, 1, 1), np.float32), np.zeros((0, 1), np.float32), np.zeros(0, np.float32))
+    y = int(tree.child_label[0].tolist().index(0))  # label 0's slot
+    _sgd_sparse_examples(x.indptr.astype(np.int64), x.indices.astype(np.int64), x.data, np.zeros(1, np.int64),
+                         np.array([0]), weight, bias, *args, losses, squares)
+    residual = (1 - 1 / 3) ** 2 + 2 * (1 / 3) ** 2  # uniform p at zero weights
+    np.testing.assert_allclose(squares[:, 0], [0.36 * residual, 0.64 * residual, 0], rtol=1e-5)
+    expected = np.array([0.6, 0.8]) / np.sqrt(1 + squares[:2, 0]) * (1 - 1 / 3)
+    np.testing.assert_allclose(weight[:2, y], expected, rtol=1e-5)
+
+
+def test_adagrad_learns_a_separable_problem():
+    x, y = _toy(seed=2)
+    clf = SparseTreeClassifier(output="learned", arity=4, lr=2.0, epochs=5, threads=1, rebuilds=5,
+                               optimizer="adagrad").fit(x[:300], y[:300])
+    assert (clf.predict(x[300:]).labels[:, 0] == y[300:]).mean() > 0.9
