@@ -48,6 +48,20 @@ def test_precision_at_k_refuses_a_bad_k_or_missing_predictions():
         T.precision_at_k([[0]], test, 1)
 
 
+def test_xc_file_of_a_document_without_features_is_read_by_omikuji(tmp_path):
+    import scipy.sparse as sp
+
+    x = sp.csr_matrix(np.array([[0.6, 0.0, 0.8], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=np.float32))
+    labels = _gold([[0, 2], [1], [1]], num_labels=3)
+    path = tmp_path / "train.txt"
+    T._write_xc_file(path, x, labels)
+    assert path.read_text().splitlines() == ["3 3 3", "0,2 0:0.6 2:0.8", "1", "1 1:1"]
+    omikuji = pytest.importorskip("omikuji")
+    with T._library_output_to(tmp_path / "log.txt"):
+        model = omikuji.Model.train_on_data(str(path), omikuji.Model.default_hyper_param(), n_threads=1)
+    assert model.n_features == 3
+
+
 @pytest.mark.parametrize("options, message", [
     ({"data": "yfcc"}, "option data='yfcc': must be one of cooking, gutenberg-books"),
     ({"methods": "omikuji-parabel,liblinear"}, "unknown liblinear"),

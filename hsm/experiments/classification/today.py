@@ -200,9 +200,14 @@ def _run_omikuji(method: str, feats: _Features, config: TodayConfig, workdir: Pa
     hp = omikuji.Model.default_hyper_param()
     for key, value in OMIKUJI_SETTINGS[method].items():
         setattr(hp, key, value)
-    with _library_output_to(workdir / "omikuji.log"):
+    log = workdir / "omikuji.log"
+    with _library_output_to(log):
         start = time.perf_counter()
-        model = omikuji.Model.train_on_data(str(path), hp, n_threads=config.threads)
+        try:
+            model = omikuji.Model.train_on_data(str(path), hp, n_threads=config.threads)
+        except RuntimeError as exc:  # its reason is in its log, which the exception does not carry
+            lines = [line for line in log.read_text(errors="replace").splitlines() if "Examples" not in line]
+            raise RuntimeError(f"{method}: {exc}; omikuji said: {' | '.join(lines[-3:])}") from None
         train_seconds = time.perf_counter() - start
         rows = _predict_rows(feats.x_test)
         model.init_prediction_thread_pool(config.threads)
@@ -240,13 +245,14 @@ def _library_output_to(path: Path) -> Iterator[None]:
 
 def _write_xc_file(path: Path, x: sp.csr_matrix, labels: EncodedSplit) -> None:
     """The Extreme Classification Repository format: a ``n_examples n_features n_labels`` header,
-    then ``l1,l2 f:v f:v ...`` per example (features 0-based)."""
+    then ``l1,l2 f:v f:v ...`` per example (features 0-based). A document with no feature left
+    (all its words rarer than ``min_df``) is its labels alone: omikuji refuses a trailing space."""
     with open(path, "w") as handle:
         handle.write(f"{x.shape[0]} {x.shape[1]} {labels.num_labels}\n")
         for row, gold in enumerate(labels.gold_sets()):
             a, b = x.indptr[row], x.indptr[row + 1]
             feats = " ".join(f"{i}:{v:.6g}" for i, v in zip(x.indices[a:b].tolist(), x.data[a:b].tolist()))
-            handle.write(",".join(map(str, gold.tolist())) + " " + feats + "\n")
+            handle.write(" ".join(filter(None, (",".join(map(str, gold.tolist())), feats))) + "\n")
 
 
 def _run_napkinxc(method: str, feats: _Features, config: TodayConfig, seed: int, workdir: Path) -> dict[str, Any]:
@@ -353,7 +359,9 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
                 else:
                     got = _run_napkinxc(method, feats, config, seed, workdir)
                 top = got.pop("top")
-                record = {"method": method, **common, "seed": seed, **_scores(top, labels[1]),
+                source = ("words (fastText makes its own bigrams)" if method.startswith("fasttext")
+                          else f"TF-IDF of unigrams and hashed bigrams (min_df={config.min_df})")
+                record = {"method": method, **common, "seed": seed, "input": source, **_scores(top, labels[1]),
                           "train_seconds": got.pop("train_seconds"),
                           "predict_ms_per_example": 1000.0 * got.pop("predict_seconds") / len(top), **got}
                 if method == "napkinxc-ovr":
