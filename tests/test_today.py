@@ -111,6 +111,8 @@ def test_quick_run_end_to_end(tmp_path, monkeypatch):
     assert runs == {m: [0] if m == "napkinxc-ovr" else [0, 1] for m in T.TODAY_METHODS}
     fasttext = [r for r in records if r["method"] == "fasttext-bigrams"][0]
     assert fasttext["settings"]["wordNgrams"] == 2 and set(fasttext["valid_p_at_1"]) == {"lr=0.5,epoch=5"}
+    assert "picked on validation" in fasttext["settings_chosen"]
+    assert all("not tuned" in r["settings_chosen"] for r in records if r["method"] != "fasttext-bigrams")
     summary = payload["provenance"]["data_summary"]
     assert summary["num_features"] > 0 and summary["feature_seconds"] > 0
 

@@ -383,7 +383,10 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
                 top = got.pop("top")
                 source = ("words (fastText makes its own bigrams)" if method.startswith("fasttext")
                           else f"TF-IDF of unigrams and hashed bigrams (min_df={config.min_df})")
-                record = {"method": method, **common, "seed": seed, "input": source, **_scores(top, labels[1]),
+                chosen = ("lr and epoch picked on validation P@1" if method.startswith("fasttext")
+                          else "the library's published settings, not tuned on validation")
+                record = {"method": method, **common, "seed": seed, "input": source, "settings_chosen": chosen,
+                          **_scores(top, labels[1]),
                           "train_seconds": got.pop("train_seconds"),
                           "predict_ms_per_example": 1000.0 * got.pop("predict_seconds") / len(top), **got}
                 if method == "napkinxc-ovr":
