@@ -41,14 +41,15 @@ options), :mod:`.data` (the stand-ins or a fastText file, encoded), :mod:`.train
 layers and the two trainers), :mod:`.evaluation` (P@1, R@1, test time, nodes visited),
 :mod:`.peers` (fastText and Vowpal Wabbit), :mod:`.trees` (author grouping, tree files),
 :mod:`.table` (every row of a table, resumable), :mod:`.report` (result records and markdown
-tables) and :mod:`.commands` (the registered experiments). Every name is re-exported here
+tables), :mod:`.commands` (the registered experiments) and :mod:`.today` (today's label-tree
+libraries and fastText with bigrams, experiment ``today-tools``). Every name is re-exported here
 (``from hsm.experiments import classification as C; C.train_bow``).
 """
 from __future__ import annotations
 
 from hsm.experiments._package import patches_reach_submodules
 
-from . import commands, config, data, evaluation, peers, presets, report, table, training, trees
+from . import commands, config, data, evaluation, peers, presets, report, table, today, training, trees
 from .commands import _default_out, _reissue_table1, _run_command, icml_table1, icml_table3
 from .config import TableConfig, _config_json, _parse_options
 from .data import (EncodedSplit, _data_slug, _label_counts, _open_count, _ragged_labels, _subset_rows, encode_data,
@@ -59,12 +60,15 @@ from .presets import OUTPUTS, PAPER_LR_GRID, PEERS, QUICK, REASSIGNS, STAND_INS,
 from .report import (_MODEL_NAMES, _ROW_ORDER, _describe, _gains, _paper_key, _record, _seconds,
                      paper_table_markdown, table_markdown)
 from .table import _peer_row, _run_ours, _run_peer, _select, run_table, tree_prefix_of
+from .today import TODAY_METHODS, TodayConfig, precision_at_k, run_today, today_tools
 from .training import TrainedBow, _train_bow_fast, build_output_layer, train_bow
 from .trees import _save_trees, author_grouping
 
 __all__ = [
     "OUTPUTS",
     "PAPER_LR_GRID",
+    "TODAY_METHODS",
+    "TodayConfig",
     "EncodedSplit",
     "author_grouping",
     "encode_data",
@@ -73,7 +77,10 @@ __all__ = [
     "icml_table3",
     "load_classification_data",
     "load_table_data",
+    "precision_at_k",
     "run_table",
+    "run_today",
+    "today_tools",
     "train_bow",
     "tree_prefix_of",
 ]

@@ -47,9 +47,14 @@ def _doc_tokens(texts: Any) -> list[np.ndarray]:
 
 
 def run_fasttext(train_lines: list[str], test_texts: list[str], test: EncodedSplit, loss: str, dim: int,
-                 lr: float, epochs: int, ngrams: int, seed: int, workdir: Path, threads: int = 1
-                 ) -> dict[str, float]:
-    """Train and test fastText (``fasttext-wheel``) on ``threads`` threads; times measured like ours."""
+                 lr: float, epochs: int, ngrams: int, seed: int, workdir: Path, threads: int = 1,
+                 top_k: int = 1, model_size: bool = False) -> dict[str, Any]:
+    """Train and test fastText (``fasttext-wheel``) on ``threads`` threads; times measured like ours.
+
+    ``top_k > 1``: the test time covers the top ``top_k`` labels of each example, returned as
+    ``top_labels`` (one int array per example, best first). ``model_size``: ``model_bytes``, the
+    bytes of the model's float32 arrays (input embeddings of words and hashed n-gram buckets, and
+    output vectors), about the size of its saved ``.bin`` file without writing it."""
     import fasttext
 
     path = workdir / "train.txt"
@@ -61,11 +66,16 @@ def run_fasttext(train_lines: list[str], test_texts: list[str], test: EncodedSpl
                                       seed=seed, verbose=0)
     train_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    labels, _ = model.predict(test_texts, k=1)  # under numpy 2 predict needs a list
+    labels, _ = model.predict(test_texts, k=top_k)  # under numpy 2 predict needs a list
     test_seconds = time.perf_counter() - start
     predictions = np.array([int(row[0][len("__label__"):]) if row else -1 for row in labels], dtype=np.int64)
-    out = _precision_recall(predictions, test)
+    out: dict[str, Any] = _precision_recall(predictions, test)
     out.update(train_seconds=train_seconds, test_seconds=test_seconds)
+    if top_k > 1:
+        out["top_labels"] = [np.array([int(x[len("__label__"):]) for x in row], dtype=np.int64) for row in labels]
+    if model_size:
+        rows = len(model.get_words()) + (2_000_000 if ngrams > 1 else 0)
+        out["model_bytes"] = 4 * model.get_dimension() * (rows + len(model.get_labels()))
     return out
 
 

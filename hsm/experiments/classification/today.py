@@ -1,0 +1,431 @@
+"""Today's tools on the classification stand-ins: the label-tree libraries a practitioner would
+try now, beside fastText with bigrams, in one run on the same splits and the same threads
+(experiment ``today-tools``).
+
+* ``omikuji-parabel``: omikuji (Rust) with its defaults, which are Parabel's (Prabhu et al. 2018):
+  3 trees of balanced 2-means label clusters, leaves of at most 100 labels, one linear
+  classifier (hinge loss, C = 1) per node, beam search of width 10.
+* ``omikuji-bonsai``: omikuji with the settings its README gives for Bonsai (Khandagale et al.
+  2019): regular (unbalanced) k-means with k = 100, trees at most 3 deep.
+* ``napkinxc-plt``, ``napkinxc-hsm``: napkinXC's probabilistic label tree and hierarchical
+  softmax over the same hierarchical 2-means label tree (its defaults: logistic node
+  classifiers by LIBLINEAR, C = 10); the PLT estimates each label's marginal probability (a
+  multi-label model), the HSM a distribution over labels (ICML eq. 1 with a clustered tree).
+* ``napkinxc-ovr``: napkinXC's one-vs-rest logistic regressions, the flat reference.
+* ``fasttext-bigrams``: fastText (softmax loss, d = 50, ``-wordNgrams 2`` with 2M buckets), the
+  learning rate and epochs picked on validation P@1 from {0.1, 0.25, 0.5, 1.0} x {5, 25} (the
+  fastText tutorial's cooking setting is lr 1.0, 25 epochs, bigrams).
+
+The label-tree libraries read sparse TF-IDF vectors of unigrams and hashed bigrams
+(:mod:`hsm.sparse_features`, fitted on the training split); fastText reads the words and makes
+its own bigrams. The libraries' settings are their published defaults, not tuned on our data
+(only fastText's rate and epochs are picked on a validation split carved from train, as the
+chapter's Table 1 does). Every method gets the same ``threads``.
+
+Reported per method and seed: P@1 (the share of test examples whose top label is one of theirs,
+as :func:`~.evaluation._precision_recall`), P@5 (hits among the top 5 over 5, averaged over
+examples), training wall time (fitting only; the features are built once and timed apart),
+prediction wall time per example, and the model's size in bytes. Methods that are deterministic
+given their data (``napkinxc-ovr``) run once; omikuji takes no seed (its k-means starts at
+random), so its seeds are repeats.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hsm.experiments import (check_device, check_scale, experiment, option_choice, option_choices, option_floats,
+                             option_int, option_ints)
+from hsm.results import check_replace, output_path, provenance, write_results
+from hsm.sparse_features import tfidf_features
+
+from .data import EncodedSplit, _ragged_labels, _subset_rows, encode_data, load_classification_data
+from .peers import _doc_tokens, _fasttext_lines, _package_version, _word_text, run_fasttext
+from .presets import STAND_INS
+
+__all__ = ["TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "today_tools"]
+
+#: method -> (importable module, pip package)
+TODAY_METHODS: dict[str, tuple[str, str]] = {
+    "fasttext-bigrams": ("fasttext", "fasttext-wheel"),
+    "omikuji-parabel": ("omikuji", "omikuji"),
+    "omikuji-bonsai": ("omikuji", "omikuji"),
+    "napkinxc-plt": ("napkinxc", "napkinxc"),
+    "napkinxc-hsm": ("napkinxc", "napkinxc"),
+    "napkinxc-ovr": ("napkinxc", "napkinxc"),
+}
+#: omikuji hyper-parameters changed from its defaults (the defaults are Parabel's)
+OMIKUJI_SETTINGS: dict[str, dict[str, Any]] = {
+    "omikuji-parabel": {},
+    "omikuji-bonsai": {"cluster_balanced": False, "cluster_k": 100, "max_depth": 3},
+}
+#: the quick scale: a slice small enough for a run of well under a minute, one seed
+QUICK_TODAY: dict[str, Any] = {"train_limit": 2000, "test_limit": 500, "seeds": (0,)}
+TOP_K = 5
+
+
+@dataclass
+class TodayConfig:
+    data: str = "cooking"
+    methods: tuple[str, ...] = tuple(TODAY_METHODS)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    threads: int = 2
+    train_limit: int | None = None
+    test_limit: int | None = None
+    validation_fraction: float = 0.1
+    dim: int = 50  #: fastText's embedding dimension (the chapter's d = 50)
+    lr_grid: tuple[float, ...] = (0.1, 0.25, 0.5, 1.0)  #: fastText's learning rates
+    epoch_grid: tuple[int, ...] = (5, 25)  #: fastText's epochs
+    min_df: int = 2  #: TF-IDF: features seen in fewer training documents are dropped
+    buckets: int = 2_000_000  #: hashed bigram buckets (fastText's default)
+
+
+_CASTS: dict[str, Callable[[str, Any], Any]] = {
+    "data": lambda k, v: option_choice(k, v, STAND_INS),
+    "methods": lambda k, v: option_choices(k, v, tuple(TODAY_METHODS)),
+    "seeds": lambda k, v: option_ints(k, v, minimum=0),
+    "threads": lambda k, v: option_int(k, v, minimum=1),
+    "train_limit": lambda k, v: option_int(k, v, minimum=1, allow_none=True),
+    "test_limit": lambda k, v: option_int(k, v, minimum=1, allow_none=True),
+    "dim": lambda k, v: option_int(k, v, minimum=1),
+    "lr_grid": lambda k, v: option_floats(k, v, positive=True),
+    "epoch_grid": lambda k, v: option_ints(k, v, minimum=1),
+    "min_df": lambda k, v: option_int(k, v, minimum=1),
+}
+
+
+def _parse_today(scale: str, options: dict[str, Any]) -> TodayConfig:
+    """Options (command-line strings or Python values) -> a config; ValueError naming a bad one."""
+    config = TodayConfig()
+    if check_scale(scale) == "quick":
+        config = replace(config, **QUICK_TODAY)
+    updates = {}
+    for key, value in options.items():
+        if key not in _CASTS:
+            raise ValueError(f"unknown option {key!r}; known: {sorted(_CASTS)}")
+        updates[key] = _CASTS[key](key, value)
+    if len(set(updates.get("seeds", ()))) != len(updates.get("seeds", ())):
+        raise ValueError(f"option seeds={options['seeds']!r}: names a seed twice")
+    return replace(config, **updates)
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def method_available(method: str) -> str | None:
+    """None if ``method``'s package can be imported here, else why not and what to install."""
+    module, package = TODAY_METHODS[method]
+    try:
+        __import__(module)
+    except ImportError as exc:
+        return f"{module} is not installed ({exc}); pip install {package} (extra 'baselines')"
+    return None
+
+
+# ====================================================================================== metrics
+def precision_at_k(top: Sequence[Sequence[int]], test: EncodedSplit, k: int) -> float:
+    """P@k in %: the number of an example's top ``k`` predicted labels that are among its gold
+    labels, over ``k``, averaged over examples. A method that returns fewer than ``k`` labels
+    scores the missing ones as misses (the denominator stays ``k``), so P@1 is
+    :func:`~.evaluation._precision_recall`'s."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    gold = test.gold_sets()
+    if len(top) != len(gold):
+        raise ValueError(f"{len(top)} predictions for {len(gold)} test examples: predict every example")
+    hits = [len(set(np.asarray(row[:k]).tolist()) & set(g.tolist())) for row, g in zip(top, gold)]
+    return 100.0 * float(np.mean(hits)) / k
+
+
+def _scores(top: Sequence[Sequence[int]], test: EncodedSplit) -> dict[str, float]:
+    return {"p_at_1": precision_at_k(top, test, 1), "p_at_5": precision_at_k(top, test, TOP_K)}
+
+
+def _folder_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file())
+
+
+# ====================================================================================== data
+def _label_split(texts: Any, labels: Any, num_labels: int) -> EncodedSplit:
+    """The gold labels of a split, with empty documents: what the scores and fastText's file need."""
+    values, offsets = _ragged_labels(labels)
+    return EncodedSplit(np.zeros(0, np.int64), np.zeros(len(texts) + 1, np.int64), values, offsets, num_labels)
+
+
+@dataclass
+class _Features:
+    """Both splits as TF-IDF rows (the label-tree libraries' input) and their gold labels."""
+
+    x_train: sp.csr_matrix
+    x_test: sp.csr_matrix
+    train: EncodedSplit
+    test: EncodedSplit
+    seconds: float
+
+
+def _tfidf(data: Any, config: TodayConfig) -> _Features:
+    """Unigrams and hashed bigrams (:func:`~.data.encode_data`), TF-IDF fitted on train
+    (:func:`hsm.sparse_features.tfidf_features`); timed once for every method."""
+    start = time.perf_counter()
+    vocab, train, test = encode_data(data, ngrams=2, buckets=config.buckets)
+    weights = tfidf_features(train.values, train.offsets, len(vocab) + config.buckets, min_df=config.min_df)
+    x_train = weights.transform(train.values, train.offsets)
+    x_test = weights.transform(test.values, test.offsets)
+    return _Features(x_train, x_test, train, test, time.perf_counter() - start)
+
+
+# ====================================================================================== methods
+def _predict_rows(x: sp.csr_matrix) -> list[list[tuple[int, float]]]:
+    return [list(zip(x.indices[a:b].tolist(), x.data[a:b].tolist())) for a, b in zip(x.indptr[:-1], x.indptr[1:])]
+
+
+def _run_omikuji(method: str, feats: _Features, config: TodayConfig, workdir: Path) -> dict[str, Any]:
+    """omikuji on an Extreme Classification Repository file (written once per run, not timed)."""
+    import omikuji
+
+    path = workdir / "omikuji-train.txt"
+    if not path.exists():
+        _write_xc_file(path, feats.x_train, feats.train)
+    hp = omikuji.Model.default_hyper_param()
+    for key, value in OMIKUJI_SETTINGS[method].items():
+        setattr(hp, key, value)
+    log = workdir / "omikuji.log"
+    with _library_output_to(log):
+        start = time.perf_counter()
+        try:
+            model = omikuji.Model.train_on_data(str(path), hp, n_threads=config.threads)
+        except RuntimeError as exc:  # its reason is in its log, which the exception does not carry
+            lines = [line for line in log.read_text(errors="replace").splitlines() if "Examples" not in line]
+            raise RuntimeError(f"{method}: {exc}; omikuji said: {' | '.join(lines[-3:])}") from None
+        train_seconds = time.perf_counter() - start
+        model.save(str(workdir / method))  # as trained (sparse weights): its size on disk
+        # dense weight vectors where over 10 % of them are non-zero: what omikuji's own `test`
+        # command does before predicting (its --max_sparse_density default), about 30 % faster
+        start = time.perf_counter()
+        model.densify_weights(0.1, n_threads=config.threads)
+        train_seconds += time.perf_counter() - start
+        rows = _predict_rows(feats.x_test)
+        model.init_prediction_thread_pool(config.threads)
+        start = time.perf_counter()
+        top = _omikuji_predict(model, rows, config.threads)
+        predict_seconds = time.perf_counter() - start
+    # the hyper-parameters as omikuji holds them (float32: rounded back to what was meant)
+    settings = {k: (round(float(v), 6) if isinstance(v, float) else v) for k in dir(hp) for v in [getattr(hp, k)]}
+    settings["linear_loss_type"] = omikuji.LossType(settings["linear_loss_type"]).name.lower()
+    return {"top": top, "train_seconds": train_seconds, "predict_seconds": predict_seconds,
+            "model_bytes": _folder_bytes(workdir / method),
+            "settings": {**settings, "beam_size": 10, "max_sparse_density": 0.1},
+            "train_seconds_include": "reading its data file and densifying its weights",
+            "version": omikuji.__version__}
+
+
+def _omikuji_predict(model: Any, rows: list[list[tuple[int, float]]], threads: int) -> list[list[int]]:
+    """The top labels of every row. omikuji predicts one example per call; its calls release the
+    GIL, so ``threads`` Python threads each predict a contiguous share of the rows (the same
+    threads as the other libraries' batch prediction)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def predict(chunk: list[list[tuple[int, float]]]) -> list[list[int]]:
+        return [[label for label, _ in model.predict(row, top_k=TOP_K)] for row in chunk]
+
+    bounds = np.linspace(0, len(rows), threads + 1).astype(int)
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        parts = list(pool.map(predict, [rows[a:b] for a, b in zip(bounds[:-1], bounds[1:])]))
+    return [top for part in parts for top in part]
+
+
+@contextlib.contextmanager
+def _library_output_to(path: Path) -> Iterator[None]:
+    """Send what compiled code writes to the process' stdout and stderr into ``path``: omikuji
+    logs every step and draws progress bars there (its logger cannot be turned down), which
+    would bury the run's own progress lines and slow it down."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    try:
+        with open(path, "ab") as handle:
+            os.dup2(handle.fileno(), 1)
+            os.dup2(handle.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def _write_xc_file(path: Path, x: sp.csr_matrix, labels: EncodedSplit) -> None:
+    """The Extreme Classification Repository format: a ``n_examples n_features n_labels`` header,
+    then ``l1,l2 f:v f:v ...`` per example (features 0-based). A document with no feature left
+    (all its words rarer than ``min_df``) is its labels alone: omikuji refuses a trailing space."""
+    with open(path, "w") as handle:
+        handle.write(f"{x.shape[0]} {x.shape[1]} {labels.num_labels}\n")
+        for row, gold in enumerate(labels.gold_sets()):
+            a, b = x.indptr[row], x.indptr[row + 1]
+            feats = " ".join(f"{i}:{v:.6g}" for i, v in zip(x.indices[a:b].tolist(), x.data[a:b].tolist()))
+            handle.write(" ".join(filter(None, (",".join(map(str, gold.tolist())), feats))) + "\n")
+
+
+def _run_napkinxc(method: str, feats: _Features, config: TodayConfig, seed: int, workdir: Path) -> dict[str, Any]:
+    """napkinXC's PLT, HSM or OVR with its defaults (LIBLINEAR logistic node classifiers, C = 10)."""
+    from napkinxc import models
+
+    kind = method.split("-", 1)[1].upper()
+    folder = workdir / f"{method}-seed{seed}"
+    kwargs: dict[str, Any] = {"threads": config.threads}
+    if kind != "OVR":
+        kwargs["seed"] = seed
+    if kind == "HSM" and bool((feats.train.label_lengths() > 1).any()):
+        # napkinXC's HSM is multi-class: on multi-label data each example's labels are weighted
+        # 1/|Y| (its option for this case, the expectation of fastText's one sampled label)
+        kwargs["pick_one_label_weighting"] = True
+    model = getattr(models, kind)(str(folder), **kwargs)
+    labels = [g.tolist() for g in feats.train.gold_sets()]
+    start = time.perf_counter()
+    model.fit(feats.x_train, labels)
+    train_seconds = time.perf_counter() - start
+    start = time.perf_counter()
+    top = model.predict(feats.x_test, top_k=TOP_K)
+    predict_seconds = time.perf_counter() - start
+    top = [[int(label) for label in row] for row in top]
+    settings = {"model": kind, **kwargs, "defaults": "napkinXC's (hierarchical balanced 2-means tree, "
+                "max 100 leaves per node, LIBLINEAR logistic, C = 10, weights pruned below 0.1)"}
+    return {"top": top, "train_seconds": train_seconds, "predict_seconds": predict_seconds,
+            "model_bytes": _folder_bytes(folder), "settings": settings, "version": _package_version("napkinxc")}
+
+
+def _run_fasttext_bigrams(data: Any, labels: tuple[EncodedSplit, EncodedSplit], config: TodayConfig, seed: int,
+                          workdir: Path) -> dict[str, Any]:
+    """fastText softmax with bigrams: lr x epochs picked on a validation split of train (seeded
+    by ``seed``), then trained on all of train and tested."""
+    valid = data.validation_split(config.validation_fraction, seed=seed)
+    valid_train = _label_split(valid.train_texts, valid.train_labels, data.num_labels)
+    valid_test = _label_split(valid.test_texts, valid.test_labels, data.num_labels)
+    train_lines = _fasttext_lines(valid_train, _doc_tokens(valid.train_texts), np.random.default_rng(seed))
+    eval_texts = [_word_text(words) for words in _doc_tokens(valid.test_texts)]
+    (workdir / f"valid{seed}").mkdir()
+    scores: dict[str, float] = {}
+    for epochs in config.epoch_grid:
+        for lr in config.lr_grid:
+            got = run_fasttext(train_lines, eval_texts, valid_test, "softmax", config.dim, lr, epochs, 2, seed,
+                               workdir / f"valid{seed}", config.threads)
+            scores[f"lr={lr:g},epoch={epochs}"] = got["p_at_1"]
+            _log(f"  fasttext-bigrams seed {seed} lr={lr:g} epoch={epochs}: valid P@1 {got['p_at_1']:.2f}")
+    best = max(scores, key=lambda key: scores[key])  # the first (fewer epochs, smaller rate) on a tie
+    lr, epochs = (float(best.split(",")[0][3:]), int(best.split(",")[1][6:]))
+    train, test = labels
+    train_lines = _fasttext_lines(train, _doc_tokens(data.train_texts), np.random.default_rng(seed))
+    eval_texts = [_word_text(words) for words in _doc_tokens(data.test_texts)]
+    (workdir / f"test{seed}").mkdir()
+    got = run_fasttext(train_lines, eval_texts, test, "softmax", config.dim, lr, epochs, 2, seed,
+                       workdir / f"test{seed}", config.threads, top_k=TOP_K, model_size=True)
+    import fasttext
+
+    return {"top": got["top_labels"], "train_seconds": got["train_seconds"], "predict_seconds": got["test_seconds"],
+            "model_bytes": got["model_bytes"], "model_bytes_kind": "its float32 arrays",
+            "settings": {"loss": "softmax", "dim": config.dim, "lr": lr, "epoch": epochs, "wordNgrams": 2,
+                         "bucket": 2_000_000, "minCount": 1, "thread": config.threads},
+            "valid_p_at_1": scores,
+            "version": getattr(fasttext, "__version__", None) or _package_version("fasttext-wheel")}
+
+
+# ====================================================================================== the run
+def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Every method of ``config.methods`` at every seed on ``config.data``; returns the records
+    and a summary of the data (sizes, feature count, feature seconds)."""
+    data = load_classification_data(config.data)
+    data = _subset_rows(data, config.train_limit, "train", 0)
+    data = _subset_rows(data, config.test_limit, "test", 1)
+    labels = (_label_split(data.train_texts, data.train_labels, data.num_labels),
+              _label_split(data.test_texts, data.test_labels, data.num_labels))
+    feats = None
+    if any(not m.startswith("fasttext") and method_available(m) is None for m in config.methods):
+        log(f"{config.data}: TF-IDF features of {len(data.train_texts)} training documents ...")
+        feats = _tfidf(data, config)
+        log(f"{config.data}: {feats.x_train.shape[1]} features, {feats.x_train.nnz} non-zeros in "
+            f"{feats.seconds:.1f}s")
+    summary = {"data": config.data, "train_examples": len(data.train_texts), "test_examples": len(data.test_texts),
+               "num_labels": data.num_labels, "multilabel": data.multilabel,
+               "num_features": None if feats is None else int(feats.x_train.shape[1]),
+               "train_nonzeros": None if feats is None else int(feats.x_train.nnz),
+               "feature_seconds": None if feats is None else feats.seconds}
+    common = {"data": config.data, "threads": config.threads, "train_examples": summary["train_examples"],
+              "test_examples": summary["test_examples"]}
+    records: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="hsm-today-") as tmp:
+        workdir = Path(tmp)
+        for method in config.methods:
+            why = method_available(method)
+            if why:
+                log(f"{method}: skipped, {why}")
+                records.append({"method": method, **common, "skipped": why})
+                continue
+            seeds = config.seeds[:1] if method == "napkinxc-ovr" else config.seeds
+            for seed in seeds:
+                log(f"{method} seed {seed} ...")
+                if method.startswith("fasttext"):
+                    got = _run_fasttext_bigrams(data, labels, config, seed, workdir)
+                elif method.startswith("omikuji"):
+                    got = _run_omikuji(method, feats, config, workdir)
+                else:
+                    got = _run_napkinxc(method, feats, config, seed, workdir)
+                top = got.pop("top")
+                source = ("words (fastText makes its own bigrams)" if method.startswith("fasttext")
+                          else f"TF-IDF of unigrams and hashed bigrams (min_df={config.min_df})")
+                chosen = ("lr and epoch picked on validation P@1" if method.startswith("fasttext")
+                          else "the library's published settings, not tuned on validation")
+                record = {"method": method, **common, "seed": seed, "input": source, "settings_chosen": chosen,
+                          **_scores(top, labels[1]),
+                          "train_seconds": got.pop("train_seconds"),
+                          "predict_ms_per_example": 1000.0 * got.pop("predict_seconds") / len(top), **got}
+                if method == "napkinxc-ovr":
+                    record["seeds_note"] = "deterministic given its data: one run"
+                elif method.startswith("omikuji"):
+                    record["seeds_note"] = "omikuji takes no seed (random k-means starts): seeds are repeats"
+                log(f"{method} seed {seed}: P@1 {record['p_at_1']:.2f} P@5 {record['p_at_5']:.2f} "
+                    f"train {record['train_seconds']:.1f}s predict {record['predict_ms_per_example']:.3f} ms/ex "
+                    f"model {record['model_bytes'] / 1e6:.1f} MB")
+                records.append(record)
+                if method.startswith("omikuji"):  # the saved model, kept only to be measured
+                    _remove_tree(workdir / method)
+    return records, summary
+
+
+def _remove_tree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@experiment("today-tools", "Today's label-tree libraries (omikuji Parabel/Bonsai, napkinXC PLT/HSM/OVR) and "
+            "fastText with bigrams on the stand-ins: P@1, P@5, train/predict time, model size; "
+            "data=cooking|gutenberg-books", "results/classification/today-cooking.json")
+def today_tools(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
+                **options: Any) -> Path:
+    """Run every method of ``methods`` (default all) for each seed on ``data`` and write
+    ``results/classification/today-<data>[-quick].json`` (under ``hsm-results/`` unless ``out``).
+    The libraries run on the CPU: ``device`` must be ``cpu``. ValueError for a bad scale,
+    device or option, before any work."""
+    config = _parse_today(scale, options)
+    if check_device(device) != "cpu":
+        raise ValueError(f"device {device!r}: the libraries compared here run on the CPU only; use --device cpu")
+    suffix = "" if scale == "full" else "-quick"
+    out = output_path(f"results/classification/today-{config.data}{suffix}.json", out)
+    check_replace(out, scale, force)
+    start = time.perf_counter()
+    os.environ.setdefault("OMP_NUM_THREADS", str(config.threads))
+    records, summary = run_today(config)
+    prov = provenance(config=asdict(config), wall_time_s=time.perf_counter() - start, scale=scale)
+    prov["data_summary"] = summary  # sizes, TF-IDF feature count and the seconds it took (once for all)
+    return write_results(out, records, prov, force=force)

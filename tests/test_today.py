@@ -1,0 +1,127 @@
+"""Tests for hsm.experiments.classification.today (experiment ``today-tools``): today's label-tree
+libraries and fastText with bigrams side by side.
+
+The end-to-end run uses a few hundred cooking questions and one fastText setting: it checks the
+result file's structure, not accuracy or timings. A library that is not installed is skipped.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hsm.experiments import classification as C
+from hsm.experiments.classification import today as T
+from hsm.results import load_results
+
+MIRROR = os.environ.get("HSM_DATA_MIRROR") or (
+    str(Path(__file__).resolve().parents[2] / "shared" / "data")
+    if (Path(__file__).resolve().parents[2] / "shared" / "data" / "cooking").is_dir() else None)
+needs_cooking = pytest.mark.skipif(MIRROR is None, reason="no data mirror (HSM_DATA_MIRROR) with cooking")
+
+TINY = dict(data="cooking", train_limit="300", test_limit="100", lr_grid="0.5", epoch_grid="5")
+
+
+def _gold(labels: list[list[int]], num_labels: int) -> C.EncodedSplit:
+    values = np.array([t for row in labels for t in row], dtype=np.int64)
+    offsets = np.concatenate([[0], np.cumsum([len(r) for r in labels])]).astype(np.int64)
+    return C.EncodedSplit(np.zeros(0, np.int64), np.zeros(len(labels) + 1, np.int64), values, offsets, num_labels)
+
+
+def test_precision_at_k_by_hand():
+    test = _gold([[0, 1], [2], [1, 2, 3]], num_labels=6)
+    top = [[1, 4, 0, 5, 3], [5, 2, 0, 1, 3], [0]]  # the last method returned a single label
+    assert T.precision_at_k(top, test, 1) == pytest.approx(100 * 1 / 3)  # only the first top label is right
+    # hits among the top 5: 2 (labels 1 and 0), 1 (label 2), 0 -> (2 + 1 + 0) / 5 / 3
+    assert T.precision_at_k(top, test, 5) == pytest.approx(100 * 3 / 15)
+    # P@1 is the chapter's P@1
+    assert T.precision_at_k(top, test, 1) == pytest.approx(C._precision_recall(np.array([1, 5, 0]), test)["p_at_1"])
+
+
+def test_precision_at_k_refuses_a_bad_k_or_missing_predictions():
+    test = _gold([[0], [1]], num_labels=2)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        T.precision_at_k([[0], [1]], test, 0)
+    with pytest.raises(ValueError, match="1 predictions for 2 test examples"):
+        T.precision_at_k([[0]], test, 1)
+
+
+def test_xc_file_of_a_document_without_features_is_read_by_omikuji(tmp_path):
+    import scipy.sparse as sp
+
+    x = sp.csr_matrix(np.array([[0.6, 0.0, 0.8], [0.0, 0.0, 0.0], [0.0, 1.0, 0.0]], dtype=np.float32))
+    labels = _gold([[0, 2], [1], [1]], num_labels=3)
+    path = tmp_path / "train.txt"
+    T._write_xc_file(path, x, labels)
+    assert path.read_text().splitlines() == ["3 3 3", "0,2 0:0.6 2:0.8", "1", "1 1:1"]
+    omikuji = pytest.importorskip("omikuji")
+    with T._library_output_to(tmp_path / "log.txt"):
+        model = omikuji.Model.train_on_data(str(path), omikuji.Model.default_hyper_param(), n_threads=1)
+    assert model.n_features == 3
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"data": "yfcc"}, "option data='yfcc': must be one of cooking, gutenberg-books"),
+    ({"methods": "omikuji-parabel,liblinear"}, "unknown liblinear"),
+    ({"methods": ""}, "must name at least one"),
+    ({"seeds": "0,-1"}, "option seeds"),
+    ({"seeds": "1,1"}, "names a seed twice"),
+    ({"threads": "0"}, "must be >= 1"),
+    ({"lr_grid": "0.5,-1"}, "option lr_grid"),
+    ({"train_limit": "1.5"}, "must be an integer"),
+    ({"epochs": "5"}, "unknown option 'epochs'"),
+])
+def test_options_are_checked_before_any_work(tmp_path, options, message):
+    with pytest.raises(ValueError, match=message):
+        T.today_tools("quick", out=tmp_path / "x.json", **options)
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_a_bad_scale_or_a_gpu_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="scale must be"):
+        T.today_tools("Quick", out=tmp_path / "x.json")
+    with pytest.raises(ValueError, match="device"):
+        T.today_tools("quick", device="cuda", out=tmp_path / "x.json")
+
+
+def test_the_experiment_is_registered():
+    from hsm.experiments import get
+
+    assert get("today-tools").func is T.today_tools
+
+
+@needs_cooking
+def test_quick_run_end_to_end(tmp_path, monkeypatch):
+    pytest.importorskip("fasttext")
+    pytest.importorskip("omikuji")
+    pytest.importorskip("napkinxc")
+    monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
+    out = T.today_tools("quick", out=tmp_path / "today.json", seeds="0,1", **TINY)
+    payload = load_results(out)
+    records = payload["records"]
+    runs = {}
+    for record in records:
+        runs.setdefault(record["method"], []).append(record["seed"])
+        assert 0.0 <= record["p_at_5"] <= 100.0 and 0.0 <= record["p_at_1"] <= 100.0
+        assert record["train_seconds"] > 0 and record["predict_ms_per_example"] > 0 and record["model_bytes"] > 0
+        assert record["train_examples"] == 300 and record["test_examples"] == 100 and record["threads"] == 2
+    # every method at every seed, but the deterministic one-vs-rest once
+    assert runs == {m: [0] if m == "napkinxc-ovr" else [0, 1] for m in T.TODAY_METHODS}
+    fasttext = [r for r in records if r["method"] == "fasttext-bigrams"][0]
+    assert fasttext["settings"]["wordNgrams"] == 2 and set(fasttext["valid_p_at_1"]) == {"lr=0.5,epoch=5"}
+    assert "picked on validation" in fasttext["settings_chosen"]
+    assert all("not tuned" in r["settings_chosen"] for r in records if r["method"] != "fasttext-bigrams")
+    summary = payload["provenance"]["data_summary"]
+    assert summary["num_features"] > 0 and summary["feature_seconds"] > 0
+
+
+@needs_cooking
+def test_a_missing_library_is_skipped_with_a_note(tmp_path, monkeypatch):
+    monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
+    monkeypatch.setattr(T, "method_available", lambda m: f"{m} is not installed; pip install it")
+    out = T.today_tools("quick", out=tmp_path / "today.json", methods="napkinxc-plt,omikuji-bonsai", **TINY)
+    records = load_results(out)["records"]
+    assert [r["method"] for r in records] == ["napkinxc-plt", "omikuji-bonsai"]
+    assert all("is not installed" in r["skipped"] for r in records)
