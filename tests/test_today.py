@@ -112,9 +112,26 @@ def test_quick_run_end_to_end(tmp_path, monkeypatch):
     fasttext = [r for r in records if r["method"] == "fasttext-bigrams"][0]
     assert fasttext["settings"]["wordNgrams"] == 2 and set(fasttext["valid_p_at_1"]) == {"lr=0.5,epoch=5"}
     assert "picked on validation" in fasttext["settings_chosen"]
-    assert all("not tuned" in r["settings_chosen"] for r in records if r["method"] != "fasttext-bigrams")
+    assert all("not tuned" in r["settings_chosen"] for r in records
+               if not r["method"].startswith(("fasttext", "hsm")))
+    ours = [r for r in records if r["method"].startswith("hsm-sparse")]
+    assert ours and all(set(r["valid_p_at_1"]) == {f"lr={lr:g}" for lr in T.TodayConfig.sparse_lr_grid} for r in ours)
+    learned = [r for r in ours if r["method"] == "hsm-sparse-learned-kmeans"][0]
+    assert learned["settings"]["rebuilds"] == 50 and learned["start_mean_depth"] == 2.0
     summary = payload["provenance"]["data_summary"]
     assert summary["num_features"] > 0 and summary["feature_seconds"] > 0
+
+
+@needs_cooking
+def test_our_rate_is_picked_once_when_shared_and_single_seed_methods_run_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
+    out = T.today_tools("quick", out=tmp_path / "t.json", seeds="0,1", methods="hsm-sparse-kmeans,hsm-sparse-flat",
+                        sparse_pick="first", single_seed="hsm-sparse-flat", **TINY)
+    records = load_results(out)["records"]
+    assert [(r["method"], r["seed"]) for r in records] == [("hsm-sparse-kmeans", 0), ("hsm-sparse-kmeans", 1),
+                                                           ("hsm-sparse-flat", 0)]
+    assert records[2]["valid_p_at_1"] == records[0]["valid_p_at_1"]  # picked on the k-means tree, shared
+    assert records[2]["seeds_note"].startswith("run with the first seed only")
 
 
 @needs_cooking
