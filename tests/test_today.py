@@ -142,3 +142,13 @@ def test_a_missing_library_is_skipped_with_a_note(tmp_path, monkeypatch):
     records = load_results(out)["records"]
     assert [r["method"] for r in records] == ["napkinxc-plt", "omikuji-bonsai"]
     assert all("is not installed" in r["skipped"] for r in records)
+
+
+def test_the_scale_label_names_every_reduction():
+    full = T.TodayConfig()
+    assert T.today_scale_label("full", full) == "full"
+    cut = T.TodayConfig(data="gutenberg-books", test_limit=20000, single_seed=("omikuji-bonsai",), lr_grid=(1.0,),
+                        epoch_grid=(5,))
+    label = T.today_scale_label("full", cut)
+    assert label.startswith("full, reduced: test_limit=20000")
+    assert "one seed for omikuji-bonsai" in label and "fastText grid lr=1 x epoch=5" in label

@@ -61,7 +61,7 @@ from .data import EncodedSplit, _ragged_labels, _subset_rows, encode_data, load_
 from .peers import _doc_tokens, _fasttext_lines, _package_version, _word_text, run_fasttext
 from .presets import STAND_INS
 
-__all__ = ["TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "today_tools"]
+__all__ = ["TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "today_scale_label", "today_tools"]
 
 #: method -> (importable module, pip package)
 TODAY_METHODS: dict[str, tuple[str, str]] = {
@@ -500,6 +500,26 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
             "moved_labels_last_rebuild": (clf.history.rebuilds[-1].moved_labels if clf.history.rebuilds else None)}
 
 
+def today_scale_label(scale: str, config: TodayConfig) -> str:
+    """``scale`` alone, or ``"full, reduced: ..."`` naming what ran on less than everything: a
+    train or test slice (``of N`` rows is added by the run), methods run with one seed, fewer than
+    three seeds, a fastText grid cut down."""
+    reduced = []
+    if config.train_limit is not None:
+        reduced.append(f"train_limit={config.train_limit}")
+    if config.test_limit is not None:
+        reduced.append(f"test_limit={config.test_limit} (a seeded subset of the test split)")
+    if len(config.seeds) < 3:
+        reduced.append(f"seeds={','.join(map(str, config.seeds))}")
+    if config.single_seed:
+        reduced.append("one seed for " + ", ".join(config.single_seed))
+    default = TodayConfig()
+    if (config.lr_grid, config.epoch_grid) != (default.lr_grid, default.epoch_grid) and "fasttext-bigrams" in config.methods:
+        reduced.append(f"fastText grid lr={','.join(f'{v:g}' for v in config.lr_grid)} x "
+                       f"epoch={','.join(map(str, config.epoch_grid))}")
+    return scale if not reduced else f"{scale}, reduced: " + "; ".join(reduced)
+
+
 def _remove_tree(path: Path) -> None:
     import shutil
 
@@ -524,6 +544,7 @@ def today_tools(scale: str = "quick", device: str = "cpu", out: Path | str | Non
     start = time.perf_counter()
     os.environ.setdefault("OMP_NUM_THREADS", str(config.threads))
     records, summary = run_today(config)
-    prov = provenance(config=asdict(config), wall_time_s=time.perf_counter() - start, scale=scale)
+    prov = provenance(config=asdict(config), wall_time_s=time.perf_counter() - start,
+                      scale=today_scale_label(scale, config))
     prov["data_summary"] = summary  # sizes, TF-IDF feature count and the seconds it took (once for all)
     return write_results(out, records, prov, force=force)
