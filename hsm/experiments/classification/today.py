@@ -61,7 +61,7 @@ from .data import EncodedSplit, _ragged_labels, _subset_rows, encode_data, load_
 from .peers import _doc_tokens, _fasttext_lines, _package_version, _word_text, run_fasttext
 from .presets import STAND_INS
 
-__all__ = ["TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "today_scale_label", "today_tools"]
+__all__ = ["TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "summarise", "today_scale_label", "today_tools"]
 
 #: method -> (importable module, pip package)
 TODAY_METHODS: dict[str, tuple[str, str]] = {
@@ -498,6 +498,38 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
             "start_mean_depth": (None if clf.start_tree is None
                                  else float(clf.start_tree.depths[feats.test.label_values].mean())),
             "moved_labels_last_rebuild": (clf.history.rebuilds[-1].moved_labels if clf.history.rebuilds else None)}
+
+
+#: how each method is named in the book's tables
+METHOD_NAMES: dict[str, str] = {
+    "omikuji-parabel": "Parabel (omikuji, 3 trees)",
+    "omikuji-parabel-1tree": "Parabel, 1 tree (omikuji)",
+    "omikuji-bonsai": "Bonsai (omikuji)",
+    "napkinxc-plt": "PLT (napkinXC)",
+    "napkinxc-hsm": "HSM, k-means tree (napkinXC)",
+    "napkinxc-ovr": "one-vs-rest (napkinXC)",
+    "fasttext-bigrams": "fastText, bigrams",
+    "hsm-sparse-flat": "ours, flat softmax",
+    "hsm-sparse-huffman": "ours, Huffman tree",
+    "hsm-sparse-kmeans": "ours, k-means tree",
+    "hsm-sparse-learned-huffman": "ours, learned from Huffman",
+    "hsm-sparse-learned-kmeans": "ours, learned from k-means",
+}
+
+
+def summarise(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method (in the order met): mean P@1 and P@5 over its runs, the spread of P@1 (max -
+    min), the number of runs, mean train seconds, mean predict ms per example, mean model MB."""
+    out: dict[str, dict[str, Any]] = {}
+    for method in dict.fromkeys(r["method"] for r in records if not r.get("skipped")):
+        runs = [r for r in records if r["method"] == method and not r.get("skipped")]
+        p1 = np.array([r["p_at_1"] for r in runs])
+        out[method] = {"p_at_1": float(p1.mean()), "p_at_5": float(np.mean([r["p_at_5"] for r in runs])),
+                       "spread": float(p1.max() - p1.min()), "runs": len(runs),
+                       "train_seconds": float(np.mean([r["train_seconds"] for r in runs])),
+                       "predict_ms": float(np.mean([r["predict_ms_per_example"] for r in runs])),
+                       "model_mb": float(np.mean([r["model_bytes"] for r in runs])) / 1e6}
+    return out
 
 
 def today_scale_label(scale: str, config: TodayConfig) -> str:
