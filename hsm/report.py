@@ -541,28 +541,20 @@ def _timing_record(found: Mapping[str, Sequence[Measurement]], key: str) -> Meas
 
 def _stand_in_gains(root: Path) -> dict[str, dict[tuple[int, int], np.ndarray]]:
     """learned − Huffman P@1 per (d, M), one value per seed, on the compiled trainer's full-size
-    5-epoch table runs of each stand-in (``classification/table1-<data>-fast-*.json``)."""
-    from hsm.results import load_results
+    5-epoch table runs of each stand-in (:func:`hsm.experiments.classification.report.fast_runs`,
+    the runs the classification chapter's table shows)."""
+    from hsm.experiments.classification.report import fast_runs
 
     out: dict[str, dict[tuple[int, int], np.ndarray]] = {}
     for data in ("gutenberg-books", "cooking"):
-        p_at_1: dict[tuple[int, str, int], float] = {}
-        for path in sorted((root / "classification").glob(f"table1-{data}-fast-*.json")):
-            if re.search(r"-(\d+ep|peers|vw)-", path.name):  # other budgets; timing-only and VW runs
-                continue
-            payload = load_results(path)
-            seed = payload["provenance"]["config"]["seed"]
-            for r in payload["records"]:
-                if r.get("model") != "gain" and not r.get("skipped") and r.get("p_at_1") is not None:
-                    p_at_1[(r["d"], r["output"], seed)] = r["p_at_1"]
         gains = {}
         for d in (50, 200):
+            rows = fast_runs(data, d, root=root)
             for m in (5, 20):
-                seeds = sorted(s for (dd, o, s) in p_at_1 if dd == d and o == f"learned{m}"
-                               and (d, f"huffman{m}", s) in p_at_1)
+                learned, huffman = rows.get(f"learned{m}", {}), rows.get(f"huffman{m}", {})
+                seeds = sorted(s for s in learned if s in huffman and learned[s].get("p_at_1") is not None)
                 if seeds:
-                    gains[(d, m)] = np.array([p_at_1[(d, f"learned{m}", s)] - p_at_1[(d, f"huffman{m}", s)]
-                                              for s in seeds])
+                    gains[(d, m)] = np.array([learned[s]["p_at_1"] - huffman[s]["p_at_1"] for s in seeds])
         if gains:
             out[data] = gains
     return out

@@ -4,13 +4,14 @@ and the paper's YFCC100M rows as printed."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from hsm.results import make_record
 
 from .presets import OUTPUTS
 
-__all__ = ["paper_table_markdown", "table_markdown"]
+__all__ = ["fast_runs", "paper_table_markdown", "table_markdown"]
 
 _MODEL_NAMES = {"flat": "Flat softmax", "huffman": "Huffman tree", "learned": "Learned tree"}
 
@@ -124,3 +125,27 @@ def paper_table_markdown(table: str = "table1") -> str:
         cells += [paper.get(f"{base}.train_time").printed, paper.get(f"{base}.test_time").printed]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def fast_runs(data: str, d: int, epochs: int = 5, root: str | Path | None = None) -> dict[str, dict[int, dict]]:
+    """The compiled trainer's table runs of one stand-in at dimension ``d``: ``{output: {seed:
+    record}}`` from ``classification/table1-<data>-fast-*.json`` under ``root`` (default: the
+    committed results) trained for ``epochs`` epochs. The timing runs (``-peers-`` files) repeat
+    two tree rows of seed 0: only their fastText rows are taken. The classification chapter's
+    table and the landing page's learned-minus-Huffman verdicts both read these runs."""
+    from hsm.results import default_results_root, load_results
+
+    folder = Path(root if root is not None else default_results_root()) / "classification"
+    out: dict[str, dict[int, dict]] = {}
+    for path in sorted(folder.glob(f"table1-{data}-fast-*.json")):
+        payload = load_results(path)
+        config = payload["provenance"]["config"]
+        if config["epochs"] != epochs:
+            continue
+        for record in payload["records"]:
+            if record.get("model") == "gain" or record.get("skipped") or record.get("d") != d:
+                continue
+            if "-peers-" in path.stem and not record["output"].startswith("fasttext"):
+                continue
+            out.setdefault(record["output"], {})[config["seed"]] = record
+    return out

@@ -61,7 +61,8 @@ from .data import EncodedSplit, _ragged_labels, _subset_rows, encode_data, load_
 from .peers import _doc_tokens, _fasttext_lines, _package_version, _word_text, run_fasttext
 from .presets import STAND_INS
 
-__all__ = ["TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "summarise", "today_scale_label", "today_tools"]
+__all__ = ["METHOD_NAMES", "TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "summarise",
+           "today_scale_label", "today_tools"]
 
 #: method -> (importable module, pip package)
 TODAY_METHODS: dict[str, tuple[str, str]] = {
@@ -546,7 +547,8 @@ def today_scale_label(scale: str, config: TodayConfig) -> str:
     if config.single_seed:
         reduced.append("one seed for " + ", ".join(config.single_seed))
     default = TodayConfig()
-    if (config.lr_grid, config.epoch_grid) != (default.lr_grid, default.epoch_grid) and "fasttext-bigrams" in config.methods:
+    cut_grid = (config.lr_grid, config.epoch_grid) != (default.lr_grid, default.epoch_grid)
+    if cut_grid and "fasttext-bigrams" in config.methods:
         reduced.append(f"fastText grid lr={','.join(f'{v:g}' for v in config.lr_grid)} x "
                        f"epoch={','.join(map(str, config.epoch_grid))}")
     return scale if not reduced else f"{scale}, reduced: " + "; ".join(reduced)
