@@ -15,7 +15,7 @@ try now, beside fastText with bigrams, in one run on the same splits and the sam
 * ``omikuji-parabel-1tree``: Parabel with one tree instead of its ensemble of three.
 * ``hsm-sparse-*``: our :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows:
   a softmax over the children of each node with a linear model per node, trained by per-example
-  AdaGrad for ``sparse_epochs`` epochs; ``flat`` (one softmax over all labels), ``huffman`` and
+  AdaGrad (``sparse_optimizer``) for ``sparse_epochs`` epochs; ``flat`` (one softmax over all labels), ``huffman`` and
   ``kmeans`` (the M-ary Huffman tree, or the balanced k-means label tree, fixed), and
   ``learned-huffman`` / ``learned-kmeans`` (Algorithm 1 from that tree). Its rate is picked from
   ``sparse_lr_grid`` on 10 % of the training rows (once per method, or once for all with
@@ -104,10 +104,11 @@ class TodayConfig:
     epoch_grid: tuple[int, ...] = (5, 25)  #: fastText's epochs
     min_df: int = 2  #: TF-IDF: features seen in fewer training documents are dropped
     buckets: int = 2_000_000  #: hashed bigram buckets (fastText's default)
-    sparse_lr_grid: tuple[float, ...] = (2.0, 4.0)  #: our classifier's AdaGrad rates
+    sparse_lr_grid: tuple[float, ...] = (2.0, 4.0)  #: our classifier's rates
     sparse_epochs: int = 3  #: our classifier's epochs
     sparse_multi_label: str = "all"  #: our classifier on multi-label rows: "all" labels or "sample" one
     sparse_pick: str = "each"  #: our rate picked for "each" method, or once on the "first" and shared
+    sparse_optimizer: str = "adagrad"  #: our classifier's optimizer: "adagrad" or "sgd" (fastText's)
     single_seed: tuple[str, ...] = ()  #: methods run with the first seed only (to fit a time budget)
 
 
@@ -126,6 +127,7 @@ _CASTS: dict[str, Callable[[str, Any], Any]] = {
     "sparse_epochs": lambda k, v: option_int(k, v, minimum=1),
     "sparse_multi_label": lambda k, v: option_choice(k, v, ("all", "sample")),
     "sparse_pick": lambda k, v: option_choice(k, v, ("each", "first")),
+    "sparse_optimizer": lambda k, v: option_choice(k, v, ("adagrad", "sgd")),
     "single_seed": lambda k, v: option_choices(k, v, tuple(TODAY_METHODS)),
 }
 
@@ -415,7 +417,7 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
                 source = ("words (fastText makes its own bigrams)" if method.startswith("fasttext")
                           else f"TF-IDF of unigrams and hashed bigrams (min_df={config.min_df})")
                 chosen = ("lr and epoch picked on validation P@1" if method.startswith("fasttext")
-                          else "lr picked on validation P@1 (AdaGrad, epochs fixed)" if method.startswith("hsm")
+                          else "lr picked on validation P@1 (epochs fixed)" if method.startswith("hsm")
                           else "the library's published settings, not tuned on validation")
                 record = {"method": method, **common, "seed": seed, "input": source, "settings_chosen": chosen,
                           **_scores(top, labels[1]),
@@ -448,8 +450,8 @@ SPARSE_METHODS: dict[str, tuple[str, str]] = {
 
 def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: int,
                      picked: dict[str, tuple[float, dict[str, float]]]) -> dict[str, Any]:
-    """Our classifier (:class:`hsm.sparse_tree.SparseTreeClassifier`, AdaGrad, ``config.sparse_epochs``
-    epochs, arity ceil(sqrt(K))) on the libraries' TF-IDF rows. Its rate is picked once per method
+    """Our classifier (:class:`hsm.sparse_tree.SparseTreeClassifier`, ``config.sparse_optimizer``,
+    ``config.sparse_epochs`` epochs, arity ceil(sqrt(K))) on the libraries' TF-IDF rows. Its rate is picked once per method
     (on the first seed) by P@1 on a seeded 10 % of the training rows, trained on the other 90 %;
     then it is trained on all of train and tested. ``picked`` carries the choice to later seeds."""
     from hsm.sparse_tree import SparseTreeClassifier
@@ -460,7 +462,7 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
 
     def make(lr: float) -> SparseTreeClassifier:
         return SparseTreeClassifier(output=output, start=start, lr=lr, epochs=config.sparse_epochs,
-                                    threads=config.threads, optimizer="adagrad",
+                                    threads=config.threads, optimizer=config.sparse_optimizer,
                                     multi_label=config.sparse_multi_label, seed=seed)
 
     if method not in picked:
@@ -490,7 +492,7 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
             "model_bytes": clf.model_bytes(), "model_bytes_kind": "dense float32 arrays",
             "nonzero_weights": nonzero, "sparse_model_bytes": 8 * nonzero + int(clf.bias.nbytes),
             "settings": {"output": output, "start": start, "arity": None if tree is None else tree.arity,
-                         "optimizer": "adagrad", "lr": lr, "epochs": config.sparse_epochs,
+                         "optimizer": config.sparse_optimizer, "lr": lr, "epochs": config.sparse_epochs,
                          "multi_label": config.sparse_multi_label, "threads": config.threads,
                          "rebuilds": clf.rebuilds if output == "learned" else 0,
                          "prediction": "exact (every label's log-probability)"},
