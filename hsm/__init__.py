@@ -13,6 +13,9 @@ The pieces follow the paper's concepts:
 * :class:`hsm.TreeLearner`: Algorithm 1 (the tree learned during training);
 * :class:`hsm.FastBowClassifier`: the bag-of-words classifier of §7.1 trained like fastText
   (compiled per-example Hogwild SGD, flat / Huffman / learned trees; ``fit``, ``predict``, ``test``);
+* :class:`hsm.SparseTreeClassifier`: the same tree learning with a linear model per node on
+  sparse TF-IDF features (:mod:`hsm.sparse_tree`, :mod:`hsm.sparse_features`), the
+  representation of today's label-tree libraries;
 * :mod:`hsm.data`: the data sets, through a mirror or the canonical download.
 
 Quick start::
@@ -36,6 +39,7 @@ from .fast_classifier import FastBowClassifier, ReleasedStatistics
 from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, NonFiniteInputError, TopK
 from .objective import balance, max_objective, node_objective, node_objective_grad, purity
 from .optim import RowSparseAdagrad, RowSparseSGD
+from .sparse_tree import SparseTreeClassifier
 from .statistics import NodeStatistics
 from .training import TreeLearner, evaluate, train_epoch
 from .tree import Tree
@@ -54,6 +58,7 @@ __all__ = [
     "ReleasedStatistics",
     "RowSparseAdagrad",
     "RowSparseSGD",
+    "SparseTreeClassifier",
     "TopK",
     "Tree",
     "TreeLearner",
