@@ -35,7 +35,7 @@ import scipy.sparse as sp
 
 from .assign import assign_labels_well_formed
 from .fast_classifier import Prediction, _as_labels, _check_fraction, _check_positive, _choice, _count
-from .fast_trainer import FitHistory, HogwildTrainer
+from .fast_trainer import FitHistory, HogwildTrainer, statistics_arrays
 from .kernels import _FASTMATH, _run
 from .objective import RankingScore, _score_name
 from .statistics import NodeStatistics
@@ -244,11 +244,7 @@ class _SparseHogwildTrainer(HogwildTrainer):
         if size == 0:
             return
         clf = self.classifier
-        stats = clf.statistics
-        if stats is None:
-            sums, paths, counts = np.zeros((0, 1, 1), np.float32), np.zeros((0, 1), np.float32), np.zeros(0, np.float32)
-        else:
-            sums, paths, counts = stats.sum_probas.numpy(), stats.path_counts.numpy(), stats.label_counts.numpy()
+        sums, paths, counts = statistics_arrays(clf.statistics)
         nodes, children, mask, penalty = clf._path_arrays()
         parts = max(1, min(threads, size))
         bounds = np.linspace(0, size, parts + 1).astype(np.int64)
