@@ -107,6 +107,10 @@ def _check_options(invocation: dict) -> None:
         from hsm.experiments.classification.config import _parse_options
 
         _parse_options(scale, options)
+    elif name == "today-tools":
+        from hsm.experiments.classification.today import _parse_today
+
+        _parse_today(scale, options)
     else:
         raise AssertionError(f"no check for {name}")
 

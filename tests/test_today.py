@@ -149,6 +149,6 @@ def test_the_scale_label_names_every_reduction():
     assert T.today_scale_label("full", full) == "full"
     cut = T.TodayConfig(data="gutenberg-books", test_limit=20000, single_seed=("omikuji-bonsai",), lr_grid=(1.0,),
                         epoch_grid=(5,))
-    label = T.today_scale_label("full", cut)
-    assert label.startswith("full, reduced: test_limit=20000")
+    label = T.today_scale_label("full", cut, 396249, 98734)
+    assert label.startswith("full, reduced: all 396,249 training examples; test_limit=20000 of 98,734 test")
     assert "one seed for omikuji-bonsai" in label and "fastText grid lr=1 x epoch=5" in label

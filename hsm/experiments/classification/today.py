@@ -373,6 +373,7 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
     """Every method of ``config.methods`` at every seed on ``config.data``; returns the records
     and a summary of the data (sizes, feature count, feature seconds)."""
     data = load_classification_data(config.data)
+    full_sizes = {"full_train_examples": len(data.train_texts), "full_test_examples": len(data.test_texts)}
     data = _subset_rows(data, config.train_limit, "train", 0)
     data = _subset_rows(data, config.test_limit, "test", 1)
     labels = (_label_split(data.train_texts, data.train_labels, data.num_labels),
@@ -387,7 +388,7 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
                "num_labels": data.num_labels, "multilabel": data.multilabel,
                "num_features": None if feats is None else int(feats.x_train.shape[1]),
                "train_nonzeros": None if feats is None else int(feats.x_train.nnz),
-               "feature_seconds": None if feats is None else feats.seconds}
+               "feature_seconds": None if feats is None else feats.seconds, **full_sizes}
     common = {"data": config.data, "threads": config.threads, "train_examples": summary["train_examples"],
               "test_examples": summary["test_examples"]}
     records: list[dict[str, Any]] = []
@@ -535,15 +536,21 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def today_scale_label(scale: str, config: TodayConfig) -> str:
+def today_scale_label(scale: str, config: TodayConfig, full_train: int | None = None,
+                      full_test: int | None = None) -> str:
     """``scale`` alone, or ``"full, reduced: ..."`` naming what ran on less than everything: a
-    train or test slice (``of N`` rows is added by the run), methods run with one seed, fewer than
-    three seeds, a fastText grid cut down."""
+    train or test slice (against the split's ``full_train``/``full_test`` sizes where given),
+    methods run with one seed, fewer than three seeds, a fastText grid cut down."""
+    def of(n: int | None, what: str) -> str:
+        return "" if n is None else f" of {n:,} {what}"
+
     reduced = []
     if config.train_limit is not None:
-        reduced.append(f"train_limit={config.train_limit}")
+        reduced.append(f"train_limit={config.train_limit}{of(full_train, 'training examples')}")
+    elif config.test_limit is not None and full_train is not None:
+        reduced.append(f"all {full_train:,} training examples")
     if config.test_limit is not None:
-        reduced.append(f"test_limit={config.test_limit} (a seeded subset of the test split)")
+        reduced.append(f"test_limit={config.test_limit}{of(full_test, 'test examples')} (a seeded subset)")
     if len(config.seeds) < 3:
         reduced.append(f"seeds={','.join(map(str, config.seeds))}")
     if config.single_seed:
@@ -581,6 +588,7 @@ def today_tools(scale: str = "quick", device: str = "cpu", out: Path | str | Non
     os.environ.setdefault("OMP_NUM_THREADS", str(config.threads))
     records, summary = run_today(config)
     prov = provenance(config=asdict(config), wall_time_s=time.perf_counter() - start,
-                      scale=today_scale_label(scale, config))
+                      scale=today_scale_label(scale, config, summary["full_train_examples"],
+                                              summary["full_test_examples"]))
     prov["data_summary"] = summary  # sizes, TF-IDF feature count and the seconds it took (once for all)
     return write_results(out, records, prov, force=force)
