@@ -267,10 +267,20 @@ class _SparseHogwildTrainer(HogwildTrainer):
         """AssignLabels (Algorithm 2); node parameters stay with their node ids (ICML §4)."""
         clf = self.classifier
         start = time.perf_counter()
-        result = assign_labels_well_formed(clf.tree, clf.statistics, score=clf.score)
+        old = clf.tree
+        result = assign_labels_well_formed(old, clf.statistics, score=clf.score)
+        if clf.changed_nodes != "keep":
+            clf._refresh(_changed_nodes(old, result.tree, result.moved_nodes))
         clf._set_tree(result.tree)
         clf.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
         return ReassignRecord(done, time.perf_counter() - start, result.moved_labels, len(result.moved_nodes))
+
+
+def _changed_nodes(old: Tree, new: Tree, moved_nodes: np.ndarray) -> np.ndarray:
+    """Internal node ids whose children differ between ``old`` and ``new`` (a label or a subtree
+    moved into or out of one of their slots), with Algorithm 2's ``moved_nodes``."""
+    differs = ((old.child_node != new.child_node) | (old.child_label != new.child_label)).any(axis=1)
+    return np.union1d(np.flatnonzero(differs), np.asarray(moved_nodes, dtype=np.int64))
 
 
 # ---------------------------------------------------------------------------------------------- the classifier
@@ -299,6 +309,10 @@ class SparseTreeClassifier:
     optimizer: ``"sgd"`` (fastText's per-example step) or ``"adagrad"`` (the step of each
         feature at each node scaled by its own gradient history, Duchi et al. 2011: rare
         features, most bigrams, keep large steps).
+    changed_nodes: what a rebuild does to a node whose children changed: ``"keep"`` its weights
+        and step sizes (ICML §4: parameters stay with their node ids), ``"fresh_steps"``: keep
+        the weights but restart its AdaGrad sums, so the re-fit takes full steps again, or
+        ``"fresh"``: zero its weights and sums, as an untrained node.
     seed: the orders, the multi-label draws and the k-means tree.
 
     Attributes after :meth:`fit`: ``weight`` [F, N*M], ``bias`` [N, M], ``tree`` (None for
@@ -311,7 +325,7 @@ class SparseTreeClassifier:
                  lr_schedule: Literal["auto", "linear", "constant_then_linear"] = "auto", rebuilds: int = 50,
                  prior: float = 1.0, decay: float = 1.0, score: RankingScore | None = None,
                  multi_label: Literal["sample", "all"] = "sample", optimizer: Literal["sgd", "adagrad"] = "sgd",
-                 seed: int = 0) -> None:
+                 changed_nodes: Literal["keep", "fresh_steps", "fresh"] = "keep", seed: int = 0) -> None:
         self.output = _choice(output, "output", ("flat", "tree", "learned"))
         if not isinstance(start, Tree):
             start = _choice(start, "start", ("huffman", "kmeans"), described="'huffman', 'kmeans' or a Tree")
@@ -329,6 +343,9 @@ class SparseTreeClassifier:
         self.score: RankingScore = _score_name(score, None, default="eq12")
         self.multi_label = _choice(multi_label, "multi_label", ("sample", "all"))
         self.optimizer = _choice(optimizer, "optimizer", ("sgd", "adagrad"))
+        self.changed_nodes = _choice(changed_nodes, "changed_nodes", ("keep", "fresh_steps", "fresh"))
+        if self.changed_nodes == "fresh_steps" and self.optimizer != "adagrad":
+            raise ValueError("changed_nodes='fresh_steps' restarts AdaGrad's sums: use optimizer='adagrad'")
         self.seed = check_integer(seed, "seed")
         # what HogwildTrainer reads besides the above
         self.schedule, self.rebuild_tokens, self.reduce, self.shuffle, self.reset_moved_nodes = (
@@ -382,6 +399,19 @@ class SparseTreeClassifier:
             return Tree.huffman(counts + 1.0, arity)
         return kmeans_label_tree(label_centroids(features, label_values, label_offsets, counts.size), arity,
                                  seed=self.seed)
+
+    def _refresh(self, nodes: np.ndarray) -> None:
+        """Restart the AdaGrad sums of ``nodes`` (and, for ``changed_nodes="fresh"``, zero their
+        weights and biases): called by a rebuild before the new tree is set."""
+        if nodes.size == 0:
+            return
+        if self.squares.shape[0]:
+            self.squares[:, nodes] = 0.0
+        if self.changed_nodes == "fresh":
+            arity = self.bias.shape[1]
+            columns = (nodes[:, None] * arity + np.arange(arity)).ravel()
+            self.weight[:, columns] = 0.0
+            self.bias[nodes] = 0.0
 
     def _check_fitted(self) -> None:
         if self.weight is None:

@@ -240,3 +240,38 @@ def test_adagrad_learns_a_separable_problem():
     clf = SparseTreeClassifier(output="learned", arity=4, lr=2.0, epochs=5, threads=1, rebuilds=5,
                                optimizer="adagrad").fit(x[:300], y[:300])
     assert (clf.predict(x[300:]).labels[:, 0] == y[300:]).mean() > 0.9
+
+
+def test_changed_nodes_are_those_whose_children_differ() -> None:
+    from hsm.sparse_tree import _changed_nodes
+
+    old = Tree.balanced(np.arange(9), 3, 2)
+    order = np.arange(9)
+    order[[0, 3]] = order[[3, 0]]  # labels 0 and 3 trade places: nodes 1 and 2 change, the root does not
+    new = Tree.balanced(order, 3, 2)
+    assert _changed_nodes(old, new, np.array([], np.int64)).tolist() == sorted(
+        int(n) for n in np.flatnonzero((old.child_label != new.child_label).any(1)))
+    assert 0 not in _changed_nodes(old, new, np.array([], np.int64))
+    assert 0 in _changed_nodes(old, new, np.array([0]))
+
+
+@pytest.mark.parametrize("changed", ["fresh_steps", "fresh"])
+def test_fresh_changed_nodes_learn_and_zero_what_they_say(changed: str) -> None:
+    x, y = _toy(k=9)
+    clf = SparseTreeClassifier(output="learned", arity=3, lr=0.5, epochs=3, threads=1, optimizer="adagrad",
+                               changed_nodes=changed, rebuilds=5, seed=0).fit(x, y)
+    assert np.isfinite(clf.weight).all() and clf.predict(x).labels.shape == (x.shape[0], 1)
+    clf.squares[:] = 1.0
+    clf.weight[:] = 1.0
+    clf.bias[:] = 1.0
+    clf._refresh(np.array([1]))
+    assert (clf.squares[:, 1] == 0).all() and (clf.squares[:, [0, 2]] == 1).all()
+    m = clf.bias.shape[1]
+    fresh = changed == "fresh"
+    assert (clf.weight[:, m:2 * m] == (0 if fresh else 1)).all() and (clf.bias[1] == (0 if fresh else 1)).all()
+    assert (np.delete(clf.weight, np.s_[m:2 * m], axis=1) == 1).all() and (np.delete(clf.bias, 1, axis=0) == 1).all()
+
+
+def test_fresh_steps_needs_adagrad() -> None:
+    with pytest.raises(ValueError, match="optimizer='adagrad'"):
+        SparseTreeClassifier(optimizer="sgd", changed_nodes="fresh_steps")

@@ -108,7 +108,7 @@ def test_quick_run_end_to_end(tmp_path, monkeypatch):
         assert record["train_seconds"] > 0 and record["predict_ms_per_example"] > 0 and record["model_bytes"] > 0
         assert record["train_examples"] == 300 and record["test_examples"] == 100 and record["threads"] == 2
     # every method at every seed, but the deterministic one-vs-rest once
-    assert runs == {m: [0] if m == "napkinxc-ovr" else [0, 1] for m in T.TODAY_METHODS}
+    assert runs == {m: [0] if m == "napkinxc-ovr" else [0, 1] for m in T.DEFAULT_METHODS}
     fasttext = [r for r in records if r["method"] == "fasttext-bigrams"][0]
     assert fasttext["settings"]["wordNgrams"] == 2 and set(fasttext["valid_p_at_1"]) == {"lr=0.5,epoch=5"}
     assert "picked on validation" in fasttext["settings_chosen"]

@@ -20,6 +20,11 @@ try now, beside fastText with bigrams, in one run on the same splits and the sam
   ``learned-huffman`` / ``learned-kmeans`` (Algorithm 1 from that tree). Its rate is picked from
   ``sparse_lr_grid`` on 10 % of the training rows (once per method, or once for all with
   ``sparse_pick=first``); multi-label rows are trained on all their labels (``sparse_multi_label``).
+  Ablations of ours, run only when named in ``methods``: ``refit-huffman`` / ``refit-kmeans``
+  (the tree Algorithm 1 learned from that start, then a model trained from zero on it, fixed;
+  ``train_seconds`` counts both fits) and ``learned-*-fresh-steps`` / ``learned-*-fresh`` (a
+  rebuild restarts the AdaGrad sums, or also zeroes the weights, of every node whose children
+  changed).
 * ``fasttext-bigrams``: fastText (softmax loss, d = 50, ``-wordNgrams 2`` with 2M buckets), the
   learning rate and epochs picked on validation P@1 from {0.1, 0.25, 0.5, 1.0} x {5, 25} (the
   fastText tutorial's cooking setting is lr 1.0, 25 epochs, bigrams).
@@ -61,7 +66,7 @@ from .data import EncodedSplit, _ragged_labels, _subset_rows, encode_data, load_
 from .peers import _doc_tokens, _fasttext_lines, _package_version, _word_text, run_fasttext
 from .presets import STAND_INS
 
-__all__ = ["METHOD_NAMES", "TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "summarise",
+__all__ = ["DEFAULT_METHODS", "METHOD_NAMES", "TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "summarise",
            "today_scale_label", "today_tools"]
 
 #: method -> (importable module, pip package)
@@ -78,7 +83,15 @@ TODAY_METHODS: dict[str, tuple[str, str]] = {
     "hsm-sparse-kmeans": ("hsm.sparse_tree", "hsm"),
     "hsm-sparse-learned-huffman": ("hsm.sparse_tree", "hsm"),
     "hsm-sparse-learned-kmeans": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-refit-huffman": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-refit-kmeans": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-learned-huffman-fresh-steps": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-learned-kmeans-fresh-steps": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-learned-huffman-fresh": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-learned-kmeans-fresh": ("hsm.sparse_tree", "hsm"),
 }
+#: the methods run when ``methods`` is not given: the comparison; the rest are ablations of ours
+DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in TODAY_METHODS if "refit" not in m and "fresh" not in m)
 #: omikuji hyper-parameters changed from its defaults (the defaults are Parabel's)
 OMIKUJI_SETTINGS: dict[str, dict[str, Any]] = {
     "omikuji-parabel": {},
@@ -93,7 +106,7 @@ TOP_K = 5
 @dataclass
 class TodayConfig:
     data: str = "cooking"
-    methods: tuple[str, ...] = tuple(TODAY_METHODS)
+    methods: tuple[str, ...] = DEFAULT_METHODS
     seeds: tuple[int, ...] = (0, 1, 2)
     threads: int = 2
     train_limit: int | None = None
@@ -439,13 +452,22 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
     return records, summary
 
 
-#: our rows: :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method -> (output, start)
-SPARSE_METHODS: dict[str, tuple[str, str]] = {
-    "hsm-sparse-flat": ("flat", "huffman"),
-    "hsm-sparse-huffman": ("tree", "huffman"),
-    "hsm-sparse-kmeans": ("tree", "kmeans"),
-    "hsm-sparse-learned-huffman": ("learned", "huffman"),
-    "hsm-sparse-learned-kmeans": ("learned", "kmeans"),
+#: our rows: :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method ->
+#: (output, start tree, what a rebuild does to the nodes it changes). ``refit``: the tree learned
+#: from that start, then a new model trained from zero on it, fixed (is the learned tree itself
+#: worse, or its training?)
+SPARSE_METHODS: dict[str, tuple[str, str, str]] = {
+    "hsm-sparse-flat": ("flat", "huffman", "keep"),
+    "hsm-sparse-huffman": ("tree", "huffman", "keep"),
+    "hsm-sparse-kmeans": ("tree", "kmeans", "keep"),
+    "hsm-sparse-learned-huffman": ("learned", "huffman", "keep"),
+    "hsm-sparse-learned-kmeans": ("learned", "kmeans", "keep"),
+    "hsm-sparse-refit-huffman": ("refit", "huffman", "keep"),
+    "hsm-sparse-refit-kmeans": ("refit", "kmeans", "keep"),
+    "hsm-sparse-learned-huffman-fresh-steps": ("learned", "huffman", "fresh_steps"),
+    "hsm-sparse-learned-kmeans-fresh-steps": ("learned", "kmeans", "fresh_steps"),
+    "hsm-sparse-learned-huffman-fresh": ("learned", "huffman", "fresh"),
+    "hsm-sparse-learned-kmeans-fresh": ("learned", "kmeans", "fresh"),
 }
 
 
@@ -457,15 +479,18 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
     then it is trained on all of train and tested. ``picked`` carries the choice to later seeds."""
     from hsm.sparse_tree import SparseTreeClassifier
 
-    output, start = SPARSE_METHODS[method]
+    output, start, changed = SPARSE_METHODS[method]
     gold = feats.train.gold_sets()
     num_labels = feats.train.num_labels
 
-    def make(lr: float) -> SparseTreeClassifier:
+    def make(lr: float, output: str = "learned" if output == "refit" else output,
+             start: str | Any = start) -> SparseTreeClassifier:
         return SparseTreeClassifier(output=output, start=start, lr=lr, epochs=config.sparse_epochs,
                                     threads=config.threads, optimizer=config.sparse_optimizer,
-                                    multi_label=config.sparse_multi_label, seed=seed)
+                                    multi_label=config.sparse_multi_label, changed_nodes=changed, seed=seed)
 
+    if method not in picked and len(config.sparse_lr_grid) == 1:
+        picked[method] = (config.sparse_lr_grid[0], {})  # nothing to choose: no validation fit
     if method not in picked:
         n = feats.x_train.shape[0]
         order = np.random.default_rng(seed).permutation(n)
@@ -483,6 +508,13 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
     clf = make(lr)
     begin = time.perf_counter()
     clf.fit(feats.x_train, gold, num_labels=num_labels)
+    learn_seconds = time.perf_counter() - begin
+    if output == "refit":  # the learned tree, fixed, and a model trained from zero on it
+        learned_tree, start_tree = clf.tree, clf.start_tree
+        del clf
+        clf = make(lr, output="tree", start=learned_tree)
+        clf.fit(feats.x_train, gold, num_labels=num_labels)
+        clf.start_tree = start_tree
     train_seconds = time.perf_counter() - begin
     begin = time.perf_counter()
     top = clf.predict(feats.x_test, k=TOP_K).labels
@@ -495,13 +527,15 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
             "settings": {"output": output, "start": start, "arity": None if tree is None else tree.arity,
                          "optimizer": config.sparse_optimizer, "lr": lr, "epochs": config.sparse_epochs,
                          "multi_label": config.sparse_multi_label, "threads": config.threads,
-                         "rebuilds": clf.rebuilds if output == "learned" else 0,
+                         "rebuilds": clf.rebuilds if output in ("learned", "refit") else 0,
+                         "changed_nodes": changed,
                          "prediction": "exact (every label's log-probability)"},
             "valid_p_at_1": scores,
             "mean_depth": None if tree is None else float(tree.depths[feats.test.label_values].mean()),
             "start_mean_depth": (None if clf.start_tree is None
                                  else float(clf.start_tree.depths[feats.test.label_values].mean())),
-            "moved_labels_last_rebuild": (clf.history.rebuilds[-1].moved_labels if clf.history.rebuilds else None)}
+            "moved_labels_last_rebuild": (clf.history.rebuilds[-1].moved_labels if clf.history.rebuilds else None),
+            **({"learn_seconds": learn_seconds} if output == "refit" else {})}
 
 
 #: how each method is named in the book's tables
@@ -518,6 +552,12 @@ METHOD_NAMES: dict[str, str] = {
     "hsm-sparse-kmeans": "ours, k-means tree",
     "hsm-sparse-learned-huffman": "ours, learned from Huffman",
     "hsm-sparse-learned-kmeans": "ours, learned from k-means",
+    "hsm-sparse-refit-huffman": "ours, learned from Huffman, refit",
+    "hsm-sparse-refit-kmeans": "ours, learned from k-means, refit",
+    "hsm-sparse-learned-huffman-fresh-steps": "ours, learned from Huffman, fresh steps",
+    "hsm-sparse-learned-kmeans-fresh-steps": "ours, learned from k-means, fresh steps",
+    "hsm-sparse-learned-huffman-fresh": "ours, learned from Huffman, fresh nodes",
+    "hsm-sparse-learned-kmeans-fresh": "ours, learned from k-means, fresh nodes",
 }
 
 
@@ -574,7 +614,7 @@ def _remove_tree(path: Path) -> None:
             "data=cooking|gutenberg-books", "results/classification/today-cooking.json")
 def today_tools(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
                 **options: Any) -> Path:
-    """Run every method of ``methods`` (default all) for each seed on ``data`` and write
+    """Run every method of ``methods`` (default: every method but the ablations of ours) for each seed on ``data`` and write
     ``results/classification/today-<data>[-quick].json`` (under ``hsm-results/`` unless ``out``).
     The libraries run on the CPU: ``device`` must be ``cpu``. ValueError for a bad scale,
     device or option, before any work."""
