@@ -128,10 +128,95 @@ def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, pe
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _binary_sparse_examples(indptr, indices, data, order, label_values, label_offsets, weight, bias, penalty,
+                            path_nodes, path_children, path_mask, lr, schedule, start, stride, phase, total, losses,
+                            squares):  # pragma: no cover - compiled
+    """One SGD step per example ``order[k]`` of the probabilistic label tree's loss, in place:
+    every child slot (n, m) is an independent logistic decision "a label of x lies below", trained
+    at every node on the paths of *all* of x's labels (``label_values[label_offsets[i]:
+    label_offsets[i + 1]]``): positive on those paths, negative on their other slots. ``losses[k]``
+    gets the summed binary log-losses. Rate, AdaGrad ``squares`` and the rest as
+    :func:`_sgd_sparse_examples`; returns -1 or the k of the first non-finite loss."""
+    num_nodes, arity = bias.shape
+    has_penalty = penalty.shape[0] > 0
+    adagrad = squares.shape[0] > 0
+    length = path_nodes.shape[1]
+    logit = np.empty(arity, dtype=np.float32)
+    alpha = np.empty(arity, dtype=np.float32)
+    positive = np.zeros((num_nodes, arity), dtype=np.bool_)
+    seen = np.zeros(num_nodes, dtype=np.bool_)
+    visited = np.empty(num_nodes, dtype=np.int64)
+    for k in range(order.shape[0]):
+        i = order[k]
+        progress = (start + k * stride + phase) / total
+        if schedule == 0:
+            rate = np.float32(lr * (1.0 - progress))
+        else:
+            rate = np.float32(lr * min(1.0, 2.0 * (1.0 - progress)))
+        first, last = indptr[i], indptr[i + 1]
+        count = 0
+        for j in range(label_offsets[i], label_offsets[i + 1]):
+            y = label_values[j]
+            for depth in range(length):
+                if not path_mask[y, depth]:
+                    break
+                n = path_nodes[y, depth]
+                if not seen[n]:
+                    seen[n] = True
+                    visited[count] = n
+                    count += 1
+                positive[n, path_children[y, depth]] = True
+        loss = 0.0
+        for v_index in range(count):
+            n = visited[v_index]
+            base = n * arity
+            for m in range(arity):
+                logit[m] = bias[n, m]
+            for t in range(first, last):
+                f = indices[t]
+                v = data[t]
+                for m in range(arity):
+                    logit[m] += weight[f, base + m] * v
+            residual = np.float32(0.0)
+            for m in range(arity):
+                if has_penalty and penalty[n, m] == _NEG_INF:
+                    alpha[m] = 0.0  # a slot holding no real label: never trained
+                    continue
+                z = logit[m]
+                # log(1 + e^-|z|) + max(0, -z) is -log sigmoid(z), stable for both signs
+                softplus = np.log1p(np.exp(-abs(z)))
+                if positive[n, m]:
+                    loss += softplus + max(np.float32(0.0), -z)
+                    r = np.float32(1.0) - np.float32(1.0) / (np.float32(1.0) + np.exp(-z))
+                else:
+                    loss += softplus + max(np.float32(0.0), z)
+                    r = np.float32(0.0) - np.float32(1.0) / (np.float32(1.0) + np.exp(-z))
+                residual += r * r
+                alpha[m] = rate * r
+                bias[n, m] += alpha[m]
+            for t in range(first, last):
+                f = indices[t]
+                v = data[t]
+                if adagrad:
+                    squares[f, n] += v * v * residual
+                    v = v / np.sqrt(np.float32(1.0) + squares[f, n])
+                for m in range(arity):
+                    weight[f, base + m] += alpha[m] * v
+            for m in range(arity):
+                positive[n, m] = False
+            seen[n] = False
+        losses[k] = loss
+        if not np.isfinite(loss):
+            return k
+    return -1
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def _label_log_probs(indptr, indices, data, lo, hi, weight, bias, penalty, path_nodes, path_children, path_mask,
-                     out):  # pragma: no cover - compiled
+                     binary, out):  # pragma: no cover - compiled
     """``out[i - lo, y]`` = log p(y | x_i) (eq. 3) for rows ``lo <= i < hi`` and every label y:
-    every node's log-softmax (one contiguous row of ``weight`` per non-zero), summed on the paths."""
+    every node's log-softmax (one contiguous row of ``weight`` per non-zero), summed on the paths.
+    ``binary``: each slot's log-sigmoid instead (the probabilistic label tree's marginal of y)."""
     num_nodes, arity = bias.shape
     has_penalty = penalty.shape[0] > 0
     num_labels = out.shape[1]
@@ -145,7 +230,14 @@ def _label_log_probs(indptr, indices, data, lo, hi, weight, bias, penalty, path_
             v = data[t]
             for j in range(num_nodes * arity):
                 logit[j] += weight[f, j] * v
-        for n in range(num_nodes):
+        if binary:
+            for j in range(num_nodes * arity):
+                z = logit[j]
+                if has_penalty and penalty[j // arity, j % arity] == _NEG_INF:
+                    logit[j] = _NEG_INF
+                else:
+                    logit[j] = -(np.log1p(np.exp(-abs(z))) + max(np.float32(0.0), -z))
+        for n in range(num_nodes if not binary else 0):
             base = n * arity
             top = _NEG_INF
             for m in range(arity):
@@ -231,9 +323,10 @@ def full_tree(tree: Tree) -> Tree:
 class _SparseHogwildTrainer(HogwildTrainer):
     """:class:`HogwildTrainer`'s epochs, chunks and rebuild plans on the sparse kernel."""
 
-    def __init__(self, classifier: "SparseTreeClassifier", data: np.ndarray) -> None:
+    def __init__(self, classifier: "SparseTreeClassifier", data: np.ndarray, label_values: np.ndarray,
+                 label_offsets: np.ndarray) -> None:
         super().__init__(classifier)
-        self.data = data
+        self.data, self.label_values, self.label_offsets = data, label_values, label_offsets
 
     def _inputs(self) -> tuple[bool, np.ndarray]:
         return False, np.zeros((0, 0), dtype=np.float32)  # no embedding: x is the representation
@@ -252,6 +345,13 @@ class _SparseHogwildTrainer(HogwildTrainer):
         bad = [-1] * len(shares)
 
         def task(index: int, lo: int, hi: int) -> None:
+            if clf.node_loss == "binary":  # every label of the example at once: the targets are not used
+                bad[index] = _binary_sparse_examples(offsets, values, self.data, order[lo:hi], self.label_values,
+                                                     self.label_offsets, clf.weight, clf.bias, penalty, nodes,
+                                                     children, mask, clf.lr, schedule_code, float(done),
+                                                     float(parts), float(index), float(total), losses[lo:hi],
+                                                     clf.squares)
+                return
             bad[index] = _sgd_sparse_examples(offsets, values, self.data, order[lo:hi], targets, clf.weight, clf.bias,
                                               penalty, nodes, children, mask, clf.lr, schedule_code, float(done),
                                               float(parts), float(index), float(total), collect, sums, paths, counts,
@@ -305,10 +405,17 @@ class SparseTreeClassifier:
         ranking score (ICML eq. 12 by default).
     multi_label: how a document with several labels is trained: ``"sample"`` one of them per
         epoch, uniformly (fastText), or ``"all"`` of them every epoch, as one example per label
-        (the pick-all-labels reduction of Menon et al. 2019, whose top-k is consistent for P@k).
+        (the pick-all-labels reduction of Menon et al. 2019, whose top-k is consistent for P@k);
+        ``node_loss="binary"`` always trains all of them at once.
     optimizer: ``"sgd"`` (fastText's per-example step) or ``"adagrad"`` (the step of each
         feature at each node scaled by its own gradient history, Duchi et al. 2011: rare
         features, most bigrams, keep large steps).
+    node_loss: ``"softmax"`` over the M children of each node (eq. 3: p(y|x) is a distribution
+        over labels) or ``"binary"``: an independent logistic decision per child, "one of x's
+        labels lies below", trained on the paths of all of x's labels at once (the probabilistic
+        label tree of Jasinska-Kobus et al. 2020; with ``output="flat"``, one-vs-rest logistic
+        regression). ``log_prob`` is then each label's estimated marginal probability. Algorithm 1
+        learns from the children's distribution, so ``"binary"`` takes a fixed tree only.
     changed_nodes: what a rebuild does to a node whose children changed: ``"keep"`` its weights
         and step sizes (ICML §4: parameters stay with their node ids), ``"fresh_steps"``: keep
         the weights but restart its AdaGrad sums, so the re-fit takes full steps again, or
@@ -325,6 +432,7 @@ class SparseTreeClassifier:
                  lr_schedule: Literal["auto", "linear", "constant_then_linear"] = "auto", rebuilds: int = 50,
                  prior: float = 1.0, decay: float = 1.0, score: RankingScore | None = None,
                  multi_label: Literal["sample", "all"] = "sample", optimizer: Literal["sgd", "adagrad"] = "sgd",
+                 node_loss: Literal["softmax", "binary"] = "softmax",
                  changed_nodes: Literal["keep", "fresh_steps", "fresh"] = "keep", seed: int = 0) -> None:
         self.output = _choice(output, "output", ("flat", "tree", "learned"))
         if not isinstance(start, Tree):
@@ -343,6 +451,10 @@ class SparseTreeClassifier:
         self.score: RankingScore = _score_name(score, None, default="eq12")
         self.multi_label = _choice(multi_label, "multi_label", ("sample", "all"))
         self.optimizer = _choice(optimizer, "optimizer", ("sgd", "adagrad"))
+        self.node_loss = _choice(node_loss, "node_loss", ("softmax", "binary"))
+        if self.node_loss == "binary" and self.output == "learned":
+            raise ValueError("node_loss='binary' has no distribution over children for Algorithm 1 to learn from: "
+                             "use output='tree' or 'flat', or node_loss='softmax' to learn the tree")
         self.changed_nodes = _choice(changed_nodes, "changed_nodes", ("keep", "fresh_steps", "fresh"))
         if self.changed_nodes == "fresh_steps" and self.optimizer != "adagrad":
             raise ValueError("changed_nodes='fresh_steps' restarts AdaGrad's sums: use optimizer='adagrad'")
@@ -455,10 +567,11 @@ class SparseTreeClassifier:
         self._set_tree(tree)
         self.statistics = (NodeStatistics(tree, prior=self.prior, decay=self.decay)
                            if self.output == "learned" else None)
-        if self.multi_label == "all" and (np.diff(label_offsets) != 1).any():  # one example per (document, label)
+        if (self.node_loss == "softmax" and self.multi_label == "all"
+                and (np.diff(label_offsets) != 1).any()):  # one example per (document, label)
             features = features[np.repeat(np.arange(n), np.diff(label_offsets))]
             label_offsets = np.arange(label_values.size + 1, dtype=np.int64)
-        trainer = _SparseHogwildTrainer(self, features.data)
+        trainer = _SparseHogwildTrainer(self, features.data, label_values, label_offsets)
         self.history = trainer.train(features.indices, features.indptr, label_values, label_offsets, False)
         return self
 
@@ -480,7 +593,7 @@ class SparseTreeClassifier:
 
         def task(index: int, a: int, b: int) -> None:
             _label_log_probs(features.indptr, features.indices, features.data, a, b, self.weight, self.bias, penalty,
-                             nodes, children, mask, out[a - lo:b - lo])
+                             nodes, children, mask, self.node_loss == "binary", out[a - lo:b - lo])
 
         _run(task, shares)
 

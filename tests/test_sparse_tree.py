@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from hsm import Tree
 from hsm.sparse_features import count_matrix, tfidf_features
-from hsm.sparse_tree import (SparseTreeClassifier, _sgd_sparse_examples, full_tree, kmeans_label_tree,
-                             label_centroids)
+from hsm.sparse_tree import (SparseTreeClassifier, _binary_sparse_examples, _sgd_sparse_examples, full_tree,
+                             kmeans_label_tree, label_centroids)
 
 
 def _toy(n: int = 400, k: int = 12, f: int = 60, seed: int = 0):
@@ -275,3 +275,77 @@ def test_fresh_changed_nodes_learn_and_zero_what_they_say(changed: str) -> None:
 def test_fresh_steps_needs_adagrad() -> None:
     with pytest.raises(ValueError, match="optimizer='adagrad'"):
         SparseTreeClassifier(optimizer="sgd", changed_nodes="fresh_steps")
+
+
+# ---------------------------------------------------------------------------------------------- binary node decisions
+def _autograd_binary_step(x_dense, labels, tree, weight, bias, lr):
+    """One SGD step on the probabilistic label tree's loss by autograd: at every node on the paths
+    of ``labels``, a logistic loss per real child slot, positive where a label lies below."""
+    w = torch.tensor(weight, requires_grad=True)
+    b = torch.tensor(bias, requires_grad=True)
+    x = torch.tensor(x_dense)
+    arity = tree.arity
+    positive: dict[int, set[int]] = {}
+    for y in labels:
+        for n, c in tree.path(y):
+            positive.setdefault(n, set()).add(c)
+    loss = torch.zeros(())
+    for n, slots in positive.items():
+        logits = x @ w[:, n * arity:(n + 1) * arity] + b[n]
+        target = torch.tensor([1.0 if m in slots else 0.0 for m in range(arity)])
+        real = torch.tensor(tree.slot_mask[n])
+        loss = loss + torch.nn.functional.binary_cross_entropy_with_logits(logits[real], target[real],
+                                                                          reduction="sum")
+    loss.backward()
+    return (w - lr * w.grad).detach().numpy(), (b - lr * b.grad).detach().numpy(), float(loss.detach())
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), arity=st.integers(2, 4), k=st.integers(3, 9), size=st.integers(1, 3))
+def test_one_binary_step_is_the_autograd_step(seed, arity, k, size):
+    rng = np.random.default_rng(seed)
+    tree = Tree.huffman(rng.integers(1, 20, k).astype(float), arity)
+    f = 7
+    x = sp.random(1, f, density=0.5, random_state=seed, format="csr", dtype=np.float32)
+    if x.nnz == 0:
+        x = sp.csr_matrix(np.eye(1, f, dtype=np.float32))
+    labels = rng.choice(k, size=min(size, k), replace=False).astype(np.int64)
+    weight = rng.normal(0, 0.3, (f, tree.num_nodes * arity)).astype(np.float32)
+    bias = rng.normal(0, 0.3, (tree.num_nodes, arity)).astype(np.float32)
+    expected_w, expected_b, expected_loss = _autograd_binary_step(x.toarray()[0], labels, tree, weight, bias, 0.1)
+    penalty = (np.zeros((0, arity), np.float32) if tree.slot_mask.all()
+               else np.where(tree.slot_mask, 0.0, -np.inf).astype(np.float32))
+    losses = np.zeros(1)
+    bad = _binary_sparse_examples(x.indptr.astype(np.int64), x.indices.astype(np.int64), x.data,
+                                  np.zeros(1, np.int64), labels, np.array([0, labels.size], np.int64), weight, bias,
+                                  penalty, tree.path_nodes, tree.path_children, tree.path_mask, 0.1, 1, 0.0, 1.0, 0.0,
+                                  10.0, losses, np.zeros((0, 1), np.float32))
+    assert bad == -1
+    np.testing.assert_allclose(weight, expected_w, atol=1e-5)
+    np.testing.assert_allclose(bias, expected_b, atol=1e-5)
+    assert losses[0] == pytest.approx(expected_loss, rel=1e-5)
+
+
+@pytest.mark.parametrize("output", ["flat", "tree"])
+def test_binary_log_prob_is_the_sum_of_log_sigmoids_on_the_path(output):
+    x, y = _toy(n=150, k=7)
+    sets = [[int(a), int((a + 1) % 7)] for a in y]
+    clf = SparseTreeClassifier(output=output, arity=3, lr=0.5, epochs=2, threads=1, node_loss="binary",
+                               optimizer="adagrad").fit(x, sets)
+    dense = x.toarray()
+    paths = ([[(0, label)] for label in range(7)] if output == "flat"
+             else [clf.tree.path(label) for label in range(7)])
+    arity = clf.bias.shape[1]
+    for i in range(4):
+        for label in range(7):
+            ref = sum(-np.logaddexp(0.0, -(dense[i] @ clf.weight[:, n * arity + c] + clf.bias[n, c]))
+                      for n, c in paths[label])
+            assert clf.log_prob(x[i])[0, label] == pytest.approx(ref, abs=1e-4)
+    # it learns: each label's own features put it in the top 2
+    top = clf.predict(x, k=2).labels
+    assert np.mean([a in row for a, row in zip(y, top)]) > 0.9
+
+
+def test_binary_nodes_take_a_fixed_tree_only():
+    with pytest.raises(ValueError, match="no distribution over children"):
+        SparseTreeClassifier(output="learned", node_loss="binary")

@@ -24,7 +24,9 @@ try now, beside fastText with bigrams, in one run on the same splits and the sam
   (the tree Algorithm 1 learned from that start, then a model trained from zero on it, fixed;
   ``train_seconds`` counts both fits) and ``learned-*-fresh-steps`` / ``learned-*-fresh`` (a
   rebuild restarts the AdaGrad sums, or also zeroes the weights, of every node whose children
-  changed).
+  changed). ``ovr``, ``plt-huffman`` and ``plt-kmeans`` are the same model with a logistic
+  decision per child instead of the softmax over the children (``node_loss="binary"``: one-vs-rest
+  for the flat layer, a probabilistic label tree for a tree), trained on all of a row's labels.
 * ``fasttext-bigrams``: fastText (softmax loss, d = 50, ``-wordNgrams 2`` with 2M buckets), the
   learning rate and epochs picked on validation P@1 from {0.1, 0.25, 0.5, 1.0} x {5, 25} (the
   fastText tutorial's cooking setting is lr 1.0, 25 epochs, bigrams).
@@ -89,6 +91,9 @@ TODAY_METHODS: dict[str, tuple[str, str]] = {
     "hsm-sparse-learned-kmeans-fresh-steps": ("hsm.sparse_tree", "hsm"),
     "hsm-sparse-learned-huffman-fresh": ("hsm.sparse_tree", "hsm"),
     "hsm-sparse-learned-kmeans-fresh": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-ovr": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-plt-huffman": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-plt-kmeans": ("hsm.sparse_tree", "hsm"),
 }
 #: the methods run when ``methods`` is not given: the comparison; the rest are ablations of ours
 DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in TODAY_METHODS if "refit" not in m and "fresh" not in m)
@@ -453,21 +458,25 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
 
 
 #: our rows: :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method ->
-#: (output, start tree, what a rebuild does to the nodes it changes). ``refit``: the tree learned
-#: from that start, then a new model trained from zero on it, fixed (is the learned tree itself
-#: worse, or its training?)
-SPARSE_METHODS: dict[str, tuple[str, str, str]] = {
-    "hsm-sparse-flat": ("flat", "huffman", "keep"),
-    "hsm-sparse-huffman": ("tree", "huffman", "keep"),
-    "hsm-sparse-kmeans": ("tree", "kmeans", "keep"),
-    "hsm-sparse-learned-huffman": ("learned", "huffman", "keep"),
-    "hsm-sparse-learned-kmeans": ("learned", "kmeans", "keep"),
-    "hsm-sparse-refit-huffman": ("refit", "huffman", "keep"),
-    "hsm-sparse-refit-kmeans": ("refit", "kmeans", "keep"),
-    "hsm-sparse-learned-huffman-fresh-steps": ("learned", "huffman", "fresh_steps"),
-    "hsm-sparse-learned-kmeans-fresh-steps": ("learned", "kmeans", "fresh_steps"),
-    "hsm-sparse-learned-huffman-fresh": ("learned", "huffman", "fresh"),
-    "hsm-sparse-learned-kmeans-fresh": ("learned", "kmeans", "fresh"),
+#: (output, start tree, node loss, what a rebuild does to the nodes it changes). ``refit``: the
+#: tree learned from that start, then a new model trained from zero on it, fixed (is the learned
+#: tree itself worse, or its training?). ``binary``: the probabilistic label tree's independent
+#: logistic decision per child instead of a softmax over the children.
+SPARSE_METHODS: dict[str, tuple[str, str, str, str]] = {
+    "hsm-sparse-flat": ("flat", "huffman", "softmax", "keep"),
+    "hsm-sparse-huffman": ("tree", "huffman", "softmax", "keep"),
+    "hsm-sparse-kmeans": ("tree", "kmeans", "softmax", "keep"),
+    "hsm-sparse-learned-huffman": ("learned", "huffman", "softmax", "keep"),
+    "hsm-sparse-learned-kmeans": ("learned", "kmeans", "softmax", "keep"),
+    "hsm-sparse-refit-huffman": ("refit", "huffman", "softmax", "keep"),
+    "hsm-sparse-refit-kmeans": ("refit", "kmeans", "softmax", "keep"),
+    "hsm-sparse-learned-huffman-fresh-steps": ("learned", "huffman", "softmax", "fresh_steps"),
+    "hsm-sparse-learned-kmeans-fresh-steps": ("learned", "kmeans", "softmax", "fresh_steps"),
+    "hsm-sparse-learned-huffman-fresh": ("learned", "huffman", "softmax", "fresh"),
+    "hsm-sparse-learned-kmeans-fresh": ("learned", "kmeans", "softmax", "fresh"),
+    "hsm-sparse-ovr": ("flat", "huffman", "binary", "keep"),
+    "hsm-sparse-plt-huffman": ("tree", "huffman", "binary", "keep"),
+    "hsm-sparse-plt-kmeans": ("tree", "kmeans", "binary", "keep"),
 }
 
 
@@ -479,7 +488,7 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
     then it is trained on all of train and tested. ``picked`` carries the choice to later seeds."""
     from hsm.sparse_tree import SparseTreeClassifier
 
-    output, start, changed = SPARSE_METHODS[method]
+    output, start, node_loss, changed = SPARSE_METHODS[method]
     gold = feats.train.gold_sets()
     num_labels = feats.train.num_labels
 
@@ -487,7 +496,8 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
              start: str | Any = start) -> SparseTreeClassifier:
         return SparseTreeClassifier(output=output, start=start, lr=lr, epochs=config.sparse_epochs,
                                     threads=config.threads, optimizer=config.sparse_optimizer,
-                                    multi_label=config.sparse_multi_label, changed_nodes=changed, seed=seed)
+                                    multi_label=config.sparse_multi_label, node_loss=node_loss,
+                                    changed_nodes=changed, seed=seed)
 
     if method not in picked and len(config.sparse_lr_grid) == 1:
         picked[method] = (config.sparse_lr_grid[0], {})  # nothing to choose: no validation fit
@@ -528,7 +538,7 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
                          "optimizer": config.sparse_optimizer, "lr": lr, "epochs": config.sparse_epochs,
                          "multi_label": config.sparse_multi_label, "threads": config.threads,
                          "rebuilds": clf.rebuilds if output in ("learned", "refit") else 0,
-                         "changed_nodes": changed,
+                         "node_loss": node_loss, "changed_nodes": changed,
                          "prediction": "exact (every label's log-probability)"},
             "valid_p_at_1": scores,
             "mean_depth": None if tree is None else float(tree.depths[feats.test.label_values].mean()),
@@ -558,6 +568,9 @@ METHOD_NAMES: dict[str, str] = {
     "hsm-sparse-learned-kmeans-fresh-steps": "ours, learned from k-means, fresh steps",
     "hsm-sparse-learned-huffman-fresh": "ours, learned from Huffman, fresh nodes",
     "hsm-sparse-learned-kmeans-fresh": "ours, learned from k-means, fresh nodes",
+    "hsm-sparse-ovr": "ours, one-vs-rest",
+    "hsm-sparse-plt-huffman": "ours, PLT on the Huffman tree",
+    "hsm-sparse-plt-kmeans": "ours, PLT on the k-means tree",
 }
 
 
