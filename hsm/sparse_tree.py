@@ -33,7 +33,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from .assign import assign_labels_well_formed
+from .assign import assign_labels_depth_constrained, assign_labels_well_formed
 from .fast_classifier import Prediction, _as_labels, _check_fraction, _check_positive, _choice, _count
 from .fast_trainer import FitHistory, HogwildTrainer, statistics_arrays
 from .kernels import _FASTMATH, _run
@@ -273,8 +273,8 @@ def label_centroids(features: sp.csr_matrix, label_values: np.ndarray, label_off
     return sp.diags(1.0 / np.maximum(norms, 1e-12)).dot(centroids).tocsr().astype(np.float32)
 
 
-def kmeans_label_tree(centroids: sp.csr_matrix | np.ndarray, arity: int, seed: int = 0, components: int = 100
-                      ) -> Tree:
+def kmeans_label_tree(centroids: sp.csr_matrix | np.ndarray, arity: int, seed: int = 0, components: int = 100,
+                      fixed_depth: bool = False) -> Tree:
     """The balanced k-means label tree of the label-tree classifiers (Parabel, Bonsai, napkinXC's
     k-means trees): labels clustered by their centroids (:func:`label_centroids`), every cluster
     holding at most M labels, built before training and never changed.
@@ -282,7 +282,9 @@ def kmeans_label_tree(centroids: sp.csr_matrix | np.ndarray, arity: int, seed: i
     The centroids are projected on their ``components`` leading singular directions (truncated
     SVD) and normalised, then: depth 2 when K <= M**2 (M clusters of at most M labels under the
     root, k-means with a greedy fill), else the depth-3 tree of :func:`hsm.clustering.clustering_tree`
-    (M**2 clusters grouped M by M); deeper trees are refused (raise ``arity``)."""
+    (M**2 clusters grouped M by M); deeper trees are refused (raise ``arity``). ``fixed_depth``:
+    the complete tree of that depth in heap layout (empty leaf positions where a cluster holds
+    fewer than M labels), the shape Algorithm 3 re-assigns, instead of a well-formed tree."""
     from sklearn.decomposition import TruncatedSVD
 
     from .clustering import _kmeans_fill, clustering_tree
@@ -303,8 +305,10 @@ def kmeans_label_tree(centroids: sp.csr_matrix | np.ndarray, arity: int, seed: i
     if num_labels <= arity**2:
         clusters, _ = _kmeans_fill(points, arity, arity, seed)
         _, clusters = np.unique(clusters, return_inverse=True)
-        return full_tree(Tree.from_clusters(clusters, arity, 2))
-    return full_tree(clustering_tree(points, arity, depth=3, seed=seed))
+        tree = Tree.from_clusters(clusters, arity, 2)
+    else:
+        tree = clustering_tree(points, arity, depth=3, seed=seed)
+    return tree if fixed_depth else full_tree(tree)
 
 
 def full_tree(tree: Tree) -> Tree:
@@ -368,7 +372,10 @@ class _SparseHogwildTrainer(HogwildTrainer):
         clf = self.classifier
         start = time.perf_counter()
         old = clf.tree
-        result = assign_labels_well_formed(old, clf.statistics, score=clf.score)
+        if clf.depth == "fixed":  # ICML supplement Algorithm 3 keeps every label at the tree's depth
+            result = assign_labels_depth_constrained(old, clf.statistics, score=clf.score)
+        else:
+            result = assign_labels_well_formed(old, clf.statistics, score=clf.score)
         if clf.changed_nodes != "keep":
             clf._refresh(_changed_nodes(old, result.tree, result.moved_nodes))
         clf._set_tree(result.tree)
@@ -416,6 +423,10 @@ class SparseTreeClassifier:
         label tree of Jasinska-Kobus et al. 2020; with ``output="flat"``, one-vs-rest logistic
         regression). ``log_prob`` is then each label's estimated marginal probability. Algorithm 1
         learns from the children's distribution, so ``"binary"`` takes a fixed tree only.
+    depth: ``"free"``: the tree is well formed and Algorithm 2 may deepen it; ``"fixed"``: the
+        start is the complete tree of its depth (the k-means tree in heap layout, or a
+        fixed-depth :class:`hsm.Tree`) and rebuilds use Algorithm 3 of the ICML supplement,
+        which keeps every label at that depth. A Huffman start has no fixed depth.
     changed_nodes: what a rebuild does to a node whose children changed: ``"keep"`` its weights
         and step sizes (ICML §4: parameters stay with their node ids), ``"fresh_steps"``: keep
         the weights but restart its AdaGrad sums, so the re-fit takes full steps again, or
@@ -432,7 +443,7 @@ class SparseTreeClassifier:
                  lr_schedule: Literal["auto", "linear", "constant_then_linear"] = "auto", rebuilds: int = 50,
                  prior: float = 1.0, decay: float = 1.0, score: RankingScore | None = None,
                  multi_label: Literal["sample", "all"] = "sample", optimizer: Literal["sgd", "adagrad"] = "sgd",
-                 node_loss: Literal["softmax", "binary"] = "softmax",
+                 node_loss: Literal["softmax", "binary"] = "softmax", depth: Literal["free", "fixed"] = "free",
                  changed_nodes: Literal["keep", "fresh_steps", "fresh"] = "keep", seed: int = 0) -> None:
         self.output = _choice(output, "output", ("flat", "tree", "learned"))
         if not isinstance(start, Tree):
@@ -455,6 +466,10 @@ class SparseTreeClassifier:
         if self.node_loss == "binary" and self.output == "learned":
             raise ValueError("node_loss='binary' has no distribution over children for Algorithm 1 to learn from: "
                              "use output='tree' or 'flat', or node_loss='softmax' to learn the tree")
+        self.depth = _choice(depth, "depth", ("free", "fixed"))
+        if self.depth == "fixed" and (start == "huffman" or isinstance(start, Tree) and start.depth_limit is None):
+            raise ValueError("depth='fixed' needs a fixed-depth start: start='kmeans' or a Tree with depth_limit "
+                             "(Tree.balanced / Tree.random); a Huffman tree's leaves lie at many depths")
         self.changed_nodes = _choice(changed_nodes, "changed_nodes", ("keep", "fresh_steps", "fresh"))
         if self.changed_nodes == "fresh_steps" and self.optimizer != "adagrad":
             raise ValueError("changed_nodes='fresh_steps' restarts AdaGrad's sums: use optimizer='adagrad'")
@@ -510,7 +525,7 @@ class SparseTreeClassifier:
         if self.start == "huffman":
             return Tree.huffman(counts + 1.0, arity)
         return kmeans_label_tree(label_centroids(features, label_values, label_offsets, counts.size), arity,
-                                 seed=self.seed)
+                                 seed=self.seed, fixed_depth=self.depth == "fixed")
 
     def _refresh(self, nodes: np.ndarray) -> None:
         """Restart the AdaGrad sums of ``nodes`` (and, for ``changed_nodes="fresh"``, zero their
@@ -556,6 +571,9 @@ class SparseTreeClassifier:
             raise ValueError(f"the weights of {num_features:,} features x {slots:,} slots need {need / 2**30:.1f} GiB, "
                              f"more than 80 % of this machine's {have / 2**30:.1f} GiB: keep fewer features "
                              f"(tfidf_features' min_df / max_features)")
+        if self.output == "learned" and self.depth == "free" and not tree.is_well_formed():
+            raise ValueError("Algorithm 2 re-assigns a well-formed tree (every node with M children): pass "
+                             "full_tree(start) or depth='fixed' with a fixed-depth start")
         self.start_tree = tree
         # written once in order: np.zeros maps pages lazily, and the first random touch of each page
         # by the SGD steps is a page fault (on virtual machines, orders of magnitude slower than a write)

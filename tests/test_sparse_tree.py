@@ -349,3 +349,21 @@ def test_binary_log_prob_is_the_sum_of_log_sigmoids_on_the_path(output):
 def test_binary_nodes_take_a_fixed_tree_only():
     with pytest.raises(ValueError, match="no distribution over children"):
         SparseTreeClassifier(output="learned", node_loss="binary")
+
+
+def test_fixed_depth_learning_keeps_every_label_at_the_start_depth():
+    x, y = _toy(n=400, k=12)
+    clf = SparseTreeClassifier(output="learned", start="kmeans", depth="fixed", arity=4, lr=0.5, epochs=3,
+                               threads=1, rebuilds=6, seed=1).fit(x, y)
+    assert clf.start_tree.depth_limit == 2 and clf.tree.depth_limit == 2
+    assert (clf.tree.depths[:12] == 2).all() and len(clf.history.rebuilds) > 0
+    assert sorted(clf.tree.leaf_positions()[:12].tolist()) == sorted(set(clf.tree.leaf_positions()[:12].tolist()))
+    np.testing.assert_allclose(np.exp(clf.log_prob(x[:20]).astype(np.float64)).sum(1), 1.0, rtol=1e-4)
+
+
+def test_fixed_depth_needs_a_fixed_depth_start():
+    with pytest.raises(ValueError, match="fixed-depth start"):
+        SparseTreeClassifier(start="huffman", depth="fixed")
+    x, y = _toy(n=100, k=6)
+    with pytest.raises(ValueError, match="well-formed"):
+        SparseTreeClassifier(output="learned", start=Tree.balanced(np.arange(6), 4, 2), threads=1).fit(x, y)

@@ -26,7 +26,9 @@ try now, beside fastText with bigrams, in one run on the same splits and the sam
   rebuild restarts the AdaGrad sums, or also zeroes the weights, of every node whose children
   changed). ``ovr``, ``plt-huffman`` and ``plt-kmeans`` are the same model with a logistic
   decision per child instead of the softmax over the children (``node_loss="binary"``: one-vs-rest
-  for the flat layer, a probabilistic label tree for a tree), trained on all of a row's labels.
+  for the flat layer, a probabilistic label tree for a tree), trained on all of a row's labels;
+  ``learned-kmeans-fixed-depth`` learns from the k-means tree with Algorithm 3 of the ICML
+  supplement, which keeps every label at the start's depth.
 * ``fasttext-bigrams``: fastText (softmax loss, d = 50, ``-wordNgrams 2`` with 2M buckets), the
   learning rate and epochs picked on validation P@1 from {0.1, 0.25, 0.5, 1.0} x {5, 25} (the
   fastText tutorial's cooking setting is lr 1.0, 25 epochs, bigrams).
@@ -91,12 +93,17 @@ TODAY_METHODS: dict[str, tuple[str, str]] = {
     "hsm-sparse-learned-kmeans-fresh-steps": ("hsm.sparse_tree", "hsm"),
     "hsm-sparse-learned-huffman-fresh": ("hsm.sparse_tree", "hsm"),
     "hsm-sparse-learned-kmeans-fresh": ("hsm.sparse_tree", "hsm"),
+    "hsm-sparse-learned-kmeans-fixed-depth": ("hsm.sparse_tree", "hsm"),
     "hsm-sparse-ovr": ("hsm.sparse_tree", "hsm"),
     "hsm-sparse-plt-huffman": ("hsm.sparse_tree", "hsm"),
     "hsm-sparse-plt-kmeans": ("hsm.sparse_tree", "hsm"),
 }
 #: the methods run when ``methods`` is not given: the comparison; the rest are ablations of ours
-DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in TODAY_METHODS if "refit" not in m and "fresh" not in m)
+ABLATIONS: tuple[str, ...] = (
+    "hsm-sparse-refit-huffman", "hsm-sparse-refit-kmeans", "hsm-sparse-learned-huffman-fresh-steps",
+    "hsm-sparse-learned-kmeans-fresh-steps", "hsm-sparse-learned-huffman-fresh", "hsm-sparse-learned-kmeans-fresh",
+    "hsm-sparse-learned-kmeans-fixed-depth", "hsm-sparse-ovr", "hsm-sparse-plt-huffman", "hsm-sparse-plt-kmeans")
+DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in TODAY_METHODS if m not in ABLATIONS)
 #: omikuji hyper-parameters changed from its defaults (the defaults are Parabel's)
 OMIKUJI_SETTINGS: dict[str, dict[str, Any]] = {
     "omikuji-parabel": {},
@@ -457,27 +464,30 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
     return records, summary
 
 
-#: our rows: :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method ->
-#: (output, start tree, node loss, what a rebuild does to the nodes it changes). ``refit``: the
-#: tree learned from that start, then a new model trained from zero on it, fixed (is the learned
-#: tree itself worse, or its training?). ``binary``: the probabilistic label tree's independent
-#: logistic decision per child instead of a softmax over the children.
-SPARSE_METHODS: dict[str, tuple[str, str, str, str]] = {
-    "hsm-sparse-flat": ("flat", "huffman", "softmax", "keep"),
-    "hsm-sparse-huffman": ("tree", "huffman", "softmax", "keep"),
-    "hsm-sparse-kmeans": ("tree", "kmeans", "softmax", "keep"),
-    "hsm-sparse-learned-huffman": ("learned", "huffman", "softmax", "keep"),
-    "hsm-sparse-learned-kmeans": ("learned", "kmeans", "softmax", "keep"),
-    "hsm-sparse-refit-huffman": ("refit", "huffman", "softmax", "keep"),
-    "hsm-sparse-refit-kmeans": ("refit", "kmeans", "softmax", "keep"),
-    "hsm-sparse-learned-huffman-fresh-steps": ("learned", "huffman", "softmax", "fresh_steps"),
-    "hsm-sparse-learned-kmeans-fresh-steps": ("learned", "kmeans", "softmax", "fresh_steps"),
-    "hsm-sparse-learned-huffman-fresh": ("learned", "huffman", "softmax", "fresh"),
-    "hsm-sparse-learned-kmeans-fresh": ("learned", "kmeans", "softmax", "fresh"),
-    "hsm-sparse-ovr": ("flat", "huffman", "binary", "keep"),
-    "hsm-sparse-plt-huffman": ("tree", "huffman", "binary", "keep"),
-    "hsm-sparse-plt-kmeans": ("tree", "kmeans", "binary", "keep"),
+#: our rows: :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method -> its
+#: settings. ``output="refit"``: the tree learned from that start, then a new model trained from
+#: zero on it, fixed (is the learned tree itself worse, or its training?). ``changed_nodes``: what
+#: a rebuild does to the nodes it changes. ``node_loss="binary"``: the probabilistic label tree's
+#: logistic decision per child. ``depth="fixed"``: Algorithm 3 keeps the k-means tree's depth.
+SPARSE_METHODS: dict[str, dict[str, str]] = {
+    "hsm-sparse-flat": {"output": "flat"},
+    "hsm-sparse-huffman": {"output": "tree", "start": "huffman"},
+    "hsm-sparse-kmeans": {"output": "tree", "start": "kmeans"},
+    "hsm-sparse-learned-huffman": {"output": "learned", "start": "huffman"},
+    "hsm-sparse-learned-kmeans": {"output": "learned", "start": "kmeans"},
+    "hsm-sparse-refit-huffman": {"output": "refit", "start": "huffman"},
+    "hsm-sparse-refit-kmeans": {"output": "refit", "start": "kmeans"},
+    "hsm-sparse-learned-huffman-fresh-steps": {"output": "learned", "start": "huffman", "changed_nodes": "fresh_steps"},
+    "hsm-sparse-learned-kmeans-fresh-steps": {"output": "learned", "start": "kmeans", "changed_nodes": "fresh_steps"},
+    "hsm-sparse-learned-huffman-fresh": {"output": "learned", "start": "huffman", "changed_nodes": "fresh"},
+    "hsm-sparse-learned-kmeans-fresh": {"output": "learned", "start": "kmeans", "changed_nodes": "fresh"},
+    "hsm-sparse-learned-kmeans-fixed-depth": {"output": "learned", "start": "kmeans", "depth": "fixed"},
+    "hsm-sparse-ovr": {"output": "flat", "node_loss": "binary"},
+    "hsm-sparse-plt-huffman": {"output": "tree", "start": "huffman", "node_loss": "binary"},
+    "hsm-sparse-plt-kmeans": {"output": "tree", "start": "kmeans", "node_loss": "binary"},
 }
+#: every setting of ours a record states, with the classifier's default where a method leaves it out
+_SPARSE_DEFAULTS = {"start": "huffman", "node_loss": "softmax", "changed_nodes": "keep", "depth": "free"}
 
 
 def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: int,
@@ -488,7 +498,8 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
     then it is trained on all of train and tested. ``picked`` carries the choice to later seeds."""
     from hsm.sparse_tree import SparseTreeClassifier
 
-    output, start, node_loss, changed = SPARSE_METHODS[method]
+    chosen = {**_SPARSE_DEFAULTS, **SPARSE_METHODS[method]}
+    output, start = chosen["output"], chosen["start"]
     gold = feats.train.gold_sets()
     num_labels = feats.train.num_labels
 
@@ -496,8 +507,8 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
              start: str | Any = start) -> SparseTreeClassifier:
         return SparseTreeClassifier(output=output, start=start, lr=lr, epochs=config.sparse_epochs,
                                     threads=config.threads, optimizer=config.sparse_optimizer,
-                                    multi_label=config.sparse_multi_label, node_loss=node_loss,
-                                    changed_nodes=changed, seed=seed)
+                                    multi_label=config.sparse_multi_label, node_loss=chosen["node_loss"],
+                                    changed_nodes=chosen["changed_nodes"], depth=chosen["depth"], seed=seed)
 
     if method not in picked and len(config.sparse_lr_grid) == 1:
         picked[method] = (config.sparse_lr_grid[0], {})  # nothing to choose: no validation fit
@@ -538,7 +549,8 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
                          "optimizer": config.sparse_optimizer, "lr": lr, "epochs": config.sparse_epochs,
                          "multi_label": config.sparse_multi_label, "threads": config.threads,
                          "rebuilds": clf.rebuilds if output in ("learned", "refit") else 0,
-                         "node_loss": node_loss, "changed_nodes": changed,
+                         "node_loss": chosen["node_loss"], "changed_nodes": chosen["changed_nodes"],
+                         "depth": chosen["depth"],
                          "prediction": "exact (every label's log-probability)"},
             "valid_p_at_1": scores,
             "mean_depth": None if tree is None else float(tree.depths[feats.test.label_values].mean()),
@@ -568,6 +580,7 @@ METHOD_NAMES: dict[str, str] = {
     "hsm-sparse-learned-kmeans-fresh-steps": "ours, learned from k-means, fresh steps",
     "hsm-sparse-learned-huffman-fresh": "ours, learned from Huffman, fresh nodes",
     "hsm-sparse-learned-kmeans-fresh": "ours, learned from k-means, fresh nodes",
+    "hsm-sparse-learned-kmeans-fixed-depth": "ours, learned from k-means, depth kept",
     "hsm-sparse-ovr": "ours, one-vs-rest",
     "hsm-sparse-plt-huffman": "ours, PLT on the Huffman tree",
     "hsm-sparse-plt-kmeans": "ours, PLT on the k-means tree",
