@@ -70,8 +70,34 @@ from .data import EncodedSplit, _ragged_labels, _subset_rows, encode_data, load_
 from .peers import _doc_tokens, _fasttext_lines, _package_version, _word_text, run_fasttext
 from .presets import STAND_INS
 
-__all__ = ["DEFAULT_METHODS", "METHOD_NAMES", "TODAY_METHODS", "TodayConfig", "precision_at_k", "run_today", "summarise",
-           "today_scale_label", "today_tools"]
+__all__ = ["ABLATIONS", "DEFAULT_METHODS", "METHOD_NAMES", "SPARSE_METHODS", "TODAY_METHODS", "TodayConfig",
+           "precision_at_k", "run_today", "summarise", "today_scale_label", "today_tools"]
+
+#: our rows: :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method -> its
+#: settings. ``output="refit"``: the tree learned from that start, then a new model trained from
+#: zero on it, fixed (is the learned tree itself worse, or its training?). ``changed_nodes``: what
+#: a rebuild does to the nodes it changes. ``node_loss="binary"``: the probabilistic label tree's
+#: logistic decision per child. ``depth="fixed"``: Algorithm 3 keeps the k-means tree's depth.
+SPARSE_METHODS: dict[str, dict[str, str]] = {
+    "hsm-sparse-flat": {"output": "flat"},
+    "hsm-sparse-huffman": {"output": "tree", "start": "huffman"},
+    "hsm-sparse-kmeans": {"output": "tree", "start": "kmeans"},
+    "hsm-sparse-learned-huffman": {"output": "learned", "start": "huffman"},
+    "hsm-sparse-learned-kmeans": {"output": "learned", "start": "kmeans"},
+    "hsm-sparse-refit-huffman": {"output": "refit", "start": "huffman"},
+    "hsm-sparse-refit-kmeans": {"output": "refit", "start": "kmeans"},
+    "hsm-sparse-learned-huffman-fresh-steps": {"output": "learned", "start": "huffman", "changed_nodes": "fresh_steps"},
+    "hsm-sparse-learned-kmeans-fresh-steps": {"output": "learned", "start": "kmeans", "changed_nodes": "fresh_steps"},
+    "hsm-sparse-learned-huffman-fresh": {"output": "learned", "start": "huffman", "changed_nodes": "fresh"},
+    "hsm-sparse-learned-kmeans-fresh": {"output": "learned", "start": "kmeans", "changed_nodes": "fresh"},
+    "hsm-sparse-learned-kmeans-fixed-depth": {"output": "learned", "start": "kmeans", "depth": "fixed"},
+    "hsm-sparse-ovr": {"output": "flat", "node_loss": "binary"},
+    "hsm-sparse-plt-huffman": {"output": "tree", "start": "huffman", "node_loss": "binary"},
+    "hsm-sparse-plt-kmeans": {"output": "tree", "start": "kmeans", "node_loss": "binary"},
+}
+#: every setting of ours a record states, with the classifier's default where a method leaves it out
+_SPARSE_DEFAULTS = {"start": "huffman", "node_loss": "softmax", "changed_nodes": "keep", "depth": "free"}
+
 
 #: method -> (importable module, pip package)
 TODAY_METHODS: dict[str, tuple[str, str]] = {
@@ -82,27 +108,14 @@ TODAY_METHODS: dict[str, tuple[str, str]] = {
     "napkinxc-hsm": ("napkinxc", "napkinxc"),
     "napkinxc-ovr": ("napkinxc", "napkinxc"),
     "omikuji-parabel-1tree": ("omikuji", "omikuji"),
-    "hsm-sparse-flat": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-huffman": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-kmeans": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-learned-huffman": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-learned-kmeans": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-refit-huffman": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-refit-kmeans": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-learned-huffman-fresh-steps": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-learned-kmeans-fresh-steps": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-learned-huffman-fresh": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-learned-kmeans-fresh": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-learned-kmeans-fixed-depth": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-ovr": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-plt-huffman": ("hsm.sparse_tree", "hsm"),
-    "hsm-sparse-plt-kmeans": ("hsm.sparse_tree", "hsm"),
+    **{method: ("hsm.sparse_tree", "hsm") for method in SPARSE_METHODS},
 }
-#: the methods run when ``methods`` is not given: the comparison; the rest are ablations of ours
+#: ours that only answer questions about ours: run when named in ``methods``
 ABLATIONS: tuple[str, ...] = (
     "hsm-sparse-refit-huffman", "hsm-sparse-refit-kmeans", "hsm-sparse-learned-huffman-fresh-steps",
     "hsm-sparse-learned-kmeans-fresh-steps", "hsm-sparse-learned-huffman-fresh", "hsm-sparse-learned-kmeans-fresh",
     "hsm-sparse-learned-kmeans-fixed-depth", "hsm-sparse-ovr", "hsm-sparse-plt-huffman", "hsm-sparse-plt-kmeans")
+#: the methods run when ``methods`` is not given: the comparison
 DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in TODAY_METHODS if m not in ABLATIONS)
 #: omikuji hyper-parameters changed from its defaults (the defaults are Parabel's)
 OMIKUJI_SETTINGS: dict[str, dict[str, Any]] = {
@@ -464,32 +477,6 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
     return records, summary
 
 
-#: our rows: :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method -> its
-#: settings. ``output="refit"``: the tree learned from that start, then a new model trained from
-#: zero on it, fixed (is the learned tree itself worse, or its training?). ``changed_nodes``: what
-#: a rebuild does to the nodes it changes. ``node_loss="binary"``: the probabilistic label tree's
-#: logistic decision per child. ``depth="fixed"``: Algorithm 3 keeps the k-means tree's depth.
-SPARSE_METHODS: dict[str, dict[str, str]] = {
-    "hsm-sparse-flat": {"output": "flat"},
-    "hsm-sparse-huffman": {"output": "tree", "start": "huffman"},
-    "hsm-sparse-kmeans": {"output": "tree", "start": "kmeans"},
-    "hsm-sparse-learned-huffman": {"output": "learned", "start": "huffman"},
-    "hsm-sparse-learned-kmeans": {"output": "learned", "start": "kmeans"},
-    "hsm-sparse-refit-huffman": {"output": "refit", "start": "huffman"},
-    "hsm-sparse-refit-kmeans": {"output": "refit", "start": "kmeans"},
-    "hsm-sparse-learned-huffman-fresh-steps": {"output": "learned", "start": "huffman", "changed_nodes": "fresh_steps"},
-    "hsm-sparse-learned-kmeans-fresh-steps": {"output": "learned", "start": "kmeans", "changed_nodes": "fresh_steps"},
-    "hsm-sparse-learned-huffman-fresh": {"output": "learned", "start": "huffman", "changed_nodes": "fresh"},
-    "hsm-sparse-learned-kmeans-fresh": {"output": "learned", "start": "kmeans", "changed_nodes": "fresh"},
-    "hsm-sparse-learned-kmeans-fixed-depth": {"output": "learned", "start": "kmeans", "depth": "fixed"},
-    "hsm-sparse-ovr": {"output": "flat", "node_loss": "binary"},
-    "hsm-sparse-plt-huffman": {"output": "tree", "start": "huffman", "node_loss": "binary"},
-    "hsm-sparse-plt-kmeans": {"output": "tree", "start": "kmeans", "node_loss": "binary"},
-}
-#: every setting of ours a record states, with the classifier's default where a method leaves it out
-_SPARSE_DEFAULTS = {"start": "huffman", "node_loss": "softmax", "changed_nodes": "keep", "depth": "free"}
-
-
 def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: int,
                      picked: dict[str, tuple[float, dict[str, float]]]) -> dict[str, Any]:
     """Our classifier (:class:`hsm.sparse_tree.SparseTreeClassifier`, ``config.sparse_optimizer``,
@@ -640,7 +627,7 @@ def _remove_tree(path: Path) -> None:
             "data=cooking|gutenberg-books", "results/classification/today-cooking.json")
 def today_tools(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
                 **options: Any) -> Path:
-    """Run every method of ``methods`` (default: every method but the ablations of ours) for each seed on ``data`` and write
+    """Run every method of ``methods`` (default :data:`DEFAULT_METHODS`) for each seed on ``data`` and write
     ``results/classification/today-<data>[-quick].json`` (under ``hsm-results/`` unless ``out``).
     The libraries run on the CPU: ``device`` must be ``cpu``. ValueError for a bad scale,
     device or option, before any work."""
