@@ -28,7 +28,9 @@ try now, beside fastText with bigrams, in one run on the same splits and the sam
   decision per child instead of the softmax over the children (``node_loss="binary"``: one-vs-rest
   for the flat layer, a probabilistic label tree for a tree), trained on all of a row's labels;
   ``learned-kmeans-fixed-depth`` learns from the k-means tree with Algorithm 3 of the ICML
-  supplement, which keeps every label at the start's depth.
+  supplement, which keeps every label at the start's depth (``refit-kmeans-fixed-depth``: that
+  tree, refit). A learned or refit record gives ``labels_moved_from_start``, the share of labels
+  whose path differs from the start tree's.
 * ``fasttext-bigrams``: fastText (softmax loss, d = 50, ``-wordNgrams 2`` with 2M buckets), the
   learning rate and epochs picked on validation P@1 from {0.1, 0.25, 0.5, 1.0} x {5, 25} (the
   fastText tutorial's cooking setting is lr 1.0, 25 epochs, bigrams).
@@ -91,6 +93,7 @@ SPARSE_METHODS: dict[str, dict[str, str]] = {
     "hsm-sparse-learned-huffman-fresh": {"output": "learned", "start": "huffman", "changed_nodes": "fresh"},
     "hsm-sparse-learned-kmeans-fresh": {"output": "learned", "start": "kmeans", "changed_nodes": "fresh"},
     "hsm-sparse-learned-kmeans-fixed-depth": {"output": "learned", "start": "kmeans", "depth": "fixed"},
+    "hsm-sparse-refit-kmeans-fixed-depth": {"output": "refit", "start": "kmeans", "depth": "fixed"},
     "hsm-sparse-ovr": {"output": "flat", "node_loss": "binary"},
     "hsm-sparse-plt-huffman": {"output": "tree", "start": "huffman", "node_loss": "binary"},
     "hsm-sparse-plt-kmeans": {"output": "tree", "start": "kmeans", "node_loss": "binary"},
@@ -114,7 +117,7 @@ TODAY_METHODS: dict[str, tuple[str, str]] = {
 ABLATIONS: tuple[str, ...] = (
     "hsm-sparse-refit-huffman", "hsm-sparse-refit-kmeans", "hsm-sparse-learned-huffman-fresh-steps",
     "hsm-sparse-learned-kmeans-fresh-steps", "hsm-sparse-learned-huffman-fresh", "hsm-sparse-learned-kmeans-fresh",
-    "hsm-sparse-learned-kmeans-fixed-depth", "hsm-sparse-ovr", "hsm-sparse-plt-huffman", "hsm-sparse-plt-kmeans")
+    "hsm-sparse-learned-kmeans-fixed-depth", "hsm-sparse-refit-kmeans-fixed-depth", "hsm-sparse-ovr", "hsm-sparse-plt-huffman", "hsm-sparse-plt-kmeans")
 #: the methods run when ``methods`` is not given: the comparison
 DEFAULT_METHODS: tuple[str, ...] = tuple(m for m in TODAY_METHODS if m not in ABLATIONS)
 #: omikuji hyper-parameters changed from its defaults (the defaults are Parabel's)
@@ -483,6 +486,7 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
     ``config.sparse_epochs`` epochs, arity ceil(sqrt(K))) on the libraries' TF-IDF rows. Its rate is picked once per method
     (on the first seed) by P@1 on a seeded 10 % of the training rows, trained on the other 90 %;
     then it is trained on all of train and tested. ``picked`` carries the choice to later seeds."""
+    from hsm.assign import _moved_fraction
     from hsm.sparse_tree import SparseTreeClassifier
 
     chosen = {**_SPARSE_DEFAULTS, **SPARSE_METHODS[method]}
@@ -544,6 +548,9 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
             "start_mean_depth": (None if clf.start_tree is None
                                  else float(clf.start_tree.depths[feats.test.label_values].mean())),
             "moved_labels_last_rebuild": (clf.history.rebuilds[-1].moved_labels if clf.history.rebuilds else None),
+            # the share of labels whose path (nodes and slots) differs from the start tree's
+            "labels_moved_from_start": (None if output not in ("learned", "refit")
+                                        else _moved_fraction(clf.start_tree, tree)),
             **({"learn_seconds": learn_seconds} if output == "refit" else {})}
 
 
@@ -568,6 +575,7 @@ METHOD_NAMES: dict[str, str] = {
     "hsm-sparse-learned-huffman-fresh": "ours, learned from Huffman, fresh nodes",
     "hsm-sparse-learned-kmeans-fresh": "ours, learned from k-means, fresh nodes",
     "hsm-sparse-learned-kmeans-fixed-depth": "ours, learned from k-means, depth kept",
+    "hsm-sparse-refit-kmeans-fixed-depth": "ours, learned from k-means, depth kept, refit",
     "hsm-sparse-ovr": "ours, one-vs-rest",
     "hsm-sparse-plt-huffman": "ours, PLT on the Huffman tree",
     "hsm-sparse-plt-kmeans": "ours, PLT on the k-means tree",
