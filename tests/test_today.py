@@ -152,3 +152,20 @@ def test_the_scale_label_names_every_reduction():
     label = T.today_scale_label("full", cut, 396249, 98734)
     assert label.startswith("full, reduced: all 396,249 training examples; test_limit=20000 of 98,734 test")
     assert "one seed for omikuji-bonsai" in label and "fastText grid lr=1 x epoch=5" in label
+
+
+@needs_cooking
+def test_the_ablations_of_ours_run_and_say_what_they_changed(tmp_path: Path) -> None:
+    methods = ("hsm-sparse-kmeans", "hsm-sparse-refit-kmeans", "hsm-sparse-learned-kmeans-fixed-depth",
+               "hsm-sparse-learned-kmeans-fresh-steps", "hsm-sparse-plt-kmeans", "hsm-sparse-ovr")
+    out = T.today_tools("quick", out=tmp_path / "ablations.json", methods=",".join(methods), threads="1",
+                        sparse_lr_grid="1", **{k: v for k, v in TINY.items() if k not in ("lr_grid", "epoch_grid")})
+    runs = {r["method"]: r for r in load_results(out)["records"]}
+    assert set(runs) == set(methods) and all(m in T.ABLATIONS and m not in T.DEFAULT_METHODS for m in methods[1:])
+    assert runs["hsm-sparse-kmeans"]["labels_moved_from_start"] is None
+    assert 0 <= runs["hsm-sparse-refit-kmeans"]["labels_moved_from_start"] <= 1
+    fixed = runs["hsm-sparse-learned-kmeans-fixed-depth"]
+    assert fixed["mean_depth"] == fixed["start_mean_depth"] == 2.0 and fixed["settings"]["depth"] == "fixed"
+    assert runs["hsm-sparse-learned-kmeans-fresh-steps"]["settings"]["changed_nodes"] == "fresh_steps"
+    assert runs["hsm-sparse-plt-kmeans"]["settings"]["node_loss"] == "binary"
+    assert runs["hsm-sparse-ovr"]["mean_depth"] is None and runs["hsm-sparse-ovr"]["valid_p_at_1"] == {}
