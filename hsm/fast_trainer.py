@@ -36,6 +36,17 @@ _NEG_INF = np.float32(-np.inf)
 
 
 # ---------------------------------------------------------------------------------------------- kernels
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, inline="always")
+def _example_rate(lr, schedule, start, k, stride, phase, total):  # pragma: no cover - compiled
+    """The step size of the k-th example of a chunk: training has done ``start + k * stride +
+    phase`` of its ``total`` examples; ``schedule`` 0 decays the rate linearly to 0 (fastText),
+    1 keeps it constant for the first half and then decays it linearly (ICML §11.1)."""
+    progress = (start + k * stride + phase) / total
+    if schedule == 0:
+        return np.float32(lr * (1.0 - progress))
+    return np.float32(lr * min(1.0, 2.0 * (1.0 - progress)))
+
+
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def _sgd_examples(values, offsets, order, targets, mean, embedding, weight, bias, penalty, path_nodes,
                   path_children, path_mask, lr, schedule, start, stride, phase, total, collect, sum_probas,
@@ -61,11 +72,7 @@ def _sgd_examples(values, offsets, order, targets, mean, embedding, weight, bias
     one = np.float32(1.0)
     for k in range(order.shape[0]):
         i = order[k]
-        progress = (start + k * stride + phase) / total
-        if schedule == 0:
-            rate = np.float32(lr * (1.0 - progress))
-        else:
-            rate = np.float32(lr * min(1.0, 2.0 * (1.0 - progress)))
+        rate = _example_rate(lr, schedule, start, k, stride, phase, total)
         first, last = offsets[i], offsets[i + 1]
         for j in range(dim):
             h[j] = 0.0

@@ -35,7 +35,7 @@ import scipy.sparse as sp
 
 from .assign import assign_labels_depth_constrained, assign_labels_well_formed
 from .fast_classifier import Prediction, _as_labels, _check_fraction, _check_positive, _choice, _count
-from .fast_trainer import FitHistory, HogwildTrainer, statistics_arrays
+from .fast_trainer import FitHistory, HogwildTrainer, _example_rate, statistics_arrays
 from .kernels import _FASTMATH, _run
 from .objective import RankingScore, _score_name
 from .statistics import NodeStatistics
@@ -70,11 +70,7 @@ def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, pe
     alpha = np.empty(arity, dtype=np.float32)
     for k in range(order.shape[0]):
         i = order[k]
-        progress = (start + k * stride + phase) / total
-        if schedule == 0:
-            rate = np.float32(lr * (1.0 - progress))
-        else:
-            rate = np.float32(lr * min(1.0, 2.0 * (1.0 - progress)))
+        rate = _example_rate(lr, schedule, start, k, stride, phase, total)
         first, last = indptr[i], indptr[i + 1]
         y = targets[i]
         loss = 0.0
@@ -148,11 +144,7 @@ def _binary_sparse_examples(indptr, indices, data, order, label_values, label_of
     visited = np.empty(num_nodes, dtype=np.int64)
     for k in range(order.shape[0]):
         i = order[k]
-        progress = (start + k * stride + phase) / total
-        if schedule == 0:
-            rate = np.float32(lr * (1.0 - progress))
-        else:
-            rate = np.float32(lr * min(1.0, 2.0 * (1.0 - progress)))
+        rate = _example_rate(lr, schedule, start, k, stride, phase, total)
         first, last = indptr[i], indptr[i + 1]
         count = 0
         for j in range(label_offsets[i], label_offsets[i + 1]):
