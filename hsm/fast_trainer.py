@@ -25,11 +25,13 @@ from .kernels import _FASTMATH, _node_log_softmax, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
 from .statistics import NodeStatistics
 from .training import ReassignRecord
+from .tree import Tree
 
 if TYPE_CHECKING:  # the classifier imports this module
     from .fast_classifier import FastBowClassifier, ReleasedStatistics
 
-__all__ = ["FitHistory", "HogwildTrainer", "first_half_plan", "output_arrays", "statistics_arrays", "token_plan"]
+__all__ = ["FitHistory", "HogwildTrainer", "first_half_plan", "output_arrays", "path_arrays", "statistics_arrays",
+           "token_plan"]
 
 _SCHEDULE_LINEAR, _SCHEDULE_CONSTANT_THEN_LINEAR = 0, 1
 _NEG_INF = np.float32(-np.inf)
@@ -162,6 +164,20 @@ def _token_checks(lengths, local, rate):  # pragma: no cover - compiled
 
 
 # ---------------------------------------------------------------------------------------------- operands
+def path_arrays(tree: Tree | None, num_labels: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(penalty, path_nodes, path_children, path_mask) as the kernels read them: ``penalty``
+    [N, M] is -inf on slots holding no real label (0 rows when every slot holds one);
+    ``tree=None`` is the flat softmax, one node with ``num_labels`` children."""
+    if tree is None:
+        k = num_labels
+        return (np.zeros((0, k), dtype=np.float32), np.zeros((k, 1), dtype=np.int64),
+                np.arange(k, dtype=np.int64)[:, None], np.ones((k, 1), dtype=bool))
+    penalty = (np.zeros((0, tree.arity), dtype=np.float32) if tree.slot_mask.all()
+               else np.where(tree.slot_mask, 0.0, -np.inf).astype(np.float32))
+    return (penalty, np.ascontiguousarray(tree.path_nodes, dtype=np.int64),
+            np.ascontiguousarray(tree.path_children, dtype=np.int64), np.ascontiguousarray(tree.path_mask))
+
+
 def output_arrays(layer: HierarchicalSoftmax | FlatSoftmax, dim: int) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                        np.ndarray, np.ndarray, np.ndarray]:
     """(weight [N, M*d], bias [N, M], penalty, path_nodes, path_children, path_mask): views of
@@ -172,18 +188,11 @@ def output_arrays(layer: HierarchicalSoftmax | FlatSoftmax, dim: int) -> tuple[n
         weight = layer.linear.weight.data.numpy().reshape(1, k * dim)
         bias = (layer.linear.bias.data.numpy().reshape(1, k) if layer.linear.bias is not None
                 else np.zeros((0, k), dtype=np.float32))
-        penalty = np.zeros((0, k), dtype=np.float32)
-        nodes = np.zeros((k, 1), dtype=np.int64)
-        children = np.arange(k, dtype=np.int64)[:, None]
-        mask = np.ones((k, 1), dtype=bool)
-        return weight, bias, penalty, nodes, children, mask
+        return (weight, bias, *path_arrays(None, k))
     tree = layer.tree
     weight = layer.weight.data.numpy()
     bias = layer.bias.data.numpy() if layer.bias is not None else np.zeros((0, tree.arity), dtype=np.float32)
-    penalty = (np.zeros((0, tree.arity), dtype=np.float32) if tree.slot_mask.all()
-               else np.where(tree.slot_mask, 0.0, -np.inf).astype(np.float32))
-    return (weight, bias, penalty, np.ascontiguousarray(tree.path_nodes, dtype=np.int64),
-            np.ascontiguousarray(tree.path_children, dtype=np.int64), np.ascontiguousarray(tree.path_mask))
+    return (weight, bias, *path_arrays(tree, tree.num_labels))
 
 
 def statistics_arrays(stats: NodeStatistics | ReleasedStatistics | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -35,7 +35,7 @@ import scipy.sparse as sp
 
 from .assign import assign_labels_depth_constrained, assign_labels_well_formed
 from .fast_classifier import Prediction, _as_labels, _check_fraction, _check_positive, _choice, _count
-from .fast_trainer import FitHistory, HogwildTrainer, _example_rate, statistics_arrays
+from .fast_trainer import FitHistory, HogwildTrainer, _example_rate, path_arrays, statistics_arrays
 from .kernels import _FASTMATH, _run
 from .objective import RankingScore, _score_name
 from .statistics import NodeStatistics
@@ -491,16 +491,8 @@ class SparseTreeClassifier:
 
     def _set_tree(self, tree: Tree | None) -> None:
         self.tree = tree
-        if tree is None:  # flat: one node, K children
-            k = self._num_labels
-            self._paths = (np.zeros((k, 1), np.int64), np.arange(k, dtype=np.int64)[:, None], np.ones((k, 1), bool),
-                           np.zeros((0, k), np.float32))
-            return
-        penalty = (np.zeros((0, tree.arity), np.float32) if tree.slot_mask.all()
-                   else np.where(tree.slot_mask, 0.0, -np.inf).astype(np.float32))
-        self._paths = (np.ascontiguousarray(tree.path_nodes, dtype=np.int64),
-                       np.ascontiguousarray(tree.path_children, dtype=np.int64),
-                       np.ascontiguousarray(tree.path_mask), penalty)
+        penalty, nodes, children, mask = path_arrays(tree, self._num_labels)
+        self._paths = (nodes, children, mask, penalty)
 
     def _path_arrays(self) -> tuple[np.ndarray, ...]:
         return self._paths
