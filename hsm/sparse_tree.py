@@ -48,6 +48,39 @@ _NEG_INF = np.float32(-np.inf)
 
 
 # ---------------------------------------------------------------------------------------------- kernels
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, inline="always")
+def _node_logits(indices, data, first, last, weight, bias, n, logit):  # pragma: no cover - compiled
+    """``logit[m] = b_n[m] + W_n[m] . x`` for the M slots of node ``n``, x the CSR row
+    ``indices/data[first:last]`` (one contiguous run of M floats of ``weight`` per non-zero)."""
+    arity = bias.shape[1]
+    base = n * arity
+    for m in range(arity):
+        logit[m] = bias[n, m]
+    for t in range(first, last):
+        f = indices[t]
+        v = data[t]
+        for m in range(arity):
+            logit[m] += weight[f, base + m] * v
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, inline="always")
+def _node_step(indices, data, first, last, weight, n, alpha, residual, squares):  # pragma: no cover - compiled
+    """``W_n[m] += alpha[m] * x`` for the M slots of node ``n``; with AdaGrad (``squares`` has
+    rows) each feature's step is first divided by ``sqrt(1 + squares[f, n])`` after adding
+    ``x_f^2 * residual`` (the squared gradient summed over the node's slots)."""
+    arity = alpha.shape[0]
+    base = n * arity
+    adagrad = squares.shape[0] > 0
+    for t in range(first, last):
+        f = indices[t]
+        v = data[t]
+        if adagrad:
+            squares[f, n] += v * v * residual
+            v = v / np.sqrt(np.float32(1.0) + squares[f, n])
+        for m in range(arity):
+            weight[f, base + m] += alpha[m] * v
+
+
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
 def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, penalty, path_nodes, path_children,
                          path_mask, lr, schedule, start, stride, phase, total, collect, sum_probas, path_counts,
@@ -64,7 +97,6 @@ def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, pe
     Returns -1, or the k of the first example whose loss is not finite (it stops there)."""
     arity = bias.shape[1]
     has_penalty = penalty.shape[0] > 0
-    adagrad = squares.shape[0] > 0
     length = path_nodes.shape[1]
     logit = np.empty(arity, dtype=np.float32)
     alpha = np.empty(arity, dtype=np.float32)
@@ -79,14 +111,7 @@ def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, pe
                 break
             n = path_nodes[y, depth]
             c = path_children[y, depth]
-            base = n * arity
-            for m in range(arity):
-                logit[m] = bias[n, m]
-            for t in range(first, last):
-                f = indices[t]
-                v = data[t]
-                for m in range(arity):
-                    logit[m] += weight[f, base + m] * v
+            _node_logits(indices, data, first, last, weight, bias, n, logit)
             top = _NEG_INF
             for m in range(arity):
                 if has_penalty and penalty[n, m] == _NEG_INF:
@@ -105,14 +130,7 @@ def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, pe
                 residual += r * r
                 alpha[m] = rate * r
                 bias[n, m] += alpha[m]
-            for t in range(first, last):
-                f = indices[t]
-                v = data[t]
-                if adagrad:
-                    squares[f, n] += v * v * residual
-                    v = v / np.sqrt(np.float32(1.0) + squares[f, n])
-                for m in range(arity):
-                    weight[f, base + m] += alpha[m] * v
+            _node_step(indices, data, first, last, weight, n, alpha, residual, squares)
             if collect:
                 path_counts[y, depth] += 1.0
         if collect:
@@ -135,7 +153,6 @@ def _binary_sparse_examples(indptr, indices, data, order, label_values, label_of
     :func:`_sgd_sparse_examples`; returns -1 or the k of the first non-finite loss."""
     num_nodes, arity = bias.shape
     has_penalty = penalty.shape[0] > 0
-    adagrad = squares.shape[0] > 0
     length = path_nodes.shape[1]
     logit = np.empty(arity, dtype=np.float32)
     alpha = np.empty(arity, dtype=np.float32)
@@ -161,14 +178,7 @@ def _binary_sparse_examples(indptr, indices, data, order, label_values, label_of
         loss = 0.0
         for v_index in range(count):
             n = visited[v_index]
-            base = n * arity
-            for m in range(arity):
-                logit[m] = bias[n, m]
-            for t in range(first, last):
-                f = indices[t]
-                v = data[t]
-                for m in range(arity):
-                    logit[m] += weight[f, base + m] * v
+            _node_logits(indices, data, first, last, weight, bias, n, logit)
             residual = np.float32(0.0)
             for m in range(arity):
                 if has_penalty and penalty[n, m] == _NEG_INF:
@@ -186,14 +196,7 @@ def _binary_sparse_examples(indptr, indices, data, order, label_values, label_of
                 residual += r * r
                 alpha[m] = rate * r
                 bias[n, m] += alpha[m]
-            for t in range(first, last):
-                f = indices[t]
-                v = data[t]
-                if adagrad:
-                    squares[f, n] += v * v * residual
-                    v = v / np.sqrt(np.float32(1.0) + squares[f, n])
-                for m in range(arity):
-                    weight[f, base + m] += alpha[m] * v
+            _node_step(indices, data, first, last, weight, n, alpha, residual, squares)
             for m in range(arity):
                 positive[n, m] = False
             seen[n] = False

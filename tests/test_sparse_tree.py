@@ -77,15 +77,20 @@ def _autograd_step(x_dense, y, tree, weight, bias, lr):
     return (w - lr * w.grad).detach().numpy(), (b - lr * b.grad).detach().numpy(), float(loss.detach())
 
 
+def _one_step_case(seed: int, arity: int, k: int):
+    """A Huffman tree over k labels, a one-row CSR x over 7 features (never empty), and the rng."""
+    rng = np.random.default_rng(seed)
+    tree = Tree.huffman(rng.integers(1, 20, k).astype(float), arity)
+    x = sp.random(1, 7, density=0.5, random_state=seed, format="csr", dtype=np.float32)
+    if x.nnz == 0:
+        x = sp.csr_matrix(np.eye(1, 7, dtype=np.float32))
+    return rng, tree, x, 7
+
+
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), arity=st.integers(2, 4), k=st.integers(3, 9))
 def test_one_sparse_sgd_step_is_the_autograd_step(seed, arity, k):
-    rng = np.random.default_rng(seed)
-    tree = Tree.huffman(rng.integers(1, 20, k).astype(float), arity)
-    f = 7
-    x = sp.random(1, f, density=0.5, random_state=seed, format="csr", dtype=np.float32)
-    if x.nnz == 0:
-        x = sp.csr_matrix(np.eye(1, f, dtype=np.float32))
+    rng, tree, x, f = _one_step_case(seed, arity, k)
     y = int(rng.integers(0, k))
     weight = rng.normal(0, 0.3, (f, tree.num_nodes * arity)).astype(np.float32)
     bias = rng.normal(0, 0.3, (tree.num_nodes, arity)).astype(np.float32)
@@ -303,12 +308,7 @@ def _autograd_binary_step(x_dense, labels, tree, weight, bias, lr):
 @settings(max_examples=25, deadline=None)
 @given(seed=st.integers(0, 10_000), arity=st.integers(2, 4), k=st.integers(3, 9), size=st.integers(1, 3))
 def test_one_binary_step_is_the_autograd_step(seed, arity, k, size):
-    rng = np.random.default_rng(seed)
-    tree = Tree.huffman(rng.integers(1, 20, k).astype(float), arity)
-    f = 7
-    x = sp.random(1, f, density=0.5, random_state=seed, format="csr", dtype=np.float32)
-    if x.nnz == 0:
-        x = sp.csr_matrix(np.eye(1, f, dtype=np.float32))
+    rng, tree, x, f = _one_step_case(seed, arity, k)
     labels = rng.choice(k, size=min(size, k), replace=False).astype(np.int64)
     weight = rng.normal(0, 0.3, (f, tree.num_nodes * arity)).astype(np.float32)
     bias = rng.normal(0, 0.3, (tree.num_nodes, arity)).astype(np.float32)
