@@ -26,8 +26,14 @@ Pipeline (one streaming pass over the archive, one book in memory at a time):
    ``p % 10 == 0``, *test* if ``p % 10 == 1``, else *train* (68 / 68 / 542 books: 10 % / 10 % / 80 % of the books).
    ``max_books=n`` takes the first ``n`` books of the order, so each book's split never depends on ``n`` and
    ``n >= 3`` gives at least one book per split.
+   Two other splits exist to measure how much the split moves perplexity (:func:`split_pieces`): another draw of
+   the book split (``split_seed``: the selected books are reshuffled with that seed and the same rule applied), and
+   a split *inside* books (``split="chunks"``: every book is cut into consecutive ``chunk_tokens``-token pieces,
+   the pieces of all books are shuffled and dealt by the same rule, and each split keeps its pieces in book
+   order).
 5. **Vocabulary**: the ``vocab_size - 1`` most frequent training types (ties alphabetically) plus ``<unk>``; every
-   other token maps to ``<unk>``. Ids are sorted by decreasing training count.
+   other token maps to ``<unk>``. Ids are sorted by decreasing training count. ``min_count=k`` also drops the
+   types seen fewer than ``k`` times in training.
 
 Processed token ids are cached as ``.npy`` under ``hsm.config.cache_dir()/gutenberg/processed/<key>/`` where the key
 hashes the archive checksum, the pipeline version, the book selection and the vocabulary size, so a second call
@@ -74,6 +80,10 @@ PIPELINE_VERSION = 1
 QUICK_BOOKS = 10
 #: Positions ``p % 10`` of the book order that go to valid and test (10 % each); the rest is train.
 VALID_RESIDUE, TEST_RESIDUE, SPLIT_MODULUS = 0, 1, 10
+#: How the held-out text is chosen: whole books (ours and, we assume, the paper's) or pieces inside books.
+SPLIT_KINDS = ("books", "chunks")
+#: Tokens per piece of ``split="chunks"``.
+CHUNK_TOKENS = 2000
 
 TOKEN_PATTERN = r"\w+|[^\w\s]"
 _TOKEN_RE = re.compile(TOKEN_PATTERN)
@@ -146,6 +156,38 @@ def book_split(position: int) -> str:
     """Split of the book at ``position`` of :func:`book_order`: valid, test or train (10 / 10 / 80 %)."""
     residue = position % SPLIT_MODULUS
     return "valid" if residue == VALID_RESIDUE else "test" if residue == TEST_RESIDUE else "train"
+
+
+def split_pieces(book_lengths: list[int] | np.ndarray, split: str = "books", split_seed: int | None = None,
+                 chunk_tokens: int = CHUNK_TOKENS) -> dict[str, list[tuple[int, int, int]]]:
+    """The pieces ``(book index, start, end)`` (token positions inside the book) that make up each split, in the
+    order the split concatenates them; books are indexed in :func:`book_order`.
+
+    ``split="books"`` with ``split_seed`` None is the corpus' split (:func:`book_split` of each book's position);
+    another ``split_seed`` reshuffles the books with ``numpy.random.default_rng(split_seed)`` before the same rule.
+    ``split="chunks"`` cuts every book into consecutive ``chunk_tokens``-token pieces (the last one shorter),
+    shuffles all pieces with the seed (default :data:`BOOK_ORDER_SEED`) and deals them by the same rule; each split
+    keeps its pieces in book order.
+    """
+    if split not in SPLIT_KINDS:
+        raise ValueError(f"split must be one of {SPLIT_KINDS}, got {split!r}")
+    if not isinstance(chunk_tokens, int) or isinstance(chunk_tokens, bool) or chunk_tokens < 1:
+        raise ValueError(f"chunk_tokens must be a positive int, got {chunk_tokens!r}")
+    lengths = [int(n) for n in book_lengths]
+    if split == "books":
+        pieces = [(i, 0, n) for i, n in enumerate(lengths)]
+        seed = split_seed
+    else:
+        pieces = [(i, start, min(start + chunk_tokens, n)) for i, n in enumerate(lengths)
+                  for start in range(0, n, chunk_tokens)]
+        seed = BOOK_ORDER_SEED if split_seed is None else split_seed
+    position = np.arange(len(pieces))
+    if seed is not None:
+        position[np.random.default_rng(seed).permutation(len(pieces))] = np.arange(len(pieces))
+    out: dict[str, list[tuple[int, int, int]]] = {"train": [], "valid": [], "test": []}
+    for piece, p in zip(pieces, position):
+        out[book_split(int(p))].append(piece)
+    return out
 
 
 def books_for_scale(scale: str | None = None) -> int | None:
@@ -509,6 +551,10 @@ def load_gutenberg(
     *,
     lowercase: bool = False,
     progress: bool = True,
+    split: str = "books",
+    split_seed: int | None = None,
+    chunk_tokens: int = CHUNK_TOKENS,
+    min_count: int = 1,
 ) -> LMCorpus:
     """The Gutenberg language-modelling corpus (our construction; see the module docstring).
 
@@ -517,6 +563,9 @@ def load_gutenberg(
     :meth:`LMCorpus.windows` (paper: 4). Case is kept by default: lower-cased, the 542 training books have only
     about 206k types, so the paper's 250k cap would not bind; cased they have about 259k, and the cap keeps the
     250k most frequent, closest to the paper's setting. ``lowercase=True`` gives the lower-cased variant.
+    ``split``, ``split_seed`` and ``chunk_tokens`` choose another split (:func:`split_pieces`), ``min_count`` drops
+    the training types seen fewer times; these variants add ``-draw<seed>``, ``-chunks<n>`` and ``-min<k>`` to the
+    corpus name.
     ``stats`` reports books and tokens per split, the number of training
     types, the vocabulary's coverage of the training tokens and the out-of-vocabulary rate of each split.
 
@@ -525,11 +574,18 @@ def load_gutenberg(
     """
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 2:
         raise ValueError(f"vocab_size must be an int >= 2 (it counts <unk>), got {vocab_size!r}")
+    if not isinstance(min_count, int) or isinstance(min_count, bool) or min_count < 1:
+        raise ValueError(f"min_count must be an int >= 1, got {min_count!r}")
+    if split_seed is not None and (not isinstance(split_seed, int) or isinstance(split_seed, bool)):
+        raise ValueError(f"split_seed must be an int or None, got {split_seed!r}")
+    split_pieces([], split, split_seed, chunk_tokens)  # checks split and chunk_tokens before any work
     selection = select_books(max_books)
     if len(selection) < 3:
         raise ValueError(f"max_books={max_books} gives {len(selection)} book(s); at least 3 are needed "
                          f"(one per split)")
-    directory = _processed_dir("lm", _selection_key(selection, lowercase, vocab_size))
+    variant = _variant(split, split_seed, chunk_tokens, min_count)
+    # the corpus' own split and vocabulary keep the cache key they always had
+    directory = _processed_dir("lm", _selection_key(selection, lowercase, vocab_size, *variant.values()))
     stale = directory.exists()
     loaded = None
     if stale:
@@ -538,7 +594,8 @@ def load_gutenberg(
         except _BadProcessedFolder as exc:
             _rebuild_warning(directory, exc)
     if loaded is None:
-        corpus_arrays, vocab, counts, stats = _build_lm(selection, max_books, vocab_size, lowercase, progress)
+        corpus_arrays, vocab, counts, stats = _build_lm(selection, max_books, vocab_size, lowercase, progress,
+                                                        split, split_seed, chunk_tokens, min_count)
 
         def write(folder: Path) -> None:
             for split, array_ in corpus_arrays.items():
@@ -554,7 +611,7 @@ def load_gutenberg(
     splits = {split: torch.from_numpy(arrays[split].astype(np.int64)) for split in ("train", "valid", "test")}
     return LMCorpus(
         name=("gutenberg" if max_books is None else f"gutenberg-{len(selection)}books")
-        + ("-lowercase" if lowercase else ""),
+        + ("-lowercase" if lowercase else "") + "".join(f"-{k}{v}" for k, v in variant.items()),
         vocab=vocab,
         counts=counts,
         context=context,
@@ -563,15 +620,49 @@ def load_gutenberg(
     )
 
 
-def _build_lm(selection, max_books, vocab_size, lowercase, progress):
+def _variant(split: str, split_seed: int | None, chunk_tokens: int, min_count: int) -> dict[str, int]:
+    """What differs from the corpus' own split and vocabulary, as name parts (empty: nothing)."""
+    variant: dict[str, int] = {}
+    if split == "chunks":
+        variant["chunks"] = chunk_tokens
+    if split_seed is not None and not (split == "chunks" and split_seed == BOOK_ORDER_SEED):
+        variant["draw"] = split_seed
+    if min_count > 1:
+        variant["min"] = min_count
+    return variant
+
+
+def split_segments(max_books: int | None = None, *, lowercase: bool = False, split: str = "books",
+                   split_seed: int | None = None, chunk_tokens: int = CHUNK_TOKENS
+                   ) -> dict[str, list[tuple[str, int, int]]]:
+    """Where each book's text lies in each split of :func:`load_gutenberg` with the same arguments:
+    ``(book path, start, end)`` token positions in the split's array, one entry per piece (a book may have
+    many pieces with ``split="chunks"``). Reads the cached tokenized books, not the corpus."""
+    books = tokenized_books(max_books, lowercase=lowercase, progress=False)
+    lengths = np.diff(books.book_offsets)
+    out: dict[str, list[tuple[str, int, int]]] = {}
+    for name, pieces in split_pieces(lengths, split, split_seed, chunk_tokens).items():
+        at, segments = 0, []
+        for book, start, end in pieces:
+            segments.append((books.books[book].path, at, at + end - start))
+            at += end - start
+        out[name] = segments
+    return out
+
+
+def _build_lm(selection, max_books, vocab_size, lowercase, progress, split="books", split_seed=None,
+              chunk_tokens=CHUNK_TOKENS, min_count=1):
     books = tokenized_books(max_books, lowercase=lowercase, progress=progress)
-    split_of_book = [book_split(position) for position in range(len(books.books))]
+    pieces = split_pieces(np.diff(books.book_offsets), split, split_seed, chunk_tokens)
+
+    def piece_ids(book: int, start: int, end: int) -> np.ndarray:
+        return books.book_ids(book)[start:end]
+
     n_types = len(books.types)
     train_counts = np.zeros(n_types, dtype=np.int64)
-    for i, split in enumerate(split_of_book):
-        if split == "train":
-            train_counts += np.bincount(books.book_ids(i), minlength=n_types)
-    seen = np.flatnonzero(train_counts)
+    for piece in pieces["train"]:
+        train_counts += np.bincount(piece_ids(*piece), minlength=n_types)
+    seen = np.flatnonzero(train_counts >= min_count)
     # Decreasing count, ties alphabetically: lexsort's last key is the primary one.
     type_strings = np.array(books.types, dtype=object)[seen]
     order = seen[np.lexsort((type_strings, -train_counts[seen]))]
@@ -592,22 +683,28 @@ def _build_lm(selection, max_books, vocab_size, lowercase, progress):
     stats: dict[str, object] = {
         "books": len(selection),
         "vocab_size": len(vocab),
-        "train_types": int(seen.size),
+        "train_types": int(np.count_nonzero(train_counts)),
         "book_order_seed": BOOK_ORDER_SEED,
         "split_rule": f"position p of the book order: p % {SPLIT_MODULUS} == {VALID_RESIDUE} valid, "
         f"== {TEST_RESIDUE} test, else train",
+        **({} if split == "books" and split_seed is None else {
+            "split": split, "split_seed": split_seed,
+            **({"chunk_tokens": chunk_tokens} if split == "chunks" else {})}),
+        **({"min_count": min_count, "types_below_min_count": int(np.count_nonzero(train_counts)) - int(seen.size)}
+           if min_count > 1 else {}),
         "tokenizer": f"{'lower-case, ' if lowercase else ''}curly quotes to ASCII, regex {TOKEN_PATTERN}, "
         "<eos> after each paragraph",
         **{f"tokenize_{k}": v for k, v in books.stats.items()},
     }
-    for split in ("train", "valid", "test"):
-        members = [i for i, s in enumerate(split_of_book) if s == split]
-        pieces = [lookup[books.book_ids(i)] for i in members]
-        arrays[split] = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.int32)
-        n_tokens = int(arrays[split].size)
-        n_unk = int(np.count_nonzero(arrays[split] == unk_id))
-        stats[f"{split}_books"] = len(members)
-        stats[f"{split}_tokens"] = n_tokens
-        stats[f"{split}_oov_rate"] = n_unk / n_tokens if n_tokens else 0.0
+    for part in ("train", "valid", "test"):
+        ids = [lookup[piece_ids(*piece)] for piece in pieces[part]]
+        arrays[part] = np.concatenate(ids) if ids else np.zeros(0, dtype=np.int32)
+        n_tokens = int(arrays[part].size)
+        n_unk = int(np.count_nonzero(arrays[part] == unk_id))
+        stats[f"{part}_books"] = len({book for book, _, _ in pieces[part]})
+        if split == "chunks":
+            stats[f"{part}_pieces"] = len(pieces[part])
+        stats[f"{part}_tokens"] = n_tokens
+        stats[f"{part}_oov_rate"] = n_unk / n_tokens if n_tokens else 0.0
     stats["train_coverage"] = 1.0 - stats["train_oov_rate"]
     return arrays, vocab, counts, stats

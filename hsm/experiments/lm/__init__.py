@@ -37,7 +37,10 @@ Choices where the papers are silent (written into every result file's config):
 ``lm-ptb-ablation`` varies one setting of the learned tree at a time (rebuild rate, statistics
 decay and prior, ranking, learning rate, L2, schedule) on the full PTB, and retrains the final
 learned tree from scratch, to see why the learned tree gains less over the random tree than in
-the paper.
+the paper. ``lm-gutenberg-offset`` trains one random tree for one epoch on another draw of the
+Gutenberg book split, on a split inside books or with a min-count vocabulary, and reads the test
+perplexity of every held-out book from the kept model (:mod:`.offset`), to see where the offset of
+our Gutenberg perplexities from the paper's comes from.
 
 Long runs are resumable: each (experiment, run) checkpoints after every epoch under
 ``hsm.config.cache_dir()/lm-runs/`` and stores its finished record, so re-running the experiment
@@ -54,7 +57,7 @@ The package, one module per job: :mod:`.presets` (what each experiment trains on
 :mod:`.config` (one run's configuration and its key), :mod:`.data` (the corpora),
 :mod:`.training` (one resumable run, the learning-rate search), :mod:`.embeddings` (the
 clustering tree's word vectors; the tree itself is :func:`hsm.clustering.clustering_tree`),
-:mod:`.tables` (every run of a table or of the ablation), :mod:`.report` (result records,
+:mod:`.tables` (every run of a table or of the ablation), :mod:`.offset` (the split and vocabulary runs and their per-book perplexities), :mod:`.report` (result records,
 tables and plots for the notebooks) and :mod:`.commands` (the registered experiments and their
 options). Every name is re-exported here (``from hsm.experiments import lm; lm.train_lm``).
 """
@@ -66,7 +69,7 @@ from hsm.experiments._package import patches_reach_submodules
 from hsm.results import atomic_write
 from hsm.tree import Tree
 
-from . import commands, config, data, embeddings, presets, report, tables, training
+from . import commands, config, data, embeddings, offset, presets, report, tables, training
 from .commands import (_COUNT_MINIMUM, _OPTIONAL_COUNTS, _parse_options, _ptb_schedules, _run_experiment, _scale_for,
                        run_lm_gutenberg_65, run_lm_gutenberg_75, run_lm_ptb, run_lm_ptb_ablation, run_lm_ptb_schedules)
 from .config import _KEY_OPTIONAL, OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMRunResult
@@ -78,6 +81,7 @@ from .report import (_EMBEDDINGS, _MODEL_NAMES, _SLUGS, _ablation_records, _out_
                      ablation_markdown, ablation_rows, best_epoch_markdown, combine_parts, leaf_table,
                      leaf_table_markdown, load_tree_file, plot_ablation, plot_learning_evidence, plot_per_epoch,
                      plt_colours, read_runs, RunRecord, runs_of, table_markdown)
+from .offset import book_genres, per_book_perplexity, run_lm_gutenberg_offset, token_nll
 from .tables import _run_dir, _table_corpus, run_ablation, run_table
 from .training import (RankedAdaptiveSoftmax, RunFiles, _add_l2, _atomic_save, _evaluate, _load_checkpoint,
                        _load_finished, _make_output, _select_lr, _sync, train_lm)
@@ -94,6 +98,7 @@ __all__ = [
     "run_lm_gutenberg_65",
     "run_lm_gutenberg_75",
     "run_lm_ptb_ablation",
+    "run_lm_gutenberg_offset",
     "run_ablation",
     "ABLATION_VARIANTS",
     "OUTPUT_KINDS",

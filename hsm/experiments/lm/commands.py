@@ -40,6 +40,8 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
             out[key] = str(value)
         elif key == "clustering_embeddings":
             out[key] = option_choice(key, value, ("fasttext", "lbl"))
+        elif key == "split":
+            out[key] = option_choice(key, value, ("books", "chunks"))
         elif key == "l2":
             out[key] = option_float(key, value, minimum=0.0)
         elif key == "decay":
@@ -55,7 +57,8 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
 
 
 #: LMScale fields that may be None ("none": the whole corpus / vocabulary), with their minimum
-_OPTIONAL_COUNTS = {"max_books": 1, "vocab_size": 2, "train_tokens": 1, "eval_tokens": 1, "select_eval_tokens": 1}
+_OPTIONAL_COUNTS = {"max_books": 1, "vocab_size": 2, "train_tokens": 1, "eval_tokens": 1, "select_eval_tokens": 1,
+                   "split_seed": 0}
 #: integer LMScale fields whose minimum is not 1
 _COUNT_MINIMUM = {"arity": 2, "select_steps": 0, "first_random_seed": 0}
 
@@ -66,6 +69,9 @@ def _scale_for(name: str, scale: str, options: dict[str, Any]) -> LMScale:
     sc = replace(presets[check_scale(scale)], **_parse_options(options))
     if sc.max_books is not None and sc.dataset != "gutenberg":
         raise ValueError(f"option max_books={sc.max_books}: only the gutenberg dataset has books")
+    if sc.dataset != "gutenberg" and (sc.split, sc.split_seed, sc.min_count) != ("books", None, 1):
+        raise ValueError("options split, split_seed and min_count: only the gutenberg dataset has a book split "
+                         "to vary")
     return sc
 
 
@@ -97,7 +103,8 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
     if sc.dataset == "ptb":
         paper_data = sc.vocab_size is None and sc.train_tokens is None
     else:
-        paper_data = sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
+        paper_data = (sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
+                      and (sc.split, sc.split_seed, sc.min_count) == ("books", None, 1))
     selection = table["selection"]
     # training time of every run this result rests on (runs finished earlier are loaded from the
     # run folder, so this invocation's wall time can be much shorter)

@@ -2,6 +2,8 @@
 (fewer books or tokens, a capped vocabulary) for the quick scale and the learning-rate trials."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 
@@ -53,22 +55,33 @@ def _slice(corpus: LMCorpus, train_tokens: int | None, eval_tokens: int | None) 
 
 
 def load_lm_corpus(dataset: str, *, max_books: int | None = None, vocab_size: int | None = None,
-                   train_tokens: int | None = None, eval_tokens: int | None = None) -> LMCorpus:
+                   train_tokens: int | None = None, eval_tokens: int | None = None,
+                   **gutenberg_split: Any) -> LMCorpus:
     """PTB or our Gutenberg corpus, optionally reduced (fewer books/tokens, capped vocabulary).
 
     The vocabulary cap is applied before slicing, from the counts of the whole training split
     (PTB) or of the selected books (Gutenberg: the cap is the loader's own ``vocab_size``).
+    ``gutenberg_split`` (``split``, ``split_seed``, ``chunk_tokens``, ``min_count``) goes to
+    :func:`hsm.data.load_gutenberg`; PTB refuses any that differ from the defaults.
     """
+    defaults = {"split": "books", "split_seed": None, "chunk_tokens": 2000, "min_count": 1}
+    unknown = sorted(set(gutenberg_split) - set(defaults))
+    if unknown:
+        raise TypeError(f"load_lm_corpus got unknown options {unknown}; known: {sorted(defaults)}")
     if dataset == "ptb":
         from hsm.data import load_ptb
 
+        changed = {k: v for k, v in gutenberg_split.items() if v != defaults[k]}
+        if changed:
+            raise ValueError(f"options {changed}: only the gutenberg dataset has a book split to vary")
         corpus = load_ptb()
         if vocab_size is not None:
             corpus = cap_vocabulary(corpus, vocab_size)
     elif dataset == "gutenberg":
         from hsm.data import load_gutenberg
 
-        corpus = load_gutenberg(max_books=max_books, vocab_size=vocab_size or 250_000, progress=False)
+        corpus = load_gutenberg(max_books=max_books, vocab_size=vocab_size or 250_000, progress=False,
+                                **gutenberg_split)
     else:
         raise ValueError(f"dataset must be 'ptb' or 'gutenberg', got {dataset!r}")
     if train_tokens is not None or eval_tokens is not None:

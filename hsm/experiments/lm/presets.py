@@ -14,7 +14,8 @@ RESULTS_DIR = "results/lm"
 DEFAULT_OUT = {"lm-ptb": f"{RESULTS_DIR}/ptb.json", "lm-ptb-schedules": f"{RESULTS_DIR}/ptb-schedules.json",
                "lm-gutenberg-65": f"{RESULTS_DIR}/gutenberg-65.json",
                "lm-gutenberg-75": f"{RESULTS_DIR}/gutenberg-75.json",
-               "lm-ptb-ablation": f"{RESULTS_DIR}/ptb-ablation.json"}
+               "lm-ptb-ablation": f"{RESULTS_DIR}/ptb-ablation.json",
+               "lm-gutenberg-offset": f"{RESULTS_DIR}/gutenberg-offset.json"}
 
 
 @dataclass
@@ -49,6 +50,14 @@ class LMScale:
     #: the clustering tree's 50-dim word vectors: "fasttext" (the paper's: fastText skip-gram,
     #: hs loss, 5 epochs) or "lbl" (ours: a log-bilinear LM with a random-tree HSM, embed_epochs)
     clustering_embeddings: str = "fasttext"
+    #: Gutenberg only: the held-out text (hsm.data.gutenberg.split_pieces): "books" (whole books, the
+    #: corpus' split) or "chunks" (pieces of chunk_tokens tokens inside books); split_seed None is the
+    #: corpus' own draw
+    split: str = "books"
+    split_seed: int | None = None
+    chunk_tokens: int = 2000
+    #: Gutenberg only: vocabulary of the training types seen at least this often (and at most vocab_size)
+    min_count: int = 1
 
 
 #: lm-ptb, quick: CI slices (about a minute)
@@ -72,16 +81,28 @@ _GUTENBERG_QUICK = LMScale("gutenberg", context=4, arity=13, epochs=2, reassign_
                            description="quick: 10 books (8 train), first 300k training tokens, vocabulary 2,000 "
                                        "(13-ary depth-3 trees), 2 epochs (learned: 1 + 1 fine-tuned), one random tree")
 
+#: lm-gutenberg-65, full: the paper's data and trees
+_GUTENBERG_FULL = LMScale("gutenberg", context=4, arity=65, epochs=4, reassign_per_epoch=50,
+                          lr_grid=(0.01, 0.02, 0.05, 0.1, 0.25, 0.5), select_steps=10_000, random_seeds=5,
+                          learn_epochs=2, select_eval_tokens=500_000,
+                          description="full: all 678 books (542 train, ~50M tokens), 250k vocabulary, 65-ary "
+                                      "depth-3 trees (needs a GPU for the flat softmax)")
+
 #: quick: CI slices (about a minute); full: the paper's setting (PTB) or what the hardware allows.
 SCALES: dict[str, dict[str, LMScale]] = {
     "lm-ptb": {"quick": _PTB_QUICK, "full": _PTB_FULL},
     "lm-gutenberg-65": {
         "quick": _GUTENBERG_QUICK,
-        "full": LMScale("gutenberg", context=4, arity=65, epochs=4, reassign_per_epoch=50,
-                        lr_grid=(0.01, 0.02, 0.05, 0.1, 0.25, 0.5), select_steps=10_000, random_seeds=5,
-                        learn_epochs=2, select_eval_tokens=500_000,
-                        description="full: all 678 books (542 train, ~50M tokens), 250k vocabulary, 65-ary "
-                                    "depth-3 trees (needs a GPU for the flat softmax)"),
+        "full": _GUTENBERG_FULL,
+    },
+    # one random tree for one epoch at lm-gutenberg-65's chosen rate, on a varied split or vocabulary
+    "lm-gutenberg-offset": {
+        "quick": replace(_GUTENBERG_QUICK, epochs=1, learn_epochs=0,
+                         description="quick: 10 books, first 300k training tokens, vocabulary 2,000 (13-ary "
+                                     "depth-3 tree), 1 epoch, one random tree"),
+        "full": replace(_GUTENBERG_FULL, epochs=1, learn_epochs=0, random_seeds=1, lr_grid=(0.05,), select_steps=0,
+                        description="full: all 678 books, 250k vocabulary (at most), 65-ary depth-3 random tree "
+                                    "(seed 0), 1 epoch at lm-gutenberg-65's chosen rate 0.05"),
     },
     "lm-gutenberg-75": {
         # the same slice as lm-gutenberg-65's quick preset, with the arXiv rebuild rate

@@ -39,10 +39,16 @@ def _table_corpus(sc: LMScale, device: str) -> LMCorpus:
     if torch.device(device).type == "cpu":
         hsm_config.configure_threads(default=1)
     corpus = load_lm_corpus(sc.dataset, max_books=sc.max_books, vocab_size=sc.vocab_size,
-                            train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens)
+                            train_tokens=sc.train_tokens, eval_tokens=sc.eval_tokens, **split_options(sc))
     if sc.arity**3 < corpus.vocab_size:
         raise ValueError(f"a {sc.arity}-ary depth-3 tree holds {sc.arity**3} words < vocabulary {corpus.vocab_size}")
     return corpus
+
+
+def split_options(sc: LMScale) -> dict[str, Any]:
+    """The Gutenberg split and vocabulary fields of ``sc`` (for :func:`load_lm_corpus`)."""
+    return {"split": sc.split, "split_seed": sc.split_seed, "chunk_tokens": sc.chunk_tokens,
+            "min_count": sc.min_count}
 
 
 def run_table(
@@ -52,10 +58,12 @@ def run_table(
     device: str,
     log: Callable[[str], None] | None = None,
     schedules: Sequence[tuple[str, int]] | None = None,
+    keep_models: bool = False,
 ) -> dict[str, Any]:
     """Train every output layer of a table at scale ``sc``; return the runs and selections.
 
-    ``schedules`` adds learned-tree runs ``(label, learn_epochs)`` (arXiv Fig. 3)."""
+    ``schedules`` adds learned-tree runs ``(label, learn_epochs)`` (arXiv Fig. 3). ``keep_models``:
+    the random-tree runs keep their trained model in the run folder (:attr:`RunFiles.model`)."""
     log = log or (lambda message: print(message, flush=True))
     corpus = _table_corpus(sc, device)
     V = corpus.vocab_size
@@ -82,7 +90,8 @@ def run_table(
                                     checkpoint_dir=run_dir, log=log)
     if "random" in outputs:
         candidates = [train_lm(corpus, replace(base, output="random", lr=tree_lr, tree_seed=s), tree=t, device=device,
-                               checkpoint_dir=run_dir, log=log) for s, t in random_trees.items()]
+                               checkpoint_dir=run_dir, log=log, keep_model=keep_models)
+                      for s, t in random_trees.items()]
         best = min(range(len(candidates)), key=lambda i: candidates[i].valid_perplexity)
         runs["random"] = candidates[best]
         selection["random_seed_valid"] = [c.valid_perplexity for c in candidates]

@@ -2,9 +2,10 @@
 resumable from its run folder (:func:`train_lm`), and the learning-rate search of a table
 (:func:`_select_lr`).
 
-A run's two files in its run folder (:class:`RunFiles`): ``<stem>.pt``, the checkpoint written
-after every epoch and every ``checkpoint_seconds`` within one, and ``<stem>.json``, the finished
-run; ``<stem>`` holds :meth:`LMRunConfig.key`, so a changed configuration never reuses a file.
+A run's files in its run folder (:class:`RunFiles`): ``<stem>.pt``, the checkpoint written
+after every epoch and every ``checkpoint_seconds`` within one, ``<stem>.json``, the finished
+run, and (when asked for) ``<stem>.model.pt``, the trained model; ``<stem>`` holds
+:meth:`LMRunConfig.key`, so a changed configuration never reuses a file.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ from .config import OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMR
 from .data import _slice
 from .presets import LMScale
 
-__all__ = ["RankedAdaptiveSoftmax", "RunFiles", "train_lm"]
+__all__ = ["RankedAdaptiveSoftmax", "RunFiles", "load_trained_model", "train_lm"]
 
 
 def _sync(device: torch.device) -> None:
@@ -179,17 +180,20 @@ def _checkpoint_interval(checkpoint_seconds: float | None) -> float:
 
 @dataclass(frozen=True)
 class RunFiles:
-    """The two files of one run in its run folder, both named by ``<output>-<key>-<corpus>-<tokens>``:
-    the checkpoint (``.pt``, deleted once the run is finished) and the finished run (``.json``)."""
+    """The files of one run in its run folder, all named by ``<output>-<key>-<corpus>-<tokens>``:
+    the checkpoint (``.pt``, deleted once the run is finished), the finished run (``.json``) and,
+    kept only when asked for, the trained model (``.model.pt``: :func:`load_trained_model`)."""
 
     checkpoint: Path
     finished: Path
+    model: Path | None = None
 
     @classmethod
     def in_folder(cls, folder: Path, cfg: LMRunConfig, corpus: LMCorpus) -> RunFiles:
         folder.mkdir(parents=True, exist_ok=True)
         stem = f"{cfg.output}-{cfg.key()}-{corpus.name}-{corpus.train.numel()}"
-        return cls(checkpoint=folder / f"{stem}.pt", finished=folder / f"{stem}.json")
+        return cls(checkpoint=folder / f"{stem}.pt", finished=folder / f"{stem}.json",
+                   model=folder / f"{stem}.model.pt")
 
     def load_finished(self) -> LMRunResult | None:
         return _load_finished(self.finished)
@@ -199,6 +203,16 @@ class RunFiles:
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         _atomic_save(state, self.checkpoint)
+
+    def save_model(self, run: _Training) -> None:
+        """Keep the trained model: its LM, output layer, tree and configuration."""
+        if self.model is None:
+            raise ValueError("this run has no model file name: make its files with RunFiles.in_folder")
+        output = run.output
+        _atomic_save({"config": asdict(run.cfg), "vocab_size": run.vocab_size, "model": run.model.state_dict(),
+                      "output": output.state_dict(),
+                      "tree": output.tree.to_dict() if isinstance(output, HierarchicalSoftmax) else None},
+                     self.model)
 
     def finish(self, result: LMRunResult) -> None:
         """Store the finished run and drop its checkpoint."""
@@ -216,6 +230,7 @@ class _Training:
     def __init__(self, corpus: LMCorpus, cfg: LMRunConfig, tree: Tree | None, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
         hsm_config.seed_everything(cfg.seed)
+        self.vocab_size = corpus.vocab_size
         self.model = LogBilinearLM(corpus.vocab_size, cfg.dim, cfg.context, sparse=True).to(device)
         self.output = _make_output(cfg, corpus.vocab_size, tree, corpus.counts).to(device)
         # compiled model kernels beside the tree's; torch's products beside outputs that run on
@@ -432,6 +447,7 @@ def train_lm(
     warmup: int = 20,
     log: Callable[[str], None] | None = None,
     checkpoint_seconds: float | None = None,
+    keep_model: bool = False,
 ) -> LMRunResult:
     """Train the log-bilinear LM with Adagrad and the output layer ``cfg.output``.
 
@@ -445,7 +461,11 @@ def train_lm(
     variable ``HSM_CHECKPOINT_SECONDS``, else 300), so that a Gutenberg epoch (318k steps) can be
     trained across runs that are each cut off after a few minutes (the GPU tool's 10-minute
     calls): a resumed run redraws the same example order and continues at the next step.
+    ``keep_model`` (needs ``checkpoint_dir``) keeps the trained model beside the finished run, for
+    diagnostics that need more than the perplexities (:func:`load_trained_model`).
     """
+    if keep_model and checkpoint_dir is None:
+        raise ValueError("keep_model needs a checkpoint_dir: the model is kept in the run folder")
     _check_run(corpus, cfg, tree)
     device = torch.device(check_device(device))
     log = log or (lambda message: None)
@@ -454,6 +474,9 @@ def train_lm(
     if checkpoint_dir is not None:
         files = RunFiles.in_folder(checkpoint_dir, cfg, corpus)
         finished = files.load_finished()
+        if finished is not None and keep_model and not files.model.exists():
+            raise FileNotFoundError(f"{files.finished} is a finished run without its model ({files.model.name}). "
+                                    f"Fix: delete {files.finished.name} to train it again with keep_model")
         if finished is not None:
             log(f"{cfg.output}: already trained, reading {files.finished.name}")
             if finished.device is not None and finished.device != str(device):
@@ -470,8 +493,26 @@ def train_lm(
         run.end_epoch(epoch, total, files, log)
     result = run.finish(warmup)
     if files is not None:
+        if keep_model:
+            files.save_model(run)  # before the finished file: a run is finished only with its model
         files.finish(result)
     return result
+
+
+def load_trained_model(path: Path, device: str | torch.device = "cpu"
+                       ) -> tuple[LogBilinearLM, torch.nn.Module, LMRunConfig]:
+    """The (LM, output layer, configuration) a run kept with ``keep_model``, in evaluation mode."""
+    state = _load_checkpoint(Path(path))
+    if state is None:
+        raise FileNotFoundError(f"no trained model at {path}. Fix: train the run with keep_model=True")
+    cfg = LMRunConfig(**state["config"])
+    tree = Tree.from_dict(state["tree"]) if state["tree"] is not None else None
+    model = LogBilinearLM(state["vocab_size"], cfg.dim, cfg.context, sparse=True)
+    output = _make_output(cfg, state["vocab_size"], tree, None)
+    model.load_state_dict(state["model"])
+    output.load_state_dict(state["output"])
+    model.use_kernels = isinstance(output, HierarchicalSoftmax)
+    return model.to(device).eval(), output.to(device).eval(), cfg
 
 
 def _select_lr(corpus: LMCorpus, base: LMRunConfig, tree: Tree | None, sc: LMScale, device, run_dir: Path,
