@@ -514,3 +514,58 @@ def test_cli_verify_reports_a_bad_cached_file(tmp_path, capsys, monkeypatch):
     bad.write_text("NUM:date When ?\n")
     assert cli.main(["verify", "trec"]) == 1
     assert "BAD trec/TREC_10.label" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------ Gutenberg split variants
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(1, 7_000), min_size=1, max_size=30), chunk=st.integers(1, 3_000),
+       seed=st.one_of(st.none(), st.integers(0, 2**31)), split=st.sampled_from(gutenberg.SPLIT_KINDS))
+def test_split_pieces_cover_every_token_once(lengths, chunk, seed, split):
+    pieces = gutenberg.split_pieces(lengths, split, seed, chunk)
+    covered = [np.zeros(n, dtype=int) for n in lengths]
+    for part in pieces.values():
+        for book, start, end in part:
+            assert 0 <= start < end <= lengths[book]
+            assert split == "chunks" or (start, end) == (0, lengths[book])
+            assert end - start <= (chunk if split == "chunks" else lengths[book])
+            covered[book][start:end] += 1
+        assert part == sorted(part)  # each split keeps its text in book order
+    assert all(np.all(c == 1) for c in covered)
+
+
+def test_split_pieces_deal_one_in_ten_to_each_held_out_split():
+    own = gutenberg.split_pieces([5] * 678)
+    assert [book for book, _, _ in own["test"]] == [p for p in range(678) if gutenberg.book_split(p) == "test"]
+    draw = gutenberg.split_pieces([5] * 678, split_seed=1)
+    assert {k: len(v) for k, v in draw.items()} == {"train": 542, "valid": 68, "test": 68}
+    assert draw["test"] != own["test"]
+    chunks = gutenberg.split_pieces([4_500] * 100, "chunks", chunk_tokens=2_000)  # 3 pieces a book
+    assert {k: len(v) for k, v in chunks.items()} == {"train": 240, "valid": 30, "test": 30}
+    with pytest.raises(ValueError, match="split must be one of"):
+        gutenberg.split_pieces([5], "pages")
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        gutenberg.split_pieces([5], "chunks", chunk_tokens=0)
+
+
+@needs_mirror
+def test_gutenberg_variants_are_named_and_keep_the_corpus_own_split(use_shared_cache):
+    own = load_gutenberg(max_books=QUICK_BOOKS, vocab_size=5_000, progress=False)
+    assert own.name == f"gutenberg-{QUICK_BOOKS}books" and "split" not in own.stats
+    chunks = load_gutenberg(max_books=QUICK_BOOKS, vocab_size=5_000, progress=False, split="chunks")
+    assert chunks.name == f"gutenberg-{QUICK_BOOKS}books-chunks2000"
+    total = lambda c: sum(s.numel() for s in (c.train, c.valid, c.test))  # noqa: E731
+    assert total(chunks) == total(own) and chunks.stats["test_books"] > own.stats["test_books"]
+    segments = gutenberg.split_segments(QUICK_BOOKS, split="chunks")
+    assert segments["test"][-1][2] == chunks.test.numel()
+    assert gutenberg.split_segments(QUICK_BOOKS)["test"] == [(gutenberg.select_books(QUICK_BOOKS)[1].path, 0,
+                                                              own.test.numel())]
+    rare = load_gutenberg(max_books=QUICK_BOOKS, vocab_size=50_000, progress=False, min_count=3)
+    assert rare.name == f"gutenberg-{QUICK_BOOKS}books-min3"
+    assert np.delete(rare.counts, rare.vocab.index("<unk>")).min() >= 3  # every kept word seen 3 times or more
+    assert rare.stats["types_below_min_count"] > 0
+    draw = load_gutenberg(max_books=QUICK_BOOKS, vocab_size=5_000, progress=False, split_seed=1)
+    assert draw.name == f"gutenberg-{QUICK_BOOKS}books-draw1"
+    with pytest.raises(ValueError, match="min_count"):
+        load_gutenberg(max_books=QUICK_BOOKS, min_count=0)

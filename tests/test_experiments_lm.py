@@ -583,3 +583,78 @@ def test_leaf_table_markdown_shows_tokens_literally() -> None:
     assert lines[0] == "| node 1 | node 2 |"
     assert lines[2] == "| &lt;eos&gt; | the |"  # not an HTML tag
     assert lines[3] == "| s\\_ |  |" and lines[4] == "| a\\|b |  |"
+
+
+# ---------------------------------------------------------------------------- the Gutenberg offset runs
+
+
+def test_kept_model_gives_the_recorded_perplexity(tmp_path) -> None:
+    corpus = _toy_corpus()
+    cfg = lm.LMRunConfig(output="random", context=2, dim=16, arity=7, epochs=1)
+    tree = lm.Tree.random(corpus.vocab_size, 7, 3, seed=0)
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        lm.train_lm(corpus, cfg, tree=tree, keep_model=True)
+    run = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path, keep_model=True)
+    files = lm.RunFiles.in_folder(tmp_path, cfg, corpus)
+    model, output, kept_cfg = lm.training.load_trained_model(files.model)
+    assert kept_cfg == cfg
+    nll = lm.token_nll(model, output, *corpus.windows("test", cfg.context), batch_size=97)
+    assert nll.shape == (corpus.test.numel(),)
+    assert np.exp(nll.mean()) == pytest.approx(run.test_perplexity, rel=1e-6)
+    # a finished run without its model cannot give one: it says how to get it
+    files.model.unlink()
+    with pytest.raises(FileNotFoundError, match="keep_model"):
+        lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path, keep_model=True)
+
+
+def test_per_book_perplexity_pools_a_book_s_pieces_and_cuts_to_the_split() -> None:
+    nll = np.log(np.array([2.0, 2.0, 8.0, 8.0, 4.0, 4.0]))
+    unk = np.array([0, 1, 0, 0, 0, 0], dtype=bool)
+    segments = [("A/a.txt", 0, 2), ("B/b\r.txt", 2, 4), ("A/a.txt", 4, 6), ("C/c.txt", 6, 9)]  # C lies beyond
+    books = lm.per_book_perplexity(nll, segments, unk, {"A/a.txt": "fiction"})
+    by_name = {row["book"]: row for row in books}
+    assert set(by_name) == {"A/a.txt", "B/b.txt"}
+    assert by_name["A/a.txt"]["perplexity"] == pytest.approx(np.sqrt(8.0)) and by_name["A/a.txt"]["tokens"] == 4
+    assert by_name["A/a.txt"]["unk_share"] == 0.25 and by_name["B/b.txt"]["genre"] == "unlabelled"
+    genres = lm.offset.by_genre(books)
+    assert genres["fiction"]["books"] == 1 and genres["unlabelled"]["perplexity"] == pytest.approx(8.0)
+
+
+def test_every_held_out_book_of_both_labelled_draws_has_a_genre() -> None:
+    genres = lm.book_genres()
+    assert set(genres.values()) <= {"fiction", "drama", "poetry", "non-fiction", "mixed"}
+    if MIRROR is None or not (MIRROR / "gutenberg").exists():
+        pytest.skip("Gutenberg unavailable")
+    from hsm.data import gutenberg
+
+    books = gutenberg.select_books()
+    for seed in (None, 1):
+        test = gutenberg.split_pieces([1] * len(books), split_seed=seed)["test"]
+        assert all(books[i].path.replace("\r", "") in genres for i, _, _ in test)
+
+
+def test_split_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="split"):
+        lm.run_lm_gutenberg_offset(scale="quick", split="pages")
+    with pytest.raises(ValueError, match="only the gutenberg dataset"):
+        lm.run_lm_ptb(scale="quick", min_count="3")
+    with pytest.raises(ValueError, match="split_seed"):
+        lm.run_lm_gutenberg_offset(scale="quick", split_seed="-1")
+
+
+@needs_mirror
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")
+@pytest.mark.parametrize("variant", [{}, {"split": "chunks", "chunk_tokens": "500"}])
+def test_lm_gutenberg_offset_tiny(tmp_path, variant) -> None:
+    out = lm.run_lm_gutenberg_offset(scale="quick", out=tmp_path / "o.json", max_books="4",
+                                     **dict(TINY, epochs="1"), **variant)
+    payload = json.loads(out.read_text())
+    records = {r["measure"]: r for r in payload["records"]}
+    books = records["test_perplexity_by_book"]["books"]
+    assert sum(b["tokens"] for b in books) == records["test_perplexity"]["test_tokens"]
+    pooled = np.exp(sum(np.log(b["perplexity"]) * b["tokens"] for b in books) / sum(b["tokens"] for b in books))
+    assert pooled == pytest.approx(records["test_perplexity"]["value"], rel=1e-6)
+    # a cut test split holds the first pieces only: one whole book, or pieces of a few books
+    assert len(books) == 1 if not variant else 1 < len(books) <= records["test_perplexity"]["test_books"]
+    assert ("split=chunks" in payload["provenance"]["hsm_scale"]) == bool(variant)
+    assert records["test_perplexity"]["claim"] is None
