@@ -57,13 +57,21 @@ def _kmeans_fill(points: np.ndarray, n_clusters: int, capacity: int, seed: int) 
     return greedy_fill(dist, capacity), centres
 
 
+#: how the clustering tree groups its clusters under the root: a second k-means over the centroids
+#: (ours) or at random (the top decisions then follow no similarity)
+CLUSTER_GROUPINGS = ("kmeans", "random")
+
+
 def clustering_tree(embeddings: np.ndarray, arity: int, depth: int = 3, seed: int = 0,
-                    label_names: Sequence[str] | None = None) -> Tree:
+                    label_names: Sequence[str] | None = None, groups: str = "kmeans") -> Tree:
     """The clustering tree of ICML §7.2 (depth 3): words -> ``M**2`` clusters of at most M words
-    (MiniBatchKMeans + greedy fill); clusters -> M groups of M clusters under the root (a second
-    k-means over the centroids with the same greedy fill: our choice, the paper is silent)."""
+    (MiniBatchKMeans + greedy fill); clusters -> M groups of M clusters under the root (the paper is
+    silent on this level): ``groups="kmeans"``, a second k-means over the centroids with the same
+    greedy fill (ours); ``groups="random"``, clusters dealt to the groups at random (seeded)."""
     if depth != 3:
         raise ValueError("the clustering tree is built for depth 3 (root -> groups -> clusters -> words)")
+    if groups not in CLUSTER_GROUPINGS:
+        raise ValueError(f"groups must be one of {CLUSTER_GROUPINGS}, got {groups!r}")
     points = np.asarray(embeddings, dtype=np.float64)
     if points.ndim != 2 or len(points) < 2:
         raise ValueError(f"embeddings must be a [K, d] array with K >= 2, got shape {points.shape}")
@@ -71,7 +79,12 @@ def clustering_tree(embeddings: np.ndarray, arity: int, depth: int = 3, seed: in
     # renumber clusters 0..C-1 (some may be empty after the fill)
     used, cluster_of_word = np.unique(cluster_of_word, return_inverse=True)
     centres = centres[used]
-    group_of_cluster, _ = _kmeans_fill(centres, arity, arity, seed + 1)
+    if groups == "kmeans":
+        group_of_cluster, _ = _kmeans_fill(centres, arity, arity, seed + 1)
+    else:
+        group_of_cluster = np.empty(len(centres), dtype=np.int64)
+        group_of_cluster[np.random.default_rng(seed + 1).permutation(len(centres))] = (
+            np.arange(len(centres)) // arity)
     # cluster c, the r-th of group g, fills bottom node g*M + r: group g is the g-th child of the
     # root even when groups have fewer than M clusters (fewer than M**2 clusters in use)
     order = np.argsort(group_of_cluster, kind="stable")

@@ -42,3 +42,24 @@ def test_clustering_tree_groups_nearby_words() -> None:
     assert len(set(root_child)) == 4
     with pytest.raises(ValueError, match="depth 3"):
         clustering_tree(points, arity=4, depth=2)
+
+
+def test_random_groups_keep_the_clusters_and_scatter_them_under_the_root() -> None:
+    """The same four blobs: with ``groups="random"`` every bottom cluster keeps its words, but a
+    blob's clusters no longer share one child of the root."""
+    rng = np.random.default_rng(0)
+    points = np.repeat(np.eye(4) * 10, 4, axis=0) + rng.normal(0, 0.01, (16, 4))
+    by_kmeans = clustering_tree(points, arity=4, depth=3, seed=0)
+    at_random = clustering_tree(points, arity=4, depth=3, seed=0, groups="random")
+
+    def clusters(tree):
+        bottom = [tree.path(i)[-1][0] for i in range(16)]  # the node above each word
+        return sorted(sorted(i for i in range(16) if bottom[i] == node) for node in set(bottom))
+
+    assert clusters(at_random) == clusters(by_kmeans)
+    root_child = [at_random.path(i)[0][1] for i in range(16)]
+    assert any(len(set(root_child[4 * blob:4 * blob + 4])) > 1 for blob in range(4))
+    bottom = [at_random.path(i)[-1][0] for i in range(16)]
+    assert all(len({b for b, c in zip(bottom, root_child) if c == child}) <= 4 for child in set(root_child))
+    with pytest.raises(ValueError, match="groups must be one of"):
+        clustering_tree(points, arity=4, groups="nearest")

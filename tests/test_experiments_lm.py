@@ -658,3 +658,19 @@ def test_lm_gutenberg_offset_tiny(tmp_path, variant) -> None:
     assert len(books) == 1 if not variant else 1 < len(books) <= records["test_perplexity"]["test_books"]
     assert ("split=chunks" in payload["provenance"]["hsm_scale"]) == bool(variant)
     assert records["test_perplexity"]["claim"] is None
+
+
+@needs_mirror
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")
+def test_a_clustering_tree_grouped_at_random_is_its_own_run(tmp_path) -> None:
+    options = dict(TINY, max_books="3", runs="clustering")
+    ours = json.loads(lm.run_lm_gutenberg_65(scale="quick", out=tmp_path / "a.json", **options).read_text())
+    other = json.loads(lm.run_lm_gutenberg_65(scale="quick", out=tmp_path / "b.json", clustering_groups="random",
+                                              **options).read_text())
+    first = lambda payload: payload["records"][0]  # noqa: E731
+    assert first(ours)["model"] == "Clustering Tree"
+    assert first(other)["model"] == "Clustering Tree (random top level)"
+    assert first(other)["value"] != first(ours)["value"]  # trained on its own tree, not read from the first run
+    assert "clustering_groups=random" in other["provenance"]["hsm_scale"]
+    with pytest.raises(ValueError, match="clustering_groups"):
+        lm.run_lm_gutenberg_65(scale="quick", clustering_groups="nearest")

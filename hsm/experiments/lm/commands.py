@@ -40,6 +40,8 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
             out[key] = str(value)
         elif key == "clustering_embeddings":
             out[key] = option_choice(key, value, ("fasttext", "lbl"))
+        elif key == "clustering_groups":
+            out[key] = option_choice(key, value, ("kmeans", "random"))
         elif key == "split":
             out[key] = option_choice(key, value, ("books", "chunks"))
         elif key == "l2":
@@ -104,7 +106,8 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
         paper_data = sc.vocab_size is None and sc.train_tokens is None
     else:
         paper_data = (sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
-                      and (sc.split, sc.split_seed, sc.min_count) == ("books", None, 1))
+                      and (sc.split, sc.split_seed, sc.min_count) == ("books", None, 1)
+                      and sc.clustering_groups == "kmeans")
     selection = table["selection"]
     # training time of every run this result rests on (runs finished earlier are loaded from the
     # run folder, so this invocation's wall time can be much shorter)

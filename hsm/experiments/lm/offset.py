@@ -167,3 +167,56 @@ def run_lm_gutenberg_offset(scale: str = "quick", device: str = "cpu", out: Path
     return _write(name, out, DEFAULT_OUT[name], records, sc, scale, device, time.perf_counter() - start, None,
                   options, run.seconds, extra_config={"runs": ["random"], "varied": _variant_words(sc)},
                   force=force)
+
+
+# ------------------------------------------------------------------------------------------- reading the results
+
+#: the offset runs, by the end of their file name, in the order the chapter shows them, with what varied
+OFFSET_RUNS: dict[str, str] = {
+    "reference": "nothing: the corpus' book split and vocabulary",
+    "split-draw1": "another draw of the book split",
+    "split-chunks2000": "held-out pieces of 2,000 tokens inside every book",
+    "vocab-min3": "vocabulary: training words seen 3 times or more",
+}
+#: genres in the order the figure colours them
+GENRE_ORDER = ("fiction", "drama", "poetry", "non-fiction", "mixed", "unlabelled")
+
+
+def offset_file(results_dir: Path, name: str) -> Path:
+    """The committed result file of offset run ``name`` (a key of :data:`OFFSET_RUNS`)."""
+    return Path(results_dir) / f"gutenberg-678books-65ary-1ep-random-{name}.json"
+
+
+def offset_rows(payloads: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per offset run: what varied, vocabulary, test OOV rate, valid and test perplexity,
+    their ratio, and the fiction books' test perplexity (None when the test text is not whole
+    labelled books)."""
+    rows = []
+    for name, payload in payloads.items():
+        records = {r["measure"]: r for r in payload["records"]}
+        main = records["test_perplexity"]
+        genres = records["test_perplexity_by_genre"]["by_genre"]
+        labelled = "unlabelled" not in genres
+        rows.append({"run": name, "varied": OFFSET_RUNS.get(name, main["varied"]), "vocab": main["vocab_size"],
+                     "test_oov": main["test_oov_rate"], "valid": main["valid_perplexity"],
+                     "test": main["value"], "ratio": main["value"] / main["valid_perplexity"],
+                     "fiction": genres["fiction"]["perplexity"] if labelled and "fiction" in genres else None,
+                     "test_books": main["test_books"]})
+    return rows
+
+
+def offset_markdown(rows: list[dict[str, Any]]) -> str:
+    """The offset runs as a markdown table."""
+    lines = ["| what varied | vocabulary | test `<unk>` | valid | test | test / valid | test, fiction books |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        fiction = f"{r['fiction']:.1f}" if r["fiction"] is not None else "–"
+        lines.append(f"| {r['varied']} | {r['vocab']:,} | {100 * r['test_oov']:.2f} % | {r['valid']:.1f} "
+                     f"| {r['test']:.1f} | {r['ratio']:.3f} | {fiction} |")
+    return "\n".join(lines)
+
+
+def books_of(payload: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-book rows of an offset result file, highest perplexity first."""
+    records = {r["measure"]: r for r in payload["records"]}
+    return sorted(records["test_perplexity_by_book"]["books"], key=lambda b: -b["perplexity"])

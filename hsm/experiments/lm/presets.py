@@ -50,6 +50,9 @@ class LMScale:
     #: the clustering tree's 50-dim word vectors: "fasttext" (the paper's: fastText skip-gram,
     #: hs loss, 5 epochs) or "lbl" (ours: a log-bilinear LM with a random-tree HSM, embed_epochs)
     clustering_embeddings: str = "fasttext"
+    #: the clustering tree's top level (hsm.clustering.clustering_tree's groups): "kmeans" (ours) or
+    #: "random" (clusters grouped at random under the root)
+    clustering_groups: str = "kmeans"
     #: Gutenberg only: the held-out text (hsm.data.gutenberg.split_pieces): "books" (whole books, the
     #: corpus' split) or "chunks" (pieces of chunk_tokens tokens inside books); split_seed None is the
     #: corpus' own draw

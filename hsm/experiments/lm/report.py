@@ -54,6 +54,8 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
         learn = run.config.get("learn_epochs")
         model = _MODEL_NAMES.get(kind, f"Learned Tree (learn {learn:g} + fine-tune "
                                        f"{run.config['epochs'] - learn:g} epochs)")
+        if (run.config.get("fixed_tree") or "").startswith("clustering:groups="):
+            model += f" ({run.config['fixed_tree'].split('=', 1)[1]} top level)"
         slug = _SLUGS.get(kind)
         fields = dict(common, model=model, run=kind, lr=run.config["lr"], batch_size=run.config["batch_size"],
                       epochs=run.config["epochs"], learn_epochs=run.config.get("learn_epochs"),

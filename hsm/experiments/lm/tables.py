@@ -104,8 +104,11 @@ def run_table(
             emb = fasttext_embeddings(corpus, dim=50, epochs=5, loss="hs")
         else:
             emb = learn_embeddings(corpus, replace(base, lr=tree_lr), dim=50, epochs=sc.embed_epochs, device=device)
-        tree = clustering_tree(emb, sc.arity, 3, seed=0, label_names=corpus.vocab)
-        runs["clustering"] = train_lm(corpus, replace(base, output="clustering", lr=tree_lr), tree=tree,
+        tree = clustering_tree(emb, sc.arity, 3, seed=0, label_names=corpus.vocab, groups=sc.clustering_groups)
+        # another tree from the same configuration needs its own run key
+        variant = None if sc.clustering_groups == "kmeans" else f"clustering:groups={sc.clustering_groups}"
+        runs["clustering"] = train_lm(corpus, replace(base, output="clustering", lr=tree_lr, fixed_tree=variant),
+                                      tree=tree,
                                       device=device, checkpoint_dir=run_dir, log=log)
     if "learned" in outputs:
         runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, decay=sc.decay),
