@@ -674,3 +674,39 @@ def test_a_clustering_tree_grouped_at_random_is_its_own_run(tmp_path) -> None:
     assert "clustering_groups=random" in other["provenance"]["hsm_scale"]
     with pytest.raises(ValueError, match="clustering_groups"):
         lm.run_lm_gutenberg_65(scale="quick", clustering_groups="nearest")
+
+
+# ---------------------------------------------------------------------------- thesis Lemma 3.1, measured
+
+
+def test_mean_objective_at_the_root_is_eq6_on_the_soft_estimates() -> None:
+    from hsm.objective import continuous_estimates, node_objective
+
+    corpus = _toy_corpus()
+    torch.manual_seed(0)
+    model = lm.lemma31.LogBilinearLM(corpus.vocab_size, 8, 2, sparse=True)
+    output = lm.lemma31.HierarchicalSoftmax(8, lm.Tree.random(corpus.vocab_size, 4, 3, seed=1), sparse=True)
+    x, y = corpus.windows("valid", 2)
+    by_depth = lm.mean_objective_by_depth(model, output, x, y, batch_size=37)
+    with torch.no_grad():
+        logits = (output.weight[0].view(4, 8) @ model(x).T).T + output.bias[0]
+    # root children without words (none here: 40 words fill all four) would be masked; all are real
+    root = output.tree.path_nodes[y.numpy(), 1]  # each target's child of the root, as a node id
+    child = np.unique(root, return_inverse=True)[1]
+    q, _, p_cond = continuous_estimates(torch.softmax(logits.double(), 1).numpy(), y.numpy(), corpus.vocab_size)
+    assert by_depth[0] == pytest.approx(float(node_objective(q, p_cond)), rel=1e-6)
+    assert len(set(child)) == 4 and set(by_depth) == {0, 1, 2}
+
+
+@needs_mirror
+def test_lm_ptb_lemma31_tiny(tmp_path) -> None:
+    out = lm.run_lm_ptb_lemma31(scale="quick", out=tmp_path / "l.json", probes="3", checkpoints="0,4", etas="0.1",
+                                train_tokens="5000", eval_tokens="500")
+    payload = json.loads(out.read_text())
+    records = payload["records"]
+    assert len(records) == 2 * 3  # two points, one step size, three depths
+    assert {r["adagrad_steps"] for r in records} == {0, 4} and all(len(r["changes"]) == 3 for r in records)
+    assert all(r["value"] == pytest.approx(np.mean(r["changes"])) for r in records)
+    assert "probes=3" in payload["provenance"]["hsm_scale"]
+    with pytest.raises(ValueError, match="unknown option"):
+        lm.run_lm_ptb_lemma31(scale="quick", steps="3")
