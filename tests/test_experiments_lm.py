@@ -710,3 +710,39 @@ def test_lm_ptb_lemma31_tiny(tmp_path) -> None:
     assert "probes=3" in payload["provenance"]["hsm_scale"]
     with pytest.raises(ValueError, match="unknown option"):
         lm.run_lm_ptb_lemma31(scale="quick", steps="3")
+
+
+# ---------------------------------------------------------------------------- decoding against the exact arg max
+
+
+def test_decoder_agreement_against_brute_force() -> None:
+    torch.manual_seed(0)
+    layer = lm.lemma31.HierarchicalSoftmax(6, lm.Tree.random(30, 3, 4, seed=2), sparse=True).eval()
+    with torch.no_grad():
+        layer.weight.mul_(8.0)  # confident nodes: greedy descent then misses the arg max sometimes
+    hidden = torch.randn(200, 6)
+    targets = torch.randint(0, 30, (200,))
+    rows = lm.decoder_agreement(layer, hidden, targets, beams=(1, 81), batch_size=64)
+    logp = layer.log_prob(hidden).double().detach()
+    best = logp.argmax(1)
+    assert rows["exact"]["agreement"] == 1.0
+    assert rows["exact"]["accuracy"] == pytest.approx(float((best == targets).double().mean()))
+    assert rows["beam81"]["agreement"] == 1.0 and rows["beam81"]["logp_given_up"] == pytest.approx(0.0, abs=1e-9)
+    greedy = layer.topk(hidden, 1, method="beam", beam=1).indices[:, 0]
+    assert rows["beam1"]["agreement"] == pytest.approx(float((greedy == best).double().mean()))
+    assert rows["beam1"]["logp_given_up"] == pytest.approx(
+        float((logp.max(1).values - logp[torch.arange(200), greedy]).mean()), rel=1e-5)
+    assert rows["sampled path"]["agreement"] == pytest.approx(float(logp.max(1).values.exp().mean()), rel=1e-5)
+    assert rows["sampled path"]["accuracy"] == pytest.approx(float(logp[torch.arange(200), targets].exp().mean()),
+                                                             rel=1e-5)
+
+
+@needs_mirror
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")
+def test_lm_gutenberg_decoding_tiny(tmp_path) -> None:
+    out = lm.run_lm_gutenberg_decoding(scale="quick", out=tmp_path / "d.json", tokens="300", beams="1,3")
+    records = {r["decoder"]: r for r in json.loads(out.read_text())["records"]}
+    assert set(records) == {"exact", "beam1", "beam3", "sampled path"} and records["exact"]["value"] == 1.0
+    assert all(0 <= r["value"] <= 1 and r["scored_tokens"] == 300 for r in records.values())
+    with pytest.raises(ValueError, match="unknown options"):
+        lm.run_lm_gutenberg_decoding(scale="quick", width="3")

@@ -69,7 +69,7 @@ from hsm.experiments._package import patches_reach_submodules
 from hsm.results import atomic_write
 from hsm.tree import Tree
 
-from . import commands, config, data, embeddings, lemma31, offset, presets, report, tables, training
+from . import commands, config, data, decoding, embeddings, lemma31, offset, presets, report, tables, training
 from .commands import (_COUNT_MINIMUM, _OPTIONAL_COUNTS, _parse_options, _ptb_schedules, _run_experiment, _scale_for,
                        run_lm_gutenberg_65, run_lm_gutenberg_75, run_lm_ptb, run_lm_ptb_ablation, run_lm_ptb_schedules)
 from .config import _KEY_OPTIONAL, OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMRunResult
@@ -81,6 +81,7 @@ from .report import (_EMBEDDINGS, _MODEL_NAMES, _SLUGS, _ablation_records, _out_
                      ablation_markdown, ablation_rows, best_epoch_markdown, combine_parts, leaf_table,
                      leaf_table_markdown, load_tree_file, plot_ablation, plot_learning_evidence, plot_per_epoch,
                      plt_colours, read_runs, RunRecord, runs_of, table_markdown)
+from .decoding import decoder_agreement, run_lm_gutenberg_decoding
 from .lemma31 import mean_objective_by_depth, run_lm_ptb_lemma31
 from .offset import book_genres, per_book_perplexity, run_lm_gutenberg_offset, token_nll
 from .tables import _run_dir, _table_corpus, run_ablation, run_table
