@@ -86,7 +86,13 @@ def _check_options(invocation: dict) -> None:
         _parser().parse_args(invocation["argv"])
         return
     name, scale, options = invocation["experiment"], invocation["scale"], dict(invocation["options"])
-    if name.startswith("lm-") and name != "lm-ptb-sampling":
+    if name == "lm-ptb-lemma31":
+        from hsm.experiments.lm.lemma31 import _options
+
+        _options(scale, options)
+    elif name == "lm-gutenberg-decoding":
+        assert set(options) <= {"tokens", "beams"}, options
+    elif name.startswith("lm-") and name != "lm-ptb-sampling":
         from hsm.experiments.lm.commands import _scale_for
 
         options.pop("runs", None), options.pop("variants", None)
