@@ -63,7 +63,7 @@ def run_table(
     """Train every output layer of a table at scale ``sc``; return the runs and selections.
 
     ``schedules`` adds learned-tree runs ``(label, learn_epochs)`` (arXiv Fig. 3). ``keep_models``:
-    the random-tree runs keep their trained model in the run folder (:attr:`RunFiles.model`)."""
+    the random-tree runs keep their trained model in the run folder (``RunFiles.model``)."""
     log = log or (lambda message: print(message, flush=True))
     corpus = _table_corpus(sc, device)
     V = corpus.vocab_size
