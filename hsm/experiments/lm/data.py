@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from hsm.data.gutenberg import CHUNK_TOKENS
 from hsm.data.lm import UNK, LMCorpus
 
 __all__ = ["cap_vocabulary", "load_lm_corpus"]
@@ -64,7 +65,7 @@ def load_lm_corpus(dataset: str, *, max_books: int | None = None, vocab_size: in
     ``gutenberg_split`` (``split``, ``split_seed``, ``chunk_tokens``, ``min_count``) goes to
     :func:`hsm.data.load_gutenberg`; PTB refuses any that differ from the defaults.
     """
-    defaults = {"split": "books", "split_seed": None, "chunk_tokens": 2000, "min_count": 1}
+    defaults = {"split": "books", "split_seed": None, "chunk_tokens": CHUNK_TOKENS, "min_count": 1}
     unknown = sorted(set(gutenberg_split) - set(defaults))
     if unknown:
         raise TypeError(f"load_lm_corpus got unknown options {unknown}; known: {sorted(defaults)}")

@@ -163,9 +163,9 @@ def run_lm_ptb_lemma31(scale: str = "quick", device: str = "cpu", out: Path | No
                     share_raised=float((values > 0).mean()), probes=len(values), changes=values.tolist(),
                     vocab_size=V, arity=s["arity"], batch_size=s["batch_size"], eval_tokens=int(len(y_eval)),
                     scale=scale, description=s["description"]))
-    overrides = {k: v for k, v in options.items()}
-    prov = provenance(config={"experiment": "lm-ptb-lemma31", "scale": scale, "device": device,
-                              **{k: v for k, v in s.items()}, "overrides": overrides},
+    overrides = dict(options)
+    prov = provenance(config={"experiment": "lm-ptb-lemma31", "scale": scale, "device": device, **s,
+                              "overrides": overrides},
                       wall_time_s=time.perf_counter() - start, scale=scale)
     if overrides:
         prov["hsm_scale"] = f"{scale}, settings: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items()))

@@ -171,13 +171,8 @@ def run_lm_gutenberg_offset(scale: str = "quick", device: str = "cpu", out: Path
 
 # ------------------------------------------------------------------------------------------- reading the results
 
-#: the offset runs, by the end of their file name, in the order the chapter shows them, with what varied
-OFFSET_RUNS: dict[str, str] = {
-    "reference": "nothing: the corpus' book split and vocabulary",
-    "split-draw1": "another draw of the book split",
-    "split-chunks2000": "held-out pieces of 2,000 tokens inside every book",
-    "vocab-min3": "vocabulary: training words seen 3 times or more",
-}
+#: the offset runs, by the end of their file name, in the order the chapter shows them
+OFFSET_RUNS = ("reference", "split-draw1", "split-chunks2000", "vocab-min3")
 #: genres in the order the figure colours them
 GENRE_ORDER = ("fiction", "drama", "poetry", "non-fiction", "mixed", "unlabelled")
 
@@ -197,7 +192,7 @@ def offset_rows(payloads: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         main = records["test_perplexity"]
         genres = records["test_perplexity_by_genre"]["by_genre"]
         labelled = "unlabelled" not in genres
-        rows.append({"run": name, "varied": OFFSET_RUNS.get(name, main["varied"]), "vocab": main["vocab_size"],
+        rows.append({"run": name, "varied": main["varied"], "vocab": main["vocab_size"],
                      "test_oov": main["test_oov_rate"], "valid": main["valid_perplexity"],
                      "test": main["value"], "ratio": main["value"] / main["valid_perplexity"],
                      "fiction": genres["fiction"]["perplexity"] if labelled and "fiction" in genres else None,

@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from hsm.data.gutenberg import CHUNK_TOKENS
+
 __all__ = ["ABLATION_VARIANTS", "ABLATION_WHAT", "DEFAULT_OUT", "LMScale", "RESULTS_DIR", "RUN_FOLDER", "SCALES"]
 
 RESULTS_DIR = "results/lm"
@@ -58,7 +60,7 @@ class LMScale:
     #: corpus' own draw
     split: str = "books"
     split_seed: int | None = None
-    chunk_tokens: int = 2000
+    chunk_tokens: int = CHUNK_TOKENS
     #: Gutenberg only: vocabulary of the training types seen at least this often (and at most vocab_size)
     min_count: int = 1
 

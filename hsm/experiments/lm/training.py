@@ -209,7 +209,7 @@ class RunFiles:
         if self.model is None:
             raise ValueError("this run has no model file name: make its files with RunFiles.in_folder")
         output = run.output
-        _atomic_save({"config": asdict(run.cfg), "vocab_size": run.vocab_size, "model": run.model.state_dict(),
+        _atomic_save({"config": asdict(run.cfg), "vocab_size": run.model.vocab_size, "model": run.model.state_dict(),
                       "output": output.state_dict(),
                       "tree": output.tree.to_dict() if isinstance(output, HierarchicalSoftmax) else None},
                      self.model)
@@ -230,7 +230,6 @@ class _Training:
     def __init__(self, corpus: LMCorpus, cfg: LMRunConfig, tree: Tree | None, device: torch.device) -> None:
         self.cfg, self.device = cfg, device
         hsm_config.seed_everything(cfg.seed)
-        self.vocab_size = corpus.vocab_size
         self.model = LogBilinearLM(corpus.vocab_size, cfg.dim, cfg.context, sparse=True).to(device)
         self.output = _make_output(cfg, corpus.vocab_size, tree, corpus.counts).to(device)
         # compiled model kernels beside the tree's; torch's products beside outputs that run on
