@@ -44,7 +44,8 @@ batch of one, in one compiled pass per example, no Python per example):
   SumProbas / Counts (from the node softmax computed *before* the update, NodeCompute) per
   (label, depth), the layout of :class:`hsm.NodeStatistics`; between two chunks of examples (once
   per rebuild, never per example) Python runs :func:`hsm.assign.assign_labels_well_formed`
-  (Algorithm 2) on them and installs the new tree.
+  (Algorithm 2; :func:`hsm.assign.assign_labels_depth_constrained`, Algorithm 3 of the ICML
+  supplement, with ``depth="fixed"``) on them and installs the new tree.
 
 Options the paper leaves open (the classification chapter's section on statistics and schedule):
 
@@ -564,6 +565,11 @@ class FastBowClassifier:
         (eq. 10); ``wrt="logp"|"p"`` is its deprecated old name.
     reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 places somewhere new
         (the released code keeps them; so does ``train_bow`` by default).
+    depth: ``"free"``: the learned tree starts from the Huffman tree and Algorithm 2 may deepen it;
+        ``"fixed"`` (``output="learned"`` only): it starts from the complete M-ary tree of the
+        smallest depth D with ``M**D >= K``, filled with the labels in order of frequency
+        (:meth:`hsm.Tree.balanced`), and rebuilds use Algorithm 3 of the ICML supplement, which keeps
+        every label at depth D: a bound on the nodes a test-time descent evaluates.
     bias: a bias per child slot (our layers have one; fastText's output matrix has none).
     shuffle: visit the examples in a new random order every epoch (``train_bow``); False keeps
         the given order (fastText reads its file in order: shuffle the file once yourself).
@@ -608,6 +614,7 @@ class FastBowClassifier:
         shuffle: bool = True,
         seed: int = 0,
         wrt: str | None = None,
+        depth: Literal["free", "fixed"] = "free",
     ) -> None:
         self.dim = _count(dim, "dim", 1)
         self.output = _choice(output, "output", ("flat", "huffman", "learned"))
@@ -631,6 +638,10 @@ class FastBowClassifier:
         self.bias = bool(bias)
         self.shuffle = bool(shuffle)
         self.seed = check_integer(seed, "seed")
+        self.depth = _choice(depth, "depth", ("free", "fixed"))
+        if self.depth == "fixed" and self.output != "learned":
+            raise ValueError(f"depth='fixed' (Algorithm 3) applies to a learned tree, got output={self.output!r}: "
+                             f"use output='learned' or depth='free'")
         self.model: BagOfWordsClassifier | None = None
         self.layer: HierarchicalSoftmax | FlatSoftmax | None = None
         self.start_tree: Tree | None = None
@@ -697,7 +708,10 @@ class FastBowClassifier:
         if self.output == "flat":
             self.start_tree = None
             return model, FlatSoftmax(self.dim, counts.size, bias=self.bias)
-        self.start_tree = Tree.huffman(counts + 1.0, self.arity)
+        if self.depth == "fixed":  # the most frequent labels share subtrees, as they do near a Huffman root
+            self.start_tree = Tree.balanced(np.argsort(-counts, kind="stable"), self.arity)
+        else:
+            self.start_tree = Tree.huffman(counts + 1.0, self.arity)
         return model, HierarchicalSoftmax(self.dim, self.start_tree, bias=self.bias, sparse=True)
 
     def _check_fitted(self) -> None:
@@ -921,7 +935,7 @@ class FastBowClassifier:
                 "rebuilds": self.rebuilds, "schedule": self.schedule, "rebuild_tokens": self.rebuild_tokens,
                 "statistics": self.statistics_policy, "decay": self.decay, "prior": self.prior,
                 "prior_mode": self.prior_mode, "score": self.score, "reset_moved_nodes": self.reset_moved_nodes,
-                "bias": self.bias, "shuffle": self.shuffle, "seed": self.seed}
+                "bias": self.bias, "shuffle": self.shuffle, "seed": self.seed, "depth": self.depth}
 
     def save(self, path: str | Path) -> Path:
         """Write the model (settings, embeddings, output layer with its tree, the file dictionary

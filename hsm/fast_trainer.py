@@ -20,7 +20,7 @@ import numba
 import numpy as np
 import torch
 
-from .assign import assign_labels_well_formed
+from .assign import assign_labels_depth_constrained, assign_labels_well_formed
 from .kernels import _FASTMATH, _node_log_softmax, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
 from .statistics import NodeStatistics
@@ -357,11 +357,15 @@ class HogwildTrainer:
                     f"{position + shares[index][0] + k} of the epoch, lr={clf.lr}): the rate is too high")
 
     def _rebuild(self, done: int) -> ReassignRecord:
-        """AssignLabels (Algorithm 2) on the statistics so far; the new tree goes into the layer."""
+        """AssignLabels (Algorithm 2, or Algorithm 3 of the ICML supplement for ``depth="fixed"``) on
+        the statistics so far; the new tree goes into the layer."""
         clf = self.classifier
         start = time.perf_counter()
         layer = clf.layer
-        result = assign_labels_well_formed(layer.tree, clf.statistics, score=clf.score)
+        if clf.depth == "fixed":  # every label stays at the start tree's depth; node ids are heap positions
+            result = assign_labels_depth_constrained(layer.tree, clf.statistics, score=clf.score)
+        else:
+            result = assign_labels_well_formed(layer.tree, clf.statistics, score=clf.score)
         # the layer re-draws moved nodes from torch's global generator: seeded here, so a run is
         # reproducible from ``seed`` alone, and the caller's stream is left alone
         with torch.random.fork_rng(devices=[]):

@@ -111,18 +111,20 @@ def test_one_epoch_matches_pytorch_per_example_sgd(output, reduce):
     assert clf.history.epoch_loss[0] == pytest.approx(reference[0].mean(), abs=1e-5)
 
 
-@pytest.mark.parametrize("decay", [1.0, 0.5])
-def test_learned_tree_statistics_and_parameters_match_tree_learner(decay):
-    """Algorithm 1 (statistics in the kernel, Algorithm 2 between chunks) = TreeLearner + per-example SGD."""
+@pytest.mark.parametrize("decay, depth", [(1.0, "free"), (0.5, "free"), (1.0, "fixed")])
+def test_learned_tree_statistics_and_parameters_match_tree_learner(decay, depth):
+    """Algorithm 1 (statistics in the kernel, Algorithm 2, or Algorithm 3 for a fixed depth, between
+    chunks) = TreeLearner + per-example SGD."""
     docs, labels = _problem(num_docs=60, num_labels=8, seed=4)
     rebuilds = 4
     clf = FastBowClassifier(dim=5, output="learned", arity=3, lr=0.8, epochs=2, threads=1, shuffle=False,
-                            rebuilds=rebuilds, decay=decay, seed=2)
+                            rebuilds=rebuilds, decay=decay, seed=2, depth=depth)
     clf.init_model(25, np.bincount(labels, minlength=8))
     model, layer = copy.deepcopy(clf.model), copy.deepcopy(clf.layer)
     clf.fit(docs, labels, warm_start=True, record_losses=True)
     total = 2 * len(docs)
-    learner = TreeLearner(layer, reassign_every=(total // 2) // rebuilds, algorithm="well_formed", decay=decay,
+    algorithm = "depth" if depth == "fixed" else "well_formed"
+    learner = TreeLearner(layer, reassign_every=(total // 2) // rebuilds, algorithm=algorithm, decay=decay,
                           prior=1.0, reset_moved_nodes=False, prior_mode="current_child", record_objective=False)
     reference = _sgd_reference(model, layer, docs, labels, [np.arange(len(docs))] * 2, 0.8, "constant_then_linear",
                                learner=learner, rebuilds=rebuilds)
@@ -130,6 +132,9 @@ def test_learned_tree_statistics_and_parameters_match_tree_learner(decay):
     assert [r.moved_labels for r in clf.history.rebuilds] == [r.moved_labels for r in learner.history]
     assert sum(r.moved_labels for r in learner.history) > 0  # the tree did change
     assert clf.tree == layer.tree
+    if depth == "fixed":  # 8 labels, M = 3: every label stays at depth 2
+        assert clf.tree.depth_limit == 2 and (clf.tree.depths[:8] == 2).all()
+        assert clf.start_tree == Tree.balanced(np.argsort(-np.bincount(labels, minlength=8), kind="stable"), 3)
     stats: NodeStatistics = clf.statistics
     for name in ("sum_probas", "path_counts", "label_counts"):
         np.testing.assert_allclose(getattr(stats, name).numpy(), getattr(learner.statistics, name).numpy(), atol=2e-5,
@@ -352,6 +357,7 @@ def test_hogwild_two_threads_repeated_fits():
     ({"epochs": 0}, ValueError), ({"threads": 0}, ValueError), ({"statistics": "fork"}, ValueError),
     ({"schedule": "often"}, ValueError), ({"decay": 1.5}, ValueError), ({"prior": 0.0}, ValueError),
     ({"reduce": "max"}, ValueError), ({"rebuilds": -1}, ValueError), ({"lr_schedule": "cosine"}, ValueError),
+    ({"depth": "limited"}, ValueError), ({"output": "huffman", "depth": "fixed"}, ValueError),
 ])
 def test_bad_settings_are_refused(kwargs, error):
     with pytest.raises(error):
@@ -410,3 +416,13 @@ def test_ranking_score_is_named_by_equation():
     assert FastBowClassifier(dim=4, output="learned", arity=2).score == "eq12"
     with pytest.warns(DeprecationWarning, match="score='eq10'"):
         assert FastBowClassifier(dim=4, output="learned", arity=2, wrt="p").score == "eq10"
+
+
+def test_fixed_depth_model_saves_and_loads(tmp_path):
+    """A depth-fixed learned model comes back with its setting, its tree and its predictions."""
+    docs, labels = _problem(num_docs=60, num_labels=8, seed=5)
+    clf = FastBowClassifier(dim=5, output="learned", arity=3, lr=0.5, epochs=2, threads=1, rebuilds=3,
+                            depth="fixed", seed=1).fit(docs, labels)
+    loaded = FastBowClassifier.load(clf.save(tmp_path / "model.bin"))
+    assert loaded.depth == "fixed" and loaded.tree == clf.tree and loaded.tree.depth_limit == 2
+    np.testing.assert_array_equal(loaded.predict(docs, k=2).labels, clf.predict(docs, k=2).labels)

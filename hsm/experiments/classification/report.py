@@ -13,7 +13,8 @@ from .presets import OUTPUTS
 
 __all__ = ["fast_runs", "paper_table_markdown", "table_markdown"]
 
-_MODEL_NAMES = {"flat": "Flat softmax", "huffman": "Huffman tree", "learned": "Learned tree"}
+_MODEL_NAMES = {"flat": "Flat softmax", "huffman": "Huffman tree", "learned": "Learned tree",
+                "learned_fixed_depth": "Learned tree, fixed depth"}
 
 
 def _paper_key(table: str, dim: int, model: str, arity: int | None) -> str | None:
@@ -58,7 +59,7 @@ def _gains(table: str, records: list[dict[str, Any]], common: dict[str, Any]) ->
     by = {(r["d"], r["output"]): r for r in records if not r.get("skipped")}
     gains = []
     for (dim, output), row in sorted(by.items()):
-        if not output.startswith("learned"):
+        if OUTPUTS.get(output, (None,))[0] != "learned":  # the paper's rows only
             continue
         base = by.get((dim, output.replace("learned", "huffman")))
         if base is None:
@@ -70,7 +71,7 @@ def _gains(table: str, records: list[dict[str, Any]], common: dict[str, Any]) ->
 
 
 _ROW_ORDER = ["fasttext-softmax", "vw-log_multi", "flat", "fasttext-hs", "huffman2", "huffman5", "huffman20",
-              "learned5", "learned20"]
+              "learned5", "learned20", "huffman28", "learned20-fixed-depth", "learned28-fixed-depth"]
 
 
 def _seconds(value: float | None) -> str:

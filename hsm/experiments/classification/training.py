@@ -16,7 +16,7 @@ from hsm.layers import NonFiniteInputError
 from hsm.text_models import BagOfWordsClassifier, make_bags
 
 from .data import EncodedSplit, _label_counts
-from .presets import OUTPUTS, REASSIGNS
+from .presets import LEARNED_KINDS, OUTPUTS, REASSIGNS
 
 __all__ = ["TrainedBow", "build_output_layer", "train_bow"]
 
@@ -24,7 +24,9 @@ __all__ = ["TrainedBow", "build_output_layer", "train_bow"]
 def build_output_layer(output: str, dim: int, counts: np.ndarray) -> tuple[torch.nn.Module, Tree | None]:
     """The output layer ``output`` (a key of :data:`OUTPUTS`) over ``len(counts)`` labels, zero
     initialised as fastText initialises its output matrix (so every run starts from the uniform
-    distribution); Huffman trees are built on the training label counts."""
+    distribution); Huffman trees are built on the training label counts, and a fixed-depth tree
+    (kind ``learned_fixed_depth``) is the complete M-ary tree of the smallest depth, filled with the
+    labels in order of count (:meth:`hsm.Tree.balanced`)."""
     if output not in OUTPUTS:
         raise ValueError(f"unknown output layer {output!r}; choose from {list(OUTPUTS)}")
     kind, arity = OUTPUTS[output]
@@ -35,8 +37,10 @@ def build_output_layer(output: str, dim: int, counts: np.ndarray) -> tuple[torch
             layer.linear.weight.zero_()
             layer.linear.bias.zero_()
     else:
-        # +1: a tag never seen in training still gets a (rare) leaf instead of a zero-weight tie
-        tree = Tree.huffman(counts + 1.0, arity)
+        if kind == "learned_fixed_depth":  # the most frequent labels share subtrees, as near a Huffman root
+            tree = Tree.balanced(np.argsort(-counts, kind="stable"), arity)
+        else:  # +1: a tag never seen in training still gets a (rare) leaf instead of a zero-weight tie
+            tree = Tree.huffman(counts + 1.0, arity)
         layer = HierarchicalSoftmax(dim, tree, sparse=True)
         with torch.no_grad():
             layer.weight.zero_()
@@ -127,9 +131,10 @@ def train_bow(
     layer, start_tree = build_output_layer(output, dim, _label_counts(train))
     layer = layer.to(device)
     learner = None
-    if kind == "learned":
+    if kind in LEARNED_KINDS:
         half = epochs * math.ceil(len(train) / batch_size) // 2
-        learner = TreeLearner(layer, reassign_every=max(1, half // reassigns), score="eq12", algorithm="well_formed",
+        algorithm = "depth" if kind == "learned_fixed_depth" else "well_formed"  # Algorithm 3 or 2
+        learner = TreeLearner(layer, reassign_every=max(1, half // reassigns), score="eq12", algorithm=algorithm,
                               decay=tree_decay, reset_moved_nodes=reset_moved_nodes,
                               prior_mode="current_child" if tree_prior == "sticky" else "uniform")
     params = list(model.parameters()) + list(layer.parameters())
@@ -210,12 +215,14 @@ def _train_bow_fast(train: EncodedSplit, output: str, dim: int, lr: float, epoch
         raise ValueError(f"unknown output layer {output!r}; choose from {list(OUTPUTS)}")
     kind, arity = OUTPUTS[output]
     words = int(vocab_size if vocab_size is not None else max(int(train.values.max(initial=0)) + 1, 1))
-    clf = FastBowClassifier(dim=dim, output=kind, arity=arity or 2, lr=lr, epochs=epochs, reduce=reduce,
+    fixed_depth = kind == "learned_fixed_depth"
+    clf = FastBowClassifier(dim=dim, output="learned" if fixed_depth else kind, arity=arity or 2, lr=lr,
+                            epochs=epochs, reduce=reduce, depth="fixed" if fixed_depth else "free",
                             rebuilds=reassigns, schedule=schedule, statistics=statistics, decay=tree_decay,
                             prior_mode="current_child" if tree_prior == "sticky" else "uniform",
                             reset_moved_nodes=reset_moved_nodes, threads=threads, seed=seed)
     clf.fit(train, SimpleNamespace(values=train.label_values, offsets=train.label_offsets), num_words=words,
             num_labels=train.num_labels)
-    learner = SimpleNamespace(history=clf.history.rebuilds) if kind == "learned" else None
+    learner = SimpleNamespace(history=clf.history.rebuilds) if kind in LEARNED_KINDS else None
     return TrainedBow(clf.model, clf.layer, learner, clf.start_tree, clf.history.train_seconds,
                       clf.history.epoch_loss[-1], [r.moved_labels for r in clf.history.rebuilds])
