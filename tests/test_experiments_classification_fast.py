@@ -161,3 +161,16 @@ def test_time_split_times_every_row_at_one_and_e_epochs(tmp_path):
     assert split["fixed_seconds"] + 3 * split["seconds_per_epoch"] == pytest.approx(times[3])
     with pytest.raises(ValueError, match="epochs must be >= 2"):
         CF.fast_time_split("quick", out=tmp_path / "x.json", epochs=1)
+
+
+def test_depth_limit_runs_stay_out_of_the_main_tables():
+    """The single-thread depth-limit runs repeat the Huffman and learned 20-ary rows: the main
+    tables (fast_runs) must keep their own two-thread runs, and the depth-limit table shows every row."""
+    from hsm.experiments import classification as C
+
+    main, depth = C.fast_runs("cooking", 50), C.depth_limit_runs("cooking")
+    assert "learned20-fixed-depth" not in main and set(depth) == set(C.DEPTH_LIMIT_OUTPUTS)
+    assert main["learned20"][1]["p_at_1"] != depth["learned20"][1]["p_at_1"]
+    table = C.depth_limit_markdown({"cooking": depth}).splitlines()
+    assert len(table) == 2 + len(C.DEPTH_LIMIT_OUTPUTS) and table[2].endswith("| 1.00 - 1.00 |")
+    assert all(row["expected_depth"] == 3.0 for row in depth["learned20-fixed-depth"].values())

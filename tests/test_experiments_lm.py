@@ -712,6 +712,39 @@ def test_lm_ptb_lemma31_tiny(tmp_path) -> None:
         lm.run_lm_ptb_lemma31(scale="quick", steps="3")
 
 
+# ---------------------------------------------------------------------------- the Mnih-Hinton baseline's word vectors
+
+
+def test_word_vectors_average_the_predicted_vectors_of_each_word() -> None:
+    torch.manual_seed(0)
+    model = lm.lemma31.LogBilinearLM(12, 5, 2, sparse=True)
+    contexts = torch.randint(0, 12, (50, 2))
+    targets = torch.randint(0, 10, (50,))  # words 10 and 11 never follow a context
+    got = lm.word_vectors(model, contexts, targets, 12, "predicted", batch_size=7)
+    with torch.no_grad():
+        predicted = model(contexts).double()
+    for word in range(10):
+        rows = predicted[targets == word]
+        if len(rows):
+            np.testing.assert_allclose(got[word], rows.mean(0).numpy(), rtol=1e-6, atol=1e-9)
+    embedding = model.embedding.weight.detach().double().numpy()
+    np.testing.assert_allclose(got[10:], embedding[10:])
+    np.testing.assert_allclose(lm.word_vectors(model, contexts, targets, 12, "input"), embedding)
+    with pytest.raises(ValueError, match="predicted, input"):
+        lm.word_vectors(model, contexts, targets, 12, "mean")
+
+
+@needs_mirror
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")
+def test_lm_gutenberg_mnih_hinton_tiny(tmp_path) -> None:
+    out = lm.run_lm_gutenberg_mnih_hinton(scale="quick", out=tmp_path / "m.json", word_vectors="input")
+    (record,) = json.loads(out.read_text())["records"]
+    assert record["model"] == "Mnih-Hinton tree" and record["word_vectors"] == "input"
+    assert record["value"] > 1 and record["random_tree_test_perplexity"] > 1
+    with pytest.raises(ValueError, match="unknown options"):
+        lm.run_lm_gutenberg_mnih_hinton(scale="quick", rounds="2")
+
+
 # ---------------------------------------------------------------------------- decoding against the exact arg max
 
 

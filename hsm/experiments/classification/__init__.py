@@ -57,7 +57,8 @@ from .data import (EncodedSplit, _data_slug, _label_counts, _open_count, _ragged
 from .evaluation import _precision_recall, evaluate_bow
 from .peers import _doc_tokens, _fasttext_lines, _package_version, peer_available, run_fasttext, run_vw
 from .presets import OUTPUTS, PAPER_LR_GRID, PEERS, QUICK, REASSIGNS, STAND_INS, VW_LR_GRID
-from .report import (_MODEL_NAMES, _ROW_ORDER, _describe, _gains, _paper_key, _record, _seconds, fast_runs,
+from .report import (DEPTH_LIMIT_OUTPUTS, _MODEL_NAMES, _ROW_ORDER, _describe, _gains, _paper_key, _record, _seconds,
+                     depth_limit_markdown, depth_limit_runs, fast_runs,
                      paper_table_markdown, table_markdown)
 from .table import _peer_row, _run_ours, _run_peer, _select, run_table, tree_prefix_of
 from .today import TODAY_METHODS, TodayConfig, precision_at_k, run_today, today_tools
@@ -71,6 +72,8 @@ __all__ = [
     "TodayConfig",
     "EncodedSplit",
     "author_grouping",
+    "depth_limit_markdown",
+    "depth_limit_runs",
     "encode_data",
     "evaluate_bow",
     "icml_table1",

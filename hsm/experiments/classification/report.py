@@ -7,11 +7,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from hsm.results import make_record
 
 from .presets import OUTPUTS
 
-__all__ = ["fast_runs", "paper_table_markdown", "table_markdown"]
+__all__ = ["DEPTH_LIMIT_OUTPUTS", "depth_limit_markdown", "depth_limit_runs", "fast_runs", "paper_table_markdown",
+           "table_markdown"]
 
 _MODEL_NAMES = {"flat": "Flat softmax", "huffman": "Huffman tree", "learned": "Learned tree",
                 "learned_fixed_depth": "Learned tree, fixed depth"}
@@ -132,13 +135,16 @@ def fast_runs(data: str, d: int, epochs: int = 5, root: str | Path | None = None
     """The compiled trainer's table runs of one stand-in at dimension ``d``: ``{output: {seed:
     record}}`` from ``classification/table1-<data>-fast-*.json`` under ``root`` (default: the
     committed results) trained for ``epochs`` epochs. The timing runs (``-peers-`` files) repeat
-    two tree rows of seed 0: only their fastText rows are taken. The classification chapter's
-    table and the landing page's learned-minus-Huffman verdicts both read these runs."""
+    two tree rows of seed 0: only their fastText rows are taken; the depth-limit runs (one thread,
+    :func:`depth_limit_runs`) are not among them. The classification chapter's table and the
+    landing page's learned-minus-Huffman verdicts both read these runs."""
     from hsm.results import default_results_root, load_results
 
     folder = Path(root if root is not None else default_results_root()) / "classification"
     out: dict[str, dict[int, dict]] = {}
     for path in sorted(folder.glob(f"table1-{data}-fast-*.json")):
+        if DEPTH_LIMIT_TAG in path.stem:
+            continue
         payload = load_results(path)
         config = payload["provenance"]["config"]
         if config["epochs"] != epochs:
@@ -150,3 +156,50 @@ def fast_runs(data: str, d: int, epochs: int = 5, root: str | Path | None = None
                 continue
             out.setdefault(record["output"], {})[config["seed"]] = record
     return out
+
+
+#: the file-name part of the depth-limit runs: ``table1-<data>-fast-d50-depth-limit-seed<k>.json``
+DEPTH_LIMIT_TAG = "-depth-limit-"
+#: their rows, in the order the appendix shows them
+DEPTH_LIMIT_OUTPUTS = ("huffman20", "learned20", "learned20-fixed-depth", "huffman28", "learned28-fixed-depth")
+
+
+def depth_limit_runs(data: str, root: str | Path | None = None) -> dict[str, dict[int, dict]]:
+    """``{output: {seed: record}}`` of the depth-limit runs of one stand-in (the Huffman trees, the
+    learned 20-ary tree and the learned trees of fixed depth, Algorithm 3, in one single-thread run
+    per seed, so that their test times compare)."""
+    from hsm.results import default_results_root, load_results
+
+    folder = Path(root if root is not None else default_results_root()) / "classification"
+    out: dict[str, dict[int, dict]] = {}
+    for path in sorted(folder.glob(f"table1-{data}-fast-d50{DEPTH_LIMIT_TAG}seed*.json")):
+        payload = load_results(path)
+        seed = payload["provenance"]["config"]["seed"]
+        for record in payload["records"]:
+            if record.get("model") != "gain" and not record.get("skipped"):
+                out.setdefault(record["output"], {})[seed] = record
+    return out
+
+
+def depth_limit_markdown(runs: dict[str, dict[str, dict[int, dict]]]) -> str:
+    """The depth-limit table: per stand-in and tree, P@1 over the seeds, the mean depth of the test
+    labels, the node softmaxes per test example (greedy descent, then all of the exact search) and
+    the test time over the same seed's 20-ary Huffman tree (lowest to highest over the seeds)."""
+    lines = ["| data | tree | M | P@1 mean (sd) | depth of test labels | node softmaxes: greedy / exact "
+             "| test time / Huffman M=20 |", "|---|---|---|---|---|---|---|"]
+    for data, by_output in runs.items():
+        for output in DEPTH_LIMIT_OUTPUTS:
+            seeds = by_output.get(output, {})
+            if not seeds:
+                continue
+            rows = list(seeds.values())
+            p = np.array([r["p_at_1"] for r in rows])
+            ratio = np.array([r["test_seconds"] / by_output["huffman20"][s]["test_seconds"] for s, r in seeds.items()])
+            kind, arity = OUTPUTS[output]
+            name = {"huffman": "Huffman", "learned": "learned (Algorithm 2)",
+                    "learned_fixed_depth": "learned, fixed depth (Algorithm 3)"}[kind]
+            mean = lambda key: float(np.mean([r[key] for r in rows]))  # noqa: E731
+            lines.append(f"| {data} | {name} | {arity} | {p.mean():.1f} ({p.std(ddof=1):.2f}) "
+                         f"| {mean('expected_depth'):.2f} | {mean('nodes_visited_greedy'):.1f} / "
+                         f"{mean('nodes_visited'):.1f} | {ratio.min():.2f} - {ratio.max():.2f} |")
+    return "\n".join(lines)
