@@ -13,7 +13,8 @@ represented by what that model learned of it (:func:`word_vectors`):
 The vectors go through the clustering tree's own builder (:func:`hsm.clustering.clustering_tree`:
 65² k-means clusters filled to 65 words, grouped 65 by 65), and a new model trains on that tree
 from scratch at the table's settings for the offset run's one epoch, so that it compares with the
-one-epoch random-tree and clustering-tree runs.
+one-epoch random-tree and clustering-tree runs. Its model is kept in the run folder (beside the
+random-tree model) for diagnostics that read the trained model.
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ def run_lm_gutenberg_mnih_hinton(scale: str = "quick", device: str = "cpu", out:
     log = lambda message: print(message, flush=True)  # noqa: E731
     # its own run key: a clustering tree built from other vectors than the clustering row's
     new = train_lm(corpus, replace(cfg, output="clustering", fixed_tree=f"mnih-hinton:{kind}"), tree=tree,
-                   device=device, checkpoint_dir=_run_dir(MODEL_EXPERIMENT), log=log)
+                   device=device, checkpoint_dir=_run_dir(MODEL_EXPERIMENT), log=log, keep_model=True)
     common = dict(_common_fields(corpus, sc, scale, ", no L2"), model="Mnih-Hinton tree", run="mnih-hinton",
                   word_vectors=kind, lr=new.config["lr"], epochs=new.config["epochs"], per_epoch=new.epochs,
                   wall_time_s=new.seconds, tree_seconds=tree_seconds,
