@@ -66,6 +66,28 @@ def test_learned_tree_schedule_runs_assign_labels_the_set_number_of_times_and_st
     assert result["p_at_1"] > 50  # the label's word is in every document
     assert result["nodes_visited"] >= result["nodes_visited_greedy"] >= 1
     assert result["nodes_visited_search"] >= 1
+    # the fastest of three timed passes: the same predictions and counts
+    three = C.evaluate_bow(trained, split, timing_passes=3)
+    assert {k: v for k, v in three.items() if k != "test_seconds"} == \
+        {k: v for k, v in result.items() if k != "test_seconds"}
+    with pytest.raises(ValueError, match="timing_passes"):
+        C.evaluate_bow(trained, split, timing_passes=0)
+
+
+def test_fixed_depth_output_keeps_every_label_at_its_depth_in_both_trainers():
+    """learned20-fixed-depth: Algorithm 3 from the complete tree of the labels in frequency order."""
+    rng = np.random.default_rng(2)
+    labels = [[int(l)] for l in rng.integers(0, 30, 400)]
+    docs = [[l[0], int(rng.integers(30, 40))] for l in labels]
+    split = _split(labels, 30, docs)
+    counts = np.bincount(split.label_values, minlength=30)
+    for trainer in ("torch", "fast"):
+        trained = C.train_bow(split, "learned20-fixed-depth", dim=8, lr=0.5, epochs=2, batch_size=8, reassigns=4,
+                              vocab_size=40, trainer=trainer, threads=1)
+        assert trained.start_tree == hsm.Tree.balanced(np.argsort(-counts, kind="stable"), 20), trainer
+        tree = trained.layer.tree
+        assert tree.depth_limit == 2 and (tree.depths[:30] == 2).all(), trainer
+        assert len(trained.reassign_moved) == 4, trainer
 
 
 def test_train_bow_rejects_bad_settings():

@@ -745,6 +745,36 @@ def test_lm_gutenberg_mnih_hinton_tiny(tmp_path) -> None:
         lm.run_lm_gutenberg_mnih_hinton(scale="quick", rounds="2")
 
 
+def test_node_decisions_by_depth_split_the_log_likelihood() -> None:
+    torch.manual_seed(1)
+    tree = lm.Tree.huffman(np.arange(1, 31, dtype=float), 3)  # paths of several lengths
+    layer = lm.lemma31.HierarchicalSoftmax(6, tree, sparse=True).eval()
+    hidden, targets = torch.randn(120, 6), torch.randint(0, 30, (120,))
+    rows = lm.node_decisions_by_depth(layer, hidden, targets, batch_size=17)
+    with torch.no_grad():
+        nll = -layer(hidden, targets).output.double().sum()
+    assert [r["depth"] for r in rows] == list(range(1, len(rows) + 1)) and rows[0]["words"] == 120
+    assert sum(r["nats"] * r["words"] for r in rows) == pytest.approx(float(nll), rel=1e-5)
+    # accuracy at the root: the path's first child is the root's most likely child
+    with torch.no_grad():
+        root = layer._node_logits(hidden, torch.zeros(120, 1, dtype=torch.long))[:, 0].argmax(-1)
+    first = torch.from_numpy(tree.path_children[targets.numpy(), 0])
+    assert rows[0]["accuracy"] == pytest.approx(float((root == first).double().mean()))
+
+
+@needs_mirror
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")
+def test_lm_gutenberg_node_accuracy_tiny(tmp_path) -> None:
+    out = lm.run_lm_gutenberg_node_accuracy(scale="quick", out=tmp_path / "n.json", models="random,clustering",
+                                            tokens="500")
+    records = json.loads(out.read_text())["records"]
+    assert {(r["run"], r["node_depth"]) for r in records} == {(m, d) for m in ("random", "clustering")
+                                                               for d in (1, 2, 3)}
+    assert all(0 <= r["value"] <= 1 and r["words"] == 500 for r in records)
+    with pytest.raises(ValueError, match="must be one of|choose from|unknown"):
+        lm.run_lm_gutenberg_node_accuracy(scale="quick", models="learned")
+
+
 # ---------------------------------------------------------------------------- decoding against the exact arg max
 
 

@@ -94,6 +94,8 @@ def _check_options(invocation: dict) -> None:
         assert set(options) <= {"tokens", "beams"}, options
     elif name == "lm-gutenberg-mnih-hinton":
         assert set(options) <= {"word_vectors"}, options
+    elif name == "lm-gutenberg-node-accuracy":
+        assert set(options) <= {"models", "tokens"}, options
     elif name.startswith("lm-") and name != "lm-ptb-sampling":
         from hsm.experiments.lm.commands import _scale_for
 

@@ -46,6 +46,8 @@ class TableConfig:
     statistics: str = "ours"  #: trainer="fast": "ours" or "released" (the authors' fork's policy)
     schedule: str = "first_half"  #: trainer="fast": "first_half" or "every_tokens" (the fork's)
     threads: int | None = None  #: trainer="fast": Hogwild threads (None: torch.get_num_threads())
+    #: the test time of a row is the fastest of this many passes over the test set (evaluate_bow)
+    timing_passes: int = 1
 
 
 def _config_json(config: TableConfig) -> dict[str, Any]:
@@ -87,6 +89,7 @@ _CASTS: dict[str, Callable[[str, Any], Any]] = {
     "statistics": lambda k, v: option_choice(k, v, ("ours", "released")),
     "schedule": lambda k, v: option_choice(k, v, ("first_half", "every_tokens")),
     "threads": lambda k, v: option_int(k, v, minimum=1, allow_none=True),
+    "timing_passes": lambda k, v: option_int(k, v, minimum=1),
 }
 _ALIASES = {"d": "dims", "lr": "lr_grid", "lrs": "lr_grid"}
 

@@ -167,7 +167,7 @@ def _run_ours(config: TableConfig, encoded: dict, output: str, dim: int, device:
         log(f"d={dim} {output}: {why}")
         return {"output": output, "skipped": why, "valid_p_at_1": {str(k): v for k, v in scores.items()},
                 "diverged_on_full_train": diverged}
-    result = evaluate_bow(trained, test_split, device=device)
+    result = evaluate_bow(trained, test_split, device=device, timing_passes=config.timing_passes)
     row: dict[str, Any] = {"output": output, "lr": best, "valid_p_at_1": {str(k): v for k, v in scores.items()},
                            "diverged_on_full_train": diverged, "train_seconds": trained.train_seconds, **result}
     if trained.start_tree is not None:

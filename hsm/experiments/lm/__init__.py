@@ -59,6 +59,7 @@ The package, one module per job: :mod:`.presets` (what each experiment trains on
 clustering tree's word vectors; the tree itself is :func:`hsm.clustering.clustering_tree`),
 :mod:`.tables` (every run of a table or of the ablation), :mod:`.offset` (the split and vocabulary runs and
 their per-book perplexities), :mod:`.mnih_hinton` (the thesis' simple Mnih-Hinton baseline),
+:mod:`.node_accuracy` (the node decisions' accuracy and nats at each depth),
 :mod:`.report` (result records, tables and plots for the notebooks) and :mod:`.commands` (the registered experiments and their
 options). Every name is re-exported here (``from hsm.experiments import lm; lm.train_lm``).
 """
@@ -70,8 +71,8 @@ from hsm.experiments._package import patches_reach_submodules
 from hsm.results import atomic_write
 from hsm.tree import Tree
 
-from . import (commands, config, data, decoding, embeddings, lemma31, mnih_hinton, offset, presets, report, tables,
-               training)
+from . import (commands, config, data, decoding, embeddings, lemma31, mnih_hinton, node_accuracy, offset, presets,
+               report, tables, training)
 from .commands import (_COUNT_MINIMUM, _OPTIONAL_COUNTS, _parse_options, _ptb_schedules, _run_experiment, _scale_for,
                        run_lm_gutenberg_65, run_lm_gutenberg_75, run_lm_ptb, run_lm_ptb_ablation, run_lm_ptb_schedules)
 from .config import _KEY_OPTIONAL, OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMRunResult
@@ -85,7 +86,8 @@ from .report import (_EMBEDDINGS, _MODEL_NAMES, _SLUGS, _ablation_records, _out_
                      plt_colours, read_runs, RunRecord, runs_of, table_markdown)
 from .decoding import decoder_agreement, run_lm_gutenberg_decoding
 from .lemma31 import mean_objective_by_depth, run_lm_ptb_lemma31
-from .mnih_hinton import run_lm_gutenberg_mnih_hinton, word_vectors
+from .mnih_hinton import run_lm_gutenberg_mnih_hinton, train_mnih_hinton, word_vectors
+from .node_accuracy import node_decisions_by_depth, run_lm_gutenberg_node_accuracy
 from .offset import book_genres, per_book_perplexity, run_lm_gutenberg_offset, token_nll
 from .tables import _run_dir, _table_corpus, run_ablation, run_table
 from .training import (RankedAdaptiveSoftmax, RunFiles, _add_l2, _atomic_save, _evaluate, _load_checkpoint,

@@ -30,12 +30,14 @@ from hsm.clustering import clustering_tree
 from hsm.experiments import check_device, check_scale, experiment, option_choice
 from hsm.results import check_replace, make_record
 
-from .config import LMRunConfig
+from hsm.data.lm import LMCorpus
+
+from .config import LMRunConfig, LMRunResult
 from .report import _common_fields, _out_path, _write
 from .tables import _run_dir, run_table
 from .training import RunFiles, load_trained_model, train_lm
 
-__all__ = ["WORD_VECTORS", "run_lm_gutenberg_mnih_hinton", "word_vectors"]
+__all__ = ["WORD_VECTORS", "run_lm_gutenberg_mnih_hinton", "train_mnih_hinton", "word_vectors"]
 
 #: the model it starts from is lm-gutenberg-offset's (same run folder, same presets)
 MODEL_EXPERIMENT = "lm-gutenberg-offset"
@@ -68,6 +70,25 @@ def word_vectors(model: torch.nn.Module, contexts: torch.Tensor, targets: torch.
     return sums.cpu().numpy()
 
 
+def train_mnih_hinton(corpus: LMCorpus, cfg: LMRunConfig, model: torch.nn.Module, kind: str = "predicted",
+                      device: str | torch.device = "cpu") -> tuple[LMRunResult, float]:
+    """The Mnih-Hinton tree of the trained random-tree ``model`` (:func:`word_vectors` of ``kind``,
+    then :func:`hsm.clustering.clustering_tree`) and a new model trained on it from scratch with the
+    settings ``cfg`` of the random-tree run, kept in that run's folder; resumes or reads a finished
+    run. Returns the run and the seconds spent building the tree."""
+    t0 = time.perf_counter()
+    contexts, targets = (t.to(device) for t in corpus.windows("train", cfg.context))
+    vectors = word_vectors(model, contexts, targets, corpus.vocab_size, kind)
+    del contexts, targets
+    tree = clustering_tree(vectors, cfg.arity, cfg.depth, seed=0, label_names=corpus.vocab)
+    tree_seconds = time.perf_counter() - t0
+    log = lambda message: print(message, flush=True)  # noqa: E731
+    # its own run key: a clustering tree built from other vectors than the clustering row's
+    run = train_lm(corpus, replace(cfg, output="clustering", fixed_tree=f"mnih-hinton:{kind}"), tree=tree,
+                   device=device, checkpoint_dir=_run_dir(MODEL_EXPERIMENT), log=log, keep_model=True)
+    return run, tree_seconds
+
+
 @experiment("lm-gutenberg-mnih-hinton", "The thesis' simple Mnih-Hinton baseline: cluster the words by the "
             "representations a random-tree model learned in one epoch (lm-gutenberg-offset's), then train a new "
             "model on that tree", DEFAULT_OUT)
@@ -90,15 +111,7 @@ def run_lm_gutenberg_mnih_hinton(scale: str = "quick", device: str = "cpu", out:
     corpus, run = table["corpus"], table["runs"]["random"]
     cfg = LMRunConfig(**run.config)
     model, _, _ = load_trained_model(RunFiles.in_folder(_run_dir(MODEL_EXPERIMENT), cfg, corpus).model, device)
-    t0 = time.perf_counter()
-    contexts, targets = (t.to(device) for t in corpus.windows("train", cfg.context))
-    vectors = word_vectors(model, contexts, targets, corpus.vocab_size, kind)
-    tree = clustering_tree(vectors, cfg.arity, cfg.depth, seed=0, label_names=corpus.vocab)
-    tree_seconds = time.perf_counter() - t0
-    log = lambda message: print(message, flush=True)  # noqa: E731
-    # its own run key: a clustering tree built from other vectors than the clustering row's
-    new = train_lm(corpus, replace(cfg, output="clustering", fixed_tree=f"mnih-hinton:{kind}"), tree=tree,
-                   device=device, checkpoint_dir=_run_dir(MODEL_EXPERIMENT), log=log, keep_model=True)
+    new, tree_seconds = train_mnih_hinton(corpus, cfg, model, kind, device)
     common = dict(_common_fields(corpus, sc, scale, ", no L2"), model="Mnih-Hinton tree", run="mnih-hinton",
                   word_vectors=kind, lr=new.config["lr"], epochs=new.config["epochs"], per_epoch=new.epochs,
                   wall_time_s=new.seconds, tree_seconds=tree_seconds,

@@ -1,0 +1,137 @@
+"""Which depth of the tree the perplexity is lost at (ICML §7.2's conjecture for its clustering tree:
+grouping similar words makes the decisions at the bottom of the tree hard).
+
+For every node on the path of a test word, the node's decision is scored two ways
+(:func:`node_decisions_by_depth`): its accuracy (is the path's child the most likely child?) and
+the nats it costs (``-log p(child | node, context)``; summed over the depths this is the word's
+negative log-likelihood, so the depths split the log-perplexity between them).
+
+The models are trained at the Gutenberg table's settings for one epoch (65-ary depth-3 trees, the
+table's learning rate) and kept in lm-gutenberg-offset's run folder; each is reused when it exists:
+
+- ``random``: the random tree (lm-gutenberg-offset's own run);
+- ``clustering``: the clustering tree of the table (:func:`hsm.clustering.clustering_tree` on the
+  table's word vectors: fastText at full scale);
+- ``mnih-hinton``: the tree of lm-gutenberg-mnih-hinton (words clustered by the random-tree
+  model's mean predicted vectors).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from hsm.clustering import clustering_tree
+from hsm.experiments import check_device, check_scale, experiment, option_choices, option_int
+from hsm.results import check_replace, make_record
+
+from .config import LMRunConfig
+from .embeddings import fasttext_embeddings, learn_embeddings
+from .mnih_hinton import MODEL_EXPERIMENT, train_mnih_hinton
+from .report import _common_fields, _out_path, _write
+from .tables import _run_dir, run_table
+from .training import RunFiles, load_trained_model, train_lm
+
+__all__ = ["NODE_ACCURACY_MODELS", "node_decisions_by_depth", "run_lm_gutenberg_node_accuracy"]
+
+#: the models it can score, in the order the records list them
+NODE_ACCURACY_MODELS = ("random", "clustering", "mnih-hinton")
+DEFAULT_TOKENS = {"quick": 2_000, "full": 100_000}
+DEFAULT_OUT = "results/lm/gutenberg-node-accuracy.json"
+_NAMES = {"random": "Random Tree", "clustering": "Clustering Tree", "mnih-hinton": "Mnih-Hinton tree"}
+
+
+@torch.no_grad()
+def node_decisions_by_depth(output, hidden: torch.Tensor, targets: torch.Tensor,
+                            batch_size: int = 256) -> list[dict[str, float]]:
+    """Per depth d = 1, 2, ... of the tree of ``output`` (a :class:`hsm.HierarchicalSoftmax`): the
+    share of the words ``targets`` whose node at depth d ranks the path's child first
+    (``accuracy``), the mean ``-log p(child | node)`` (``nats``) and the number of words with a
+    node at that depth (``words``)."""
+    length = int(output.path_nodes.shape[1])
+    correct, nats, words = np.zeros(length), np.zeros(length), np.zeros(length)
+    for start in range(0, len(targets), batch_size):
+        h, y = hidden[start:start + batch_size], targets[start:start + batch_size]
+        nodes, children, mask = output.path_nodes[y], output.path_children[y], output.path_mask[y]
+        log_probs = torch.log_softmax(output._node_logits(h, nodes), dim=-1)  # [B, L, M]
+        picked = log_probs.gather(-1, children.unsqueeze(-1)).squeeze(-1)  # [B, L]
+        hit = (log_probs.argmax(-1) == children) & mask
+        correct += hit.sum(0).double().numpy()
+        nats -= torch.where(mask, picked, torch.zeros_like(picked)).sum(0).double().numpy()
+        words += mask.sum(0).double().numpy()
+    return [{"depth": d + 1, "accuracy": correct[d] / words[d], "nats": nats[d] / words[d], "words": int(words[d])}
+            for d in range(length) if words[d] > 0]
+
+
+def _kept_model(name: str, corpus, cfg: LMRunConfig, sc, device) -> Path:
+    """The kept model file of ``name`` (trained first when it is missing)."""
+    folder = _run_dir(MODEL_EXPERIMENT)
+    if name == "random":
+        return RunFiles.in_folder(folder, cfg, corpus).model
+    if name == "mnih-hinton":
+        files = RunFiles.in_folder(folder, replace(cfg, output="clustering", fixed_tree="mnih-hinton:predicted"),
+                                   corpus)
+        if not files.model.exists():
+            model, _, _ = load_trained_model(RunFiles.in_folder(folder, cfg, corpus).model, device)
+            train_mnih_hinton(corpus, cfg, model, "predicted", device)
+        return files.model
+    clustering = replace(cfg, output="clustering")
+    files = RunFiles.in_folder(folder, clustering, corpus)
+    if not files.model.exists():
+        if sc.clustering_embeddings == "fasttext":
+            vectors = fasttext_embeddings(corpus, dim=50, epochs=5, loss="hs")
+        else:
+            vectors = learn_embeddings(corpus, cfg, dim=50, epochs=sc.embed_epochs, device=device)
+        tree = clustering_tree(vectors, cfg.arity, cfg.depth, seed=0, label_names=corpus.vocab,
+                               groups=sc.clustering_groups)
+        train_lm(corpus, clustering, tree=tree, device=device, checkpoint_dir=folder,
+                 log=lambda message: print(message, flush=True), keep_model=True)
+    return files.model
+
+
+@experiment("lm-gutenberg-node-accuracy", "ICML §7.2's conjecture on its clustering tree: the accuracy and the nats "
+            "of the node decisions at each depth, for one-epoch Gutenberg models on a random, a clustering and a "
+            "Mnih-Hinton tree", DEFAULT_OUT)
+def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", out: Path | None = None,
+                                   force: bool = False, **options: Any) -> Path:
+    """See the module docstring. Options: ``models`` (a subset of :data:`NODE_ACCURACY_MODELS`),
+    ``tokens`` (the first test tokens scored)."""
+    from .commands import _scale_for
+
+    start = time.perf_counter()
+    scale = check_scale(scale)
+    given, options = dict(options), dict(options)
+    models = option_choices("models", options.pop("models", ",".join(NODE_ACCURACY_MODELS)), NODE_ACCURACY_MODELS)
+    tokens = option_int("tokens", options.pop("tokens", DEFAULT_TOKENS[scale]), minimum=1)
+    if options:
+        raise ValueError(f"unknown options {sorted(options)}; known: models, tokens")
+    sc = _scale_for(MODEL_EXPERIMENT, scale, {})
+    device = check_device(device)
+    path = _out_path(out, DEFAULT_OUT)
+    check_replace(path, scale, force)
+    table = run_table(MODEL_EXPERIMENT, sc, ("random",), device, keep_models=True)
+    corpus, run = table["corpus"], table["runs"]["random"]
+    cfg = LMRunConfig(**run.config)
+    contexts, targets = (t[:tokens].to(device) for t in corpus.windows("test", cfg.context))
+    records = []
+    common = dict(_common_fields(corpus, sc, scale, ", no L2"), lr=cfg.lr, epochs=cfg.epochs,
+                  scored_tokens=int(len(targets)))
+    for name in models:
+        model, output, model_cfg = load_trained_model(_kept_model(name, corpus, cfg, sc, device), device)
+        with torch.no_grad():
+            hidden = torch.cat([model(contexts[i:i + 4096]) for i in range(0, len(targets), 4096)])
+        rows = node_decisions_by_depth(output, hidden, targets)
+        perplexity = math.exp(sum(row["nats"] * row["words"] for row in rows) / len(targets))
+        for row in rows:
+            records.append(make_record(None, row["accuracy"], measure="node_accuracy", run=name,
+                                       model=_NAMES[name], node_depth=row["depth"], nats=row["nats"], words=row["words"],
+                                       perplexity_of_scored_tokens=perplexity, **common))
+    return _write("lm-gutenberg-node-accuracy", out, DEFAULT_OUT, records, sc, scale, device,
+                  time.perf_counter() - start, None, given, None,
+                  extra_config={"model_of": MODEL_EXPERIMENT, "models": list(models), "tokens": tokens},
+                  force=force)
