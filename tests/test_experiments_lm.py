@@ -771,6 +771,10 @@ def test_lm_gutenberg_node_accuracy_tiny(tmp_path) -> None:
     assert {(r["run"], r["node_depth"]) for r in records} == {(m, d) for m in ("random", "clustering")
                                                                for d in (1, 2, 3)}
     assert all(0 <= r["value"] <= 1 and r["words"] == 500 for r in records)
+    rows = lm.node_accuracy_rows(json.loads(out.read_text()))
+    assert [r["depth"] for r in rows["clustering"]] == [1, 2, 3]
+    table = lm.node_accuracy_markdown(rows).splitlines()
+    assert len(table) == 4 and table[2].startswith("| Random Tree |")
     with pytest.raises(ValueError, match="must be one of|choose from|unknown"):
         lm.run_lm_gutenberg_node_accuracy(scale="quick", models="learned")
 

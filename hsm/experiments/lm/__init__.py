@@ -87,7 +87,8 @@ from .report import (_EMBEDDINGS, _MODEL_NAMES, _SLUGS, _ablation_records, _out_
 from .decoding import decoder_agreement, run_lm_gutenberg_decoding
 from .lemma31 import mean_objective_by_depth, run_lm_ptb_lemma31
 from .mnih_hinton import run_lm_gutenberg_mnih_hinton, train_mnih_hinton, word_vectors
-from .node_accuracy import node_decisions_by_depth, run_lm_gutenberg_node_accuracy
+from .node_accuracy import (node_accuracy_markdown, node_accuracy_rows, node_decisions_by_depth,
+                            run_lm_gutenberg_node_accuracy)
 from .offset import book_genres, per_book_perplexity, run_lm_gutenberg_offset, token_nll
 from .tables import _run_dir, _table_corpus, run_ablation, run_table
 from .training import (RankedAdaptiveSoftmax, RunFiles, _add_l2, _atomic_save, _evaluate, _load_checkpoint,

@@ -37,7 +37,8 @@ from .report import _common_fields, _out_path, _write
 from .tables import _run_dir, run_table
 from .training import RunFiles, load_trained_model, train_lm
 
-__all__ = ["NODE_ACCURACY_MODELS", "node_decisions_by_depth", "run_lm_gutenberg_node_accuracy"]
+__all__ = ["NODE_ACCURACY_MODELS", "node_accuracy_markdown", "node_accuracy_rows", "node_decisions_by_depth",
+           "run_lm_gutenberg_node_accuracy"]
 
 #: the models it can score, in the order the records list them
 NODE_ACCURACY_MODELS = ("random", "clustering", "mnih-hinton")
@@ -135,3 +136,26 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
                   time.perf_counter() - start, None, given, None,
                   extra_config={"model_of": MODEL_EXPERIMENT, "models": list(models), "tokens": tokens},
                   force=force)
+
+
+# ------------------------------------------------------------------------------------------- reading the results
+def node_accuracy_rows(payload: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """``{run: [{depth, accuracy, nats, words, perplexity}, ...]}`` from a result file of this experiment,
+    depths in order; ``perplexity`` is the model's on the scored tokens."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in payload["records"]:
+        out.setdefault(r["run"], []).append({"depth": r["node_depth"], "accuracy": r["value"], "nats": r["nats"],
+                                             "words": r["words"], "perplexity": r["perplexity_of_scored_tokens"]})
+    return {run: sorted(rows, key=lambda row: row["depth"]) for run, rows in out.items()}
+
+
+def node_accuracy_markdown(rows: dict[str, list[dict[str, Any]]]) -> str:
+    """One line per model: the accuracy and the nats of its node decisions at each depth, and its
+    perplexity on the scored tokens."""
+    depths = max(len(r) for r in rows.values())
+    head = " | ".join(f"depth {d + 1}: accuracy, nats" for d in range(depths))
+    lines = [f"| tree | {head} | perplexity |", "|---" * (depths + 2) + "|"]
+    for run, by_depth in rows.items():
+        cells = " | ".join(f"{100 * r['accuracy']:.1f} %, {r['nats']:.2f}" for r in by_depth)
+        lines.append(f"| {_NAMES[run]} | {cells} | {by_depth[0]['perplexity']:.1f} |")
+    return "\n".join(lines)
