@@ -197,8 +197,7 @@ def depth_limit_markdown(runs: dict[str, dict[str, dict[int, dict]]]) -> str:
             p = np.array([r["p_at_1"] for r in rows])
             ratio = np.array([r["test_seconds"] / by_output["huffman20"][s]["test_seconds"] for s, r in seeds.items()])
             kind, arity = OUTPUTS[output]
-            name = {"huffman": "Huffman", "learned": "learned (Algorithm 2)",
-                    "learned_fixed_depth": "learned, fixed depth (Algorithm 3)"}[kind]
+            name = {"huffman": "Huffman", "learned": "learned, Alg. 2", "learned_fixed_depth": "fixed depth, Alg. 3"}[kind]
             mean = lambda key: float(np.mean([r[key] for r in rows]))  # noqa: E731
             lines.append(f"| {data} | {name} | {arity} | {p.mean():.1f} ({p.std(ddof=1):.2f}) "
                          f"| {mean('expected_depth'):.2f} ({max(r['tree_max_depth'] for r in rows)}) "
