@@ -1,7 +1,8 @@
 """Which depth of the tree the perplexity is lost at (ICML §7.2's conjecture for its clustering tree:
 grouping similar words makes the decisions at the bottom of the tree hard).
 
-For every node on the path of a test word, the node's decision is scored two ways
+For every node on the path of a test word (``tokens`` of them, evenly spaced over the test split),
+the node's decision is scored two ways
 (:func:`node_decisions_by_depth`): its accuracy (is the path's child the most likely child?) and
 the nats it costs (``-log p(child | node, context)``; summed over the depths this is the word's
 negative log-likelihood, so the depths split the log-perplexity between them).
@@ -101,7 +102,7 @@ def _kept_model(name: str, corpus, cfg: LMRunConfig, sc, device) -> Path:
 def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", out: Path | None = None,
                                    force: bool = False, **options: Any) -> Path:
     """See the module docstring. Options: ``models`` (a subset of :data:`NODE_ACCURACY_MODELS`),
-    ``tokens`` (the first test tokens scored)."""
+    ``tokens`` (how many test tokens are scored, evenly spaced over the test split)."""
     from .commands import _scale_for
 
     start = time.perf_counter()
@@ -118,7 +119,10 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
     table = run_table(MODEL_EXPERIMENT, sc, ("random",), device, keep_models=True)
     corpus, run = table["corpus"], table["runs"]["random"]
     cfg = LMRunConfig(**run.config)
-    contexts, targets = (t[:tokens].to(device) for t in corpus.windows("test", cfg.context))
+    contexts, targets = corpus.windows("test", cfg.context)
+    # evenly spaced over the whole test split: its first tokens would all come from one or two books
+    pick = torch.from_numpy(np.unique(np.linspace(0, len(targets) - 1, min(tokens, len(targets))).astype(np.int64)))
+    contexts, targets = contexts[pick].to(device), targets[pick].to(device)
     records = []
     common = dict(_common_fields(corpus, sc, scale, ", no L2"), lr=cfg.lr, epochs=cfg.epochs,
                   scored_tokens=int(len(targets)))
