@@ -72,8 +72,6 @@ __all__ = [
     "TodayConfig",
     "EncodedSplit",
     "author_grouping",
-    "depth_limit_markdown",
-    "depth_limit_runs",
     "encode_data",
     "evaluate_bow",
     "icml_table1",
