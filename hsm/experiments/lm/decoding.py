@@ -23,16 +23,12 @@ import torch
 from hsm.experiments import check_device, check_scale, experiment, option_int, option_ints
 from hsm.results import check_replace, make_record
 
-from .config import LMRunConfig
-from .presets import DEFAULT_OUT, SCALES
+from .offset import OFFSET_EXPERIMENT, kept_random_run
 from .report import _common_fields, _out_path, _write
-from .tables import _run_dir, run_table
-from .training import RunFiles, load_trained_model
+from .training import load_trained_model
 
 __all__ = ["decoder_agreement", "run_lm_gutenberg_decoding"]
 
-#: the model it reads is lm-gutenberg-offset's (same run folder, same presets)
-MODEL_EXPERIMENT = "lm-gutenberg-offset"
 DEFAULT_TOKENS = {"quick": 2_000, "full": 100_000}
 
 
@@ -92,14 +88,12 @@ def run_lm_gutenberg_decoding(scale: str = "quick", device: str = "cpu", out: Pa
     beams = option_ints("beams", options.pop("beams", "1,2,5,10"), minimum=1)
     if options:
         raise ValueError(f"unknown options {sorted(options)}; known: beams, tokens")
-    sc = _scale_for(MODEL_EXPERIMENT, scale, {})
+    sc = _scale_for(OFFSET_EXPERIMENT, scale, {})
     device = check_device(device)
     path = _out_path(out, "results/lm/gutenberg-decoding.json")
     check_replace(path, scale, force)
-    table = run_table(MODEL_EXPERIMENT, sc, ("random",), device, keep_models=True)
-    corpus, run = table["corpus"], table["runs"]["random"]
-    cfg = LMRunConfig(**run.config)
-    model, output, _ = load_trained_model(RunFiles.in_folder(_run_dir(MODEL_EXPERIMENT), cfg, corpus).model, device)
+    corpus, run, cfg, files = kept_random_run(sc, device)
+    model, output, _ = load_trained_model(files.model, device)
     contexts, targets = (t[:tokens].to(device) for t in corpus.windows("test", cfg.context))
     with torch.no_grad():
         hidden = torch.cat([model(contexts[i:i + 4096]) for i in range(0, len(targets), 4096)])
@@ -113,4 +107,4 @@ def run_lm_gutenberg_decoding(scale: str = "quick", device: str = "cpu", out: Pa
                for name, row in rows.items()]
     return _write("lm-gutenberg-decoding", out, "results/lm/gutenberg-decoding.json", records, sc, scale, device,
                   time.perf_counter() - start, None, given, run.seconds,
-                  extra_config={"model_of": MODEL_EXPERIMENT, "tokens": tokens, "beams": list(beams)}, force=force)
+                  extra_config={"model_of": OFFSET_EXPERIMENT, "tokens": tokens, "beams": list(beams)}, force=force)

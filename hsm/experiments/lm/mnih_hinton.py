@@ -33,14 +33,13 @@ from hsm.results import check_replace, make_record
 from hsm.data.lm import LMCorpus
 
 from .config import LMRunConfig, LMRunResult
+from .offset import OFFSET_EXPERIMENT, kept_random_run
 from .report import _common_fields, _out_path, _write
-from .tables import _run_dir, run_table
-from .training import RunFiles, load_trained_model, train_lm
+from .tables import _run_dir
+from .training import load_trained_model, train_lm
 
 __all__ = ["WORD_VECTORS", "run_lm_gutenberg_mnih_hinton", "train_mnih_hinton", "word_vectors"]
 
-#: the model it starts from is lm-gutenberg-offset's (same run folder, same presets)
-MODEL_EXPERIMENT = "lm-gutenberg-offset"
 #: how a word is represented for the clustering (see the module docstring)
 WORD_VECTORS = ("predicted", "input")
 DEFAULT_OUT = "results/lm/gutenberg-mnih-hinton.json"
@@ -85,7 +84,7 @@ def train_mnih_hinton(corpus: LMCorpus, cfg: LMRunConfig, model: torch.nn.Module
     log = lambda message: print(message, flush=True)  # noqa: E731
     # its own run key: a clustering tree built from other vectors than the clustering row's
     run = train_lm(corpus, replace(cfg, output="clustering", fixed_tree=f"mnih-hinton:{kind}"), tree=tree,
-                   device=device, checkpoint_dir=_run_dir(MODEL_EXPERIMENT), log=log, keep_model=True)
+                   device=device, checkpoint_dir=_run_dir(OFFSET_EXPERIMENT), log=log, keep_model=True)
     return run, tree_seconds
 
 
@@ -103,14 +102,12 @@ def run_lm_gutenberg_mnih_hinton(scale: str = "quick", device: str = "cpu", out:
     kind = option_choice("word_vectors", options.pop("word_vectors", "predicted"), WORD_VECTORS)
     if options:
         raise ValueError(f"unknown options {sorted(options)}; known: word_vectors")
-    sc = _scale_for(MODEL_EXPERIMENT, scale, {})
+    sc = _scale_for(OFFSET_EXPERIMENT, scale, {})
     device = check_device(device)
     path = _out_path(out, DEFAULT_OUT)
     check_replace(path, scale, force)
-    table = run_table(MODEL_EXPERIMENT, sc, ("random",), device, keep_models=True)
-    corpus, run = table["corpus"], table["runs"]["random"]
-    cfg = LMRunConfig(**run.config)
-    model, _, _ = load_trained_model(RunFiles.in_folder(_run_dir(MODEL_EXPERIMENT), cfg, corpus).model, device)
+    corpus, run, cfg, files = kept_random_run(sc, device)
+    model, _, _ = load_trained_model(files.model, device)
     new, tree_seconds = train_mnih_hinton(corpus, cfg, model, kind, device)
     common = dict(_common_fields(corpus, sc, scale, ", no L2"), model="Mnih-Hinton tree", run="mnih-hinton",
                   word_vectors=kind, lr=new.config["lr"], epochs=new.config["epochs"], per_epoch=new.epochs,
@@ -121,4 +118,4 @@ def run_lm_gutenberg_mnih_hinton(scale: str = "quick", device: str = "cpu", out:
                            valid_perplexity=new.valid_perplexity, **common)]
     return _write("lm-gutenberg-mnih-hinton", out, DEFAULT_OUT, records, sc, scale, device,
                   time.perf_counter() - start, None, given, run.seconds + new.seconds,
-                  extra_config={"model_of": MODEL_EXPERIMENT, "word_vectors": kind}, force=force)
+                  extra_config={"model_of": OFFSET_EXPERIMENT, "word_vectors": kind}, force=force)

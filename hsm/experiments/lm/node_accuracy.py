@@ -27,15 +27,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm.clustering import clustering_tree
 from hsm.experiments import check_device, check_scale, experiment, option_choices, option_int
 from hsm.results import check_replace, make_record
 
 from .config import LMRunConfig
-from .embeddings import fasttext_embeddings, learn_embeddings
-from .mnih_hinton import MODEL_EXPERIMENT, train_mnih_hinton
+from .mnih_hinton import train_mnih_hinton
+from .offset import OFFSET_EXPERIMENT, kept_random_run
 from .report import _common_fields, _out_path, _write
-from .tables import _run_dir, run_table
+from .tables import _run_dir, table_clustering_tree
 from .training import RunFiles, load_trained_model, train_lm
 
 __all__ = ["NODE_ACCURACY_MODELS", "node_accuracy_markdown", "node_accuracy_rows", "node_decisions_by_depth",
@@ -70,30 +69,25 @@ def node_decisions_by_depth(output, hidden: torch.Tensor, targets: torch.Tensor,
             for d in range(length) if words[d] > 0]
 
 
-def _kept_model(name: str, corpus, cfg: LMRunConfig, sc, device) -> Path:
-    """The kept model file of ``name`` (trained first when it is missing)."""
-    folder = _run_dir(MODEL_EXPERIMENT)
+def _kept_model(name: str, corpus, cfg: LMRunConfig, files: RunFiles, sc, device) -> Path:
+    """The kept model file of ``name`` (trained first when it is missing); ``cfg`` and ``files``
+    are the random-tree run's (:func:`~.offset.kept_random_run`)."""
     if name == "random":
-        return RunFiles.in_folder(folder, cfg, corpus).model
-    if name == "mnih-hinton":
-        files = RunFiles.in_folder(folder, replace(cfg, output="clustering", fixed_tree="mnih-hinton:predicted"),
-                                   corpus)
-        if not files.model.exists():
-            model, _, _ = load_trained_model(RunFiles.in_folder(folder, cfg, corpus).model, device)
-            train_mnih_hinton(corpus, cfg, model, "predicted", device)
         return files.model
+    folder = _run_dir(OFFSET_EXPERIMENT)
+    if name == "mnih-hinton":
+        kept = RunFiles.in_folder(folder, replace(cfg, output="clustering", fixed_tree="mnih-hinton:predicted"),
+                                  corpus)
+        if not kept.model.exists():
+            model, _, _ = load_trained_model(files.model, device)
+            train_mnih_hinton(corpus, cfg, model, "predicted", device)
+        return kept.model
     clustering = replace(cfg, output="clustering")
-    files = RunFiles.in_folder(folder, clustering, corpus)
-    if not files.model.exists():
-        if sc.clustering_embeddings == "fasttext":
-            vectors = fasttext_embeddings(corpus, dim=50, epochs=5, loss="hs")
-        else:
-            vectors = learn_embeddings(corpus, cfg, dim=50, epochs=sc.embed_epochs, device=device)
-        tree = clustering_tree(vectors, cfg.arity, cfg.depth, seed=0, label_names=corpus.vocab,
-                               groups=sc.clustering_groups)
-        train_lm(corpus, clustering, tree=tree, device=device, checkpoint_dir=folder,
-                 log=lambda message: print(message, flush=True), keep_model=True)
-    return files.model
+    kept = RunFiles.in_folder(folder, clustering, corpus)
+    if not kept.model.exists():
+        train_lm(corpus, clustering, tree=table_clustering_tree(corpus, sc, cfg, device), device=device,
+                 checkpoint_dir=folder, log=lambda message: print(message, flush=True), keep_model=True)
+    return kept.model
 
 
 @experiment("lm-gutenberg-node-accuracy", "ICML §7.2's conjecture on its clustering tree: the accuracy and the nats "
@@ -112,13 +106,11 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
     tokens = option_int("tokens", options.pop("tokens", DEFAULT_TOKENS[scale]), minimum=1)
     if options:
         raise ValueError(f"unknown options {sorted(options)}; known: models, tokens")
-    sc = _scale_for(MODEL_EXPERIMENT, scale, {})
+    sc = _scale_for(OFFSET_EXPERIMENT, scale, {})
     device = check_device(device)
     path = _out_path(out, DEFAULT_OUT)
     check_replace(path, scale, force)
-    table = run_table(MODEL_EXPERIMENT, sc, ("random",), device, keep_models=True)
-    corpus, run = table["corpus"], table["runs"]["random"]
-    cfg = LMRunConfig(**run.config)
+    corpus, _, cfg, files = kept_random_run(sc, device)
     contexts, targets = corpus.windows("test", cfg.context)
     # evenly spaced over the whole test split: its first tokens would all come from one or two books
     pick = torch.from_numpy(np.unique(np.linspace(0, len(targets) - 1, min(tokens, len(targets))).astype(np.int64)))
@@ -127,7 +119,7 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
     common = dict(_common_fields(corpus, sc, scale, ", no L2"), lr=cfg.lr, epochs=cfg.epochs,
                   scored_tokens=int(len(targets)))
     for name in models:
-        model, output, model_cfg = load_trained_model(_kept_model(name, corpus, cfg, sc, device), device)
+        model, output, model_cfg = load_trained_model(_kept_model(name, corpus, cfg, files, sc, device), device)
         with torch.no_grad():
             hidden = torch.cat([model(contexts[i:i + 4096]) for i in range(0, len(targets), 4096)])
         rows = node_decisions_by_depth(output, hidden, targets)
@@ -138,7 +130,7 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
                                        perplexity_of_scored_tokens=perplexity, **common))
     return _write("lm-gutenberg-node-accuracy", out, DEFAULT_OUT, records, sc, scale, device,
                   time.perf_counter() - start, None, given, None,
-                  extra_config={"model_of": MODEL_EXPERIMENT, "models": list(models), "tokens": tokens},
+                  extra_config={"model_of": OFFSET_EXPERIMENT, "models": list(models), "tokens": tokens},
                   force=force)
 
 

@@ -28,14 +28,17 @@ from hsm.data.lm import LMCorpus
 from hsm.experiments import check_device, check_scale, experiment
 from hsm.results import check_replace, make_record
 
-from .config import LMRunConfig
-from .presets import DEFAULT_OUT
+from .config import LMRunConfig, LMRunResult
+from .presets import DEFAULT_OUT, LMScale
 from .report import _common_fields, _out_path, _write
 from .tables import _run_dir, run_table
 from .training import RunFiles, load_trained_model
 
-__all__ = ["book_genres", "per_book_perplexity", "run_lm_gutenberg_offset", "token_nll"]
+__all__ = ["OFFSET_EXPERIMENT", "book_genres", "kept_random_run", "per_book_perplexity", "run_lm_gutenberg_offset",
+           "token_nll"]
 
+#: the experiment whose kept random-tree model the Gutenberg diagnostics read (decoding, Mnih-Hinton, node decisions)
+OFFSET_EXPERIMENT = "lm-gutenberg-offset"
 #: the genre file's name under ``hsm/data/resources``
 GENRES_FILE = "gutenberg-genres.tsv"
 
@@ -54,6 +57,16 @@ def book_genres() -> dict[str, str]:
             path, genre = line.split("\t")
             genres[path] = genre
     return genres
+
+
+def kept_random_run(sc: LMScale, device: str) -> tuple[LMCorpus, LMRunResult, LMRunConfig, RunFiles]:
+    """lm-gutenberg-offset's random-tree run at scale ``sc`` (trained, its model kept, when it is
+    not in the run folder yet; read when it is): its corpus, run, configuration and files (the kept
+    model is ``files.model``)."""
+    table = run_table(OFFSET_EXPERIMENT, sc, ("random",), device, keep_models=True)
+    corpus, run = table["corpus"], table["runs"]["random"]
+    cfg = LMRunConfig(**run.config)
+    return corpus, run, cfg, RunFiles.in_folder(_run_dir(OFFSET_EXPERIMENT), cfg, corpus)
 
 
 @torch.no_grad()
@@ -142,15 +155,12 @@ def run_lm_gutenberg_offset(scale: str = "quick", device: str = "cpu", out: Path
     from .commands import _scale_for
 
     start = time.perf_counter()
-    name = "lm-gutenberg-offset"
+    name = OFFSET_EXPERIMENT
     sc = _scale_for(name, check_scale(scale), options)
     device = check_device(device)
     path = _out_path(out, DEFAULT_OUT[name])
     check_replace(path, scale, force)
-    table = run_table(name, sc, ("random",), device, keep_models=True)
-    corpus, run = table["corpus"], table["runs"]["random"]
-    cfg = LMRunConfig(**run.config)
-    files = RunFiles.in_folder(_run_dir(name), cfg, corpus)
+    corpus, run, cfg, files = kept_random_run(sc, device)
     model, output, _ = load_trained_model(files.model, device)
     t0 = time.perf_counter()
     contexts, targets = (t.to(device) for t in corpus.windows("test", cfg.context))

@@ -22,7 +22,7 @@ from .embeddings import fasttext_embeddings, learn_embeddings
 from .presets import ABLATION_VARIANTS, RUN_FOLDER, LMScale, _ablation_changes
 from .training import _select_lr, train_lm
 
-__all__ = ["run_ablation", "run_table"]
+__all__ = ["run_ablation", "run_table", "table_clustering_tree"]
 
 
 def _run_dir(experiment_name: str) -> Path:
@@ -49,6 +49,17 @@ def split_options(sc: LMScale) -> dict[str, Any]:
     """The Gutenberg split and vocabulary fields of ``sc`` (for :func:`load_lm_corpus`)."""
     return {"split": sc.split, "split_seed": sc.split_seed, "chunk_tokens": sc.chunk_tokens,
             "min_count": sc.min_count}
+
+
+def table_clustering_tree(corpus: LMCorpus, sc: LMScale, cfg: LMRunConfig, device) -> Tree:
+    """The clustering row's tree at scale ``sc``: 50-dimensional word vectors (fastText, or our
+    log-bilinear model trained with ``cfg``'s settings for ``sc.embed_epochs``) grouped by
+    :func:`hsm.clustering.clustering_tree` into an ``sc.arity``-ary depth-3 tree."""
+    if sc.clustering_embeddings == "fasttext":
+        vectors = fasttext_embeddings(corpus, dim=50, epochs=5, loss="hs")
+    else:
+        vectors = learn_embeddings(corpus, cfg, dim=50, epochs=sc.embed_epochs, device=device)
+    return clustering_tree(vectors, sc.arity, 3, seed=0, label_names=corpus.vocab, groups=sc.clustering_groups)
 
 
 def run_table(
@@ -100,11 +111,7 @@ def run_table(
         selection["random_seeds"] = list(seeds)
         selection["random_seed_seconds"] = [c.seconds for c in candidates]
     if "clustering" in outputs:
-        if sc.clustering_embeddings == "fasttext":
-            emb = fasttext_embeddings(corpus, dim=50, epochs=5, loss="hs")
-        else:
-            emb = learn_embeddings(corpus, replace(base, lr=tree_lr), dim=50, epochs=sc.embed_epochs, device=device)
-        tree = clustering_tree(emb, sc.arity, 3, seed=0, label_names=corpus.vocab, groups=sc.clustering_groups)
+        tree = table_clustering_tree(corpus, sc, replace(base, lr=tree_lr), device)
         # another tree from the same configuration needs its own run key
         variant = None if sc.clustering_groups == "kmeans" else f"clustering:groups={sc.clustering_groups}"
         runs["clustering"] = train_lm(corpus, replace(base, output="clustering", lr=tree_lr, fixed_tree=variant),
