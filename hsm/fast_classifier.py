@@ -93,7 +93,7 @@ from .statistics import NodeStatistics
 from .text_models import BagOfWordsClassifier
 from .tree import Tree, check_integer
 
-__all__ = ["FastBowClassifier", "FitHistory", "Prediction", "ReleasedStatistics", "as_ragged"]
+__all__ = ["FastBowClassifier", "FitHistory", "Prediction", "ReleasedStatistics", "as_ragged", "fixed_depth_start"]
 
 # ---------------------------------------------------------------------------------------------- kernels
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
@@ -330,6 +330,14 @@ def _check_inferred_size(ids: np.ndarray, size: int, what: str, option: str) -> 
         raise ValueError(f"the largest {what} id {size - 1} would size the model for {size:,} {what}s, but only "
                          f"{distinct:,} distinct {what} ids appear: renumber them 0..{distinct - 1} "
                          f"(np.unique(ids, return_inverse=True)), or pass {option}={size} if you mean it")
+
+
+def fixed_depth_start(counts: np.ndarray, arity: int) -> Tree:
+    """Algorithm 3's starting tree for labels with training ``counts``: the complete ``arity``-ary
+    tree of the smallest depth D with ``arity**D >= K``, filled with the labels in order of count
+    (:meth:`hsm.Tree.balanced`), so that the most frequent labels share subtrees, as they do near a
+    Huffman root."""
+    return Tree.balanced(np.argsort(-np.asarray(counts), kind="stable"), arity)
 
 
 def model_bytes(num_words: int, num_labels: int, dim: int, arity: int, output: str) -> int:
@@ -708,8 +716,8 @@ class FastBowClassifier:
         if self.output == "flat":
             self.start_tree = None
             return model, FlatSoftmax(self.dim, counts.size, bias=self.bias)
-        if self.depth == "fixed":  # the most frequent labels share subtrees, as they do near a Huffman root
-            self.start_tree = Tree.balanced(np.argsort(-counts, kind="stable"), self.arity)
+        if self.depth == "fixed":
+            self.start_tree = fixed_depth_start(counts, self.arity)
         else:
             self.start_tree = Tree.huffman(counts + 1.0, self.arity)
         return model, HierarchicalSoftmax(self.dim, self.start_tree, bias=self.bias, sparse=True)

@@ -12,6 +12,7 @@ import torch
 
 from hsm import FlatSoftmax, HierarchicalSoftmax, RowSparseSGD, Tree, TreeLearner
 from hsm.config import seed_everything
+from hsm.fast_classifier import fixed_depth_start
 from hsm.layers import NonFiniteInputError
 from hsm.text_models import BagOfWordsClassifier, make_bags
 
@@ -25,8 +26,8 @@ def build_output_layer(output: str, dim: int, counts: np.ndarray) -> tuple[torch
     """The output layer ``output`` (a key of :data:`OUTPUTS`) over ``len(counts)`` labels, zero
     initialised as fastText initialises its output matrix (so every run starts from the uniform
     distribution); Huffman trees are built on the training label counts, and a fixed-depth tree
-    (kind ``learned_fixed_depth``) is the complete M-ary tree of the smallest depth, filled with the
-    labels in order of count (:meth:`hsm.Tree.balanced`)."""
+    (kind ``learned_fixed_depth``) is :func:`hsm.fast_classifier.fixed_depth_start`, the compiled
+    trainer's own start."""
     if output not in OUTPUTS:
         raise ValueError(f"unknown output layer {output!r}; choose from {list(OUTPUTS)}")
     kind, arity = OUTPUTS[output]
@@ -37,8 +38,8 @@ def build_output_layer(output: str, dim: int, counts: np.ndarray) -> tuple[torch
             layer.linear.weight.zero_()
             layer.linear.bias.zero_()
     else:
-        if kind == "learned_fixed_depth":  # the most frequent labels share subtrees, as near a Huffman root
-            tree = Tree.balanced(np.argsort(-counts, kind="stable"), arity)
+        if kind == "learned_fixed_depth":
+            tree = fixed_depth_start(counts, arity)
         else:  # +1: a tag never seen in training still gets a (rare) leaf instead of a zero-weight tie
             tree = Tree.huffman(counts + 1.0, arity)
         layer = HierarchicalSoftmax(dim, tree, sparse=True)
