@@ -396,5 +396,8 @@ def test_headline_file_is_the_complete_standin_run_with_the_largest_budget(tmp_p
     assert E.headline_file("r8", tmp_path).name == "r8-full-ft300-5ep.json"
     result("r8-full-ft300-40ep.json", 40)
     assert E.headline_file("r8", tmp_path).name == "r8-full-ft300-40ep.json"
+    assert E.headline_file("r8", tmp_path, embeddings="random").name == "r8-full-random300-40ep.json"
     with pytest.raises(ValueError, match="data must be one of"):
         E.headline_file("imdb", tmp_path)
+    with pytest.raises(ValueError, match="embeddings must be one of"):
+        E.headline_file("r8", tmp_path, embeddings="glove")

@@ -636,18 +636,22 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
     return path
 
 
-def headline_file(data: str, root: Path | str | None = None) -> Path | None:
+def headline_file(data: str, root: Path | str | None = None, embeddings: str = "fasttext") -> Path | None:
     """The result file that stands for ``data``'s table at the paper's scale: among the complete
     full-path files with the GloVe stand-ins (``<root>/taxonomy/<data>-full-ft*.json``), the one with
-    the largest epoch budget; None when there is none yet. ``root``: the results folder
-    (default :func:`hsm.results.default_results_root`)."""
+    the largest epoch budget; None when there is none yet. ``embeddings="random"`` gives the
+    random-init lower reference the same way (``<data>-full-random*.json``). ``root``: the results
+    folder (default :func:`hsm.results.default_results_root`)."""
     from hsm.results import default_results_root, load_results
 
     if data not in DATASETS:
         raise ValueError(f"data must be one of {sorted(DATASETS)}, got {data!r}")
+    patterns = {"fasttext": "ft", "random": "random"}
+    if embeddings not in patterns:
+        raise ValueError(f"embeddings must be one of {sorted(patterns)}, got {embeddings!r}")
     folder = (default_results_root() if root is None else Path(root)) / "taxonomy"
     best: tuple[int, Path] | None = None
-    for path in sorted(folder.glob(f"{data}-full-ft*.json")):
+    for path in sorted(folder.glob(f"{data}-full-{patterns[embeddings]}*.json")):
         cfg = load_results(path)["provenance"]["config"]
         if cfg.get("complete", True) and (best is None or cfg["max_epochs"] > best[0]):
             best = (cfg["max_epochs"], path)
