@@ -433,6 +433,16 @@ def test_fasttext_embeddings_one_row_per_word_and_cached(monkeypatch) -> None:
     assert tree.num_labels == 30
 
 
+def test_fasttext_embeddings_with_character_ngrams_are_cached_apart(monkeypatch) -> None:
+    pytest.importorskip("fasttext")
+    corpus = _toy_corpus(vocab=30, tokens=4000)
+    words = lm.fasttext_embeddings(corpus, dim=8, epochs=1, threads=1)
+    ngrams = lm.fasttext_embeddings(corpus, dim=8, epochs=1, threads=1, char_ngrams=(3, 6))
+    assert ngrams.shape == words.shape and not np.array_equal(ngrams, words)
+    with pytest.raises(ValueError, match="char_ngrams"):
+        lm.fasttext_embeddings(corpus, dim=8, epochs=1, threads=1, char_ngrams=(4, 2))
+
+
 def test_fasttext_embeddings_refuse_words_fasttext_would_split() -> None:
     pytest.importorskip("fasttext")
     corpus = _toy_corpus(vocab=30, tokens=500)
@@ -674,6 +684,18 @@ def test_a_clustering_tree_grouped_at_random_is_its_own_run(tmp_path) -> None:
     assert "clustering_groups=random" in other["provenance"]["hsm_scale"]
     with pytest.raises(ValueError, match="clustering_groups"):
         lm.run_lm_gutenberg_65(scale="quick", clustering_groups="nearest")
+
+
+def test_each_clustering_tree_variant_has_its_own_run_key() -> None:
+    from hsm.experiments.lm.tables import clustering_variant
+
+    sc = lm.SCALES["lm-gutenberg-65"]["full"]
+    assert clustering_variant(sc) is None  # the table's own tree: the committed runs' key
+    assert clustering_variant(replace(sc, clustering_groups="random")) == "clustering:groups=random"
+    assert (clustering_variant(replace(sc, clustering_embeddings="fasttext-ngrams"))
+            == "clustering:embeddings=fasttext-ngrams")
+    assert (clustering_variant(replace(sc, clustering_groups="random", clustering_embeddings="fasttext-ngrams"))
+            == "clustering:groups=random,embeddings=fasttext-ngrams")
 
 
 # ---------------------------------------------------------------------------- thesis Lemma 3.1, measured

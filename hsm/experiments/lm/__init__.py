@@ -12,7 +12,8 @@ output layers behind one interface:
   k-means over the centroids into M groups of M clusters (same greedy fill). The embeddings are
   fastText's, as the paper's (5 epochs, hierarchical-softmax loss; the optional ``hsm[baselines]``
   extra); ``-o clustering_embeddings=lbl`` learns them with our own log-bilinear model (d = 50,
-  random-tree HSM) on the same training data instead, as the quick scale does;
+  random-tree HSM) on the same training data instead, as the quick scale does, and
+  ``-o clustering_embeddings=fasttext-ngrams`` adds fastText's character n-grams (3-6 characters);
 * ``learned``: Algorithm 1 (:class:`hsm.TreeLearner`) with Algorithm 3 (depth constraint) and the
   log-likelihood ranking of eq. 12, starting from a random tree, re-assigning 20 times per epoch
   (arXiv) or 50 times (ICML) while the tree is learned, then fine-tuning with the tree fixed.

@@ -39,7 +39,7 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
         elif key == "description":
             out[key] = str(value)
         elif key == "clustering_embeddings":
-            out[key] = option_choice(key, value, ("fasttext", "lbl"))
+            out[key] = option_choice(key, value, ("fasttext", "fasttext-ngrams", "lbl"))
         elif key == "clustering_groups":
             out[key] = option_choice(key, value, ("kmeans", "random"))
         elif key == "split":
@@ -107,7 +107,7 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
     else:
         paper_data = (sc.max_books is None and sc.vocab_size in (None, 250_000) and sc.train_tokens is None
                       and (sc.split, sc.split_seed, sc.min_count) == ("books", None, 1)
-                      and sc.clustering_groups == "kmeans")
+                      and sc.clustering_groups == "kmeans" and sc.clustering_embeddings == "fasttext")
     selection = table["selection"]
     # training time of every run this result rests on (runs finished earlier are loaded from the
     # run folder, so this invocation's wall time can be much shorter)

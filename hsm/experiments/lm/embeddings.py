@@ -48,7 +48,7 @@ def learn_embeddings(corpus: LMCorpus, cfg: LMRunConfig, dim: int = 50, epochs: 
 
 
 def fasttext_embeddings(corpus: LMCorpus, dim: int = 50, epochs: int = 5, loss: str = "hs",
-                        threads: int | None = None) -> np.ndarray:
+                        threads: int | None = None, char_ngrams: tuple[int, int] | None = None) -> np.ndarray:
     """Word vectors of dimension ``dim`` from fastText (``fasttext-wheel``) trained on the
     training split, one row per vocabulary word: the clustering tree's embeddings as ICML §7.2
     builds them ("FastTree", 5 epochs, hierarchical-softmax loss).
@@ -56,6 +56,9 @@ def fasttext_embeddings(corpus: LMCorpus, dim: int = 50, epochs: int = 5, loss: 
     The paper does not say which fastText model; we use skip-gram (fastText's unsupervised
     default) on whole words (no character n-grams: the tree clusters words, and the n-grams
     would triple the cost), every word kept (``minCount=1``, the vocabulary is already capped).
+    ``char_ngrams=(minn, maxn)`` adds fastText's character n-grams of ``minn`` to ``maxn``
+    characters (its default is (3, 6)): a word's vector is then the sum of its own and its
+    n-grams' vectors, so words that share spelling move closer.
     The vectors are cached under ``hsm.config.cache_dir()`` like any derived data. fastText
     (``fasttext-wheel`` 0.9.2 takes no seed) with several threads is not deterministic.
     Raises ImportError with the install command when fastText is missing."""
@@ -67,9 +70,14 @@ def fasttext_embeddings(corpus: LMCorpus, dim: int = 50, epochs: int = 5, loss: 
                           "log-bilinear embeddings instead") from exc
     if loss not in ("hs", "ns", "softmax"):
         raise ValueError(f"loss must be 'hs', 'ns' or 'softmax', got {loss!r}")
+    if char_ngrams is not None and not (1 <= char_ngrams[0] <= char_ngrams[1]):
+        raise ValueError(f"char_ngrams must be (minn, maxn) with 1 <= minn <= maxn, got {char_ngrams!r}")
+    minn, maxn = char_ngrams or (0, 0)
     threads = threads or torch.get_num_threads()
     folder = hsm_config.cache_dir() / "derived" / "fasttext"
     stem = f"{corpus.name}-{corpus.train.numel()}-V{corpus.vocab_size}-d{dim}-e{epochs}-{loss}"
+    if char_ngrams is not None:
+        stem += f"-n{minn}-{maxn}"
     vectors_path = folder / f"{stem}.npy"
     if vectors_path.exists():
         try:
@@ -95,7 +103,7 @@ def fasttext_embeddings(corpus: LMCorpus, dim: int = 50, epochs: int = 5, loss: 
 
         atomic_write(text_path, write)
     model = fasttext.train_unsupervised(str(text_path), model="skipgram", dim=dim, epoch=epochs, loss=loss,
-                                        minCount=1, minn=0, maxn=0, thread=threads, verbose=0)
+                                        minCount=1, minn=minn, maxn=maxn, thread=threads, verbose=0)
     vectors = np.stack([model.get_word_vector(w) for w in corpus.vocab]).astype(np.float32)
     atomic_write(vectors_path, lambda handle: np.save(handle, vectors))
     return vectors

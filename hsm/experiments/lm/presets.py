@@ -50,7 +50,9 @@ class LMScale:
     #: (so the seeds of a long table can run as separate parts); the learned tree starts from seed 0
     first_random_seed: int = 0
     #: the clustering tree's 50-dim word vectors: "fasttext" (the paper's: fastText skip-gram,
-    #: hs loss, 5 epochs) or "lbl" (ours: a log-bilinear LM with a random-tree HSM, embed_epochs)
+    #: hs loss, 5 epochs, whole words), "fasttext-ngrams" (the same with fastText's character
+    #: n-grams of 3 to 6 characters) or "lbl" (ours: a log-bilinear LM with a random-tree HSM,
+    #: embed_epochs)
     clustering_embeddings: str = "fasttext"
     #: the clustering tree's top level (hsm.clustering.clustering_tree's groups): "kmeans" (ours) or
     #: "random" (clusters grouped at random under the root)

@@ -54,8 +54,11 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
         learn = run.config.get("learn_epochs")
         model = _MODEL_NAMES.get(kind, f"Learned Tree (learn {learn:g} + fine-tune "
                                        f"{run.config['epochs'] - learn:g} epochs)")
-        if (run.config.get("fixed_tree") or "").startswith("clustering:groups="):
-            model += f" ({run.config['fixed_tree'].split('=', 1)[1]} top level)"
+        variant = run.config.get("fixed_tree") or ""
+        if variant.startswith("clustering:"):
+            # e.g. "clustering:groups=random,embeddings=fasttext-ngrams"
+            words = {"groups=random": "random top level", "embeddings=fasttext-ngrams": "fastText character n-grams"}
+            model += " (" + ", ".join(words.get(part, part) for part in variant[len("clustering:"):].split(",")) + ")"
         slug = _SLUGS.get(kind)
         fields = dict(common, model=model, run=kind, lr=run.config["lr"], batch_size=run.config["batch_size"],
                       epochs=run.config["epochs"], learn_epochs=run.config.get("learn_epochs"),
@@ -104,6 +107,8 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
 
 
 _EMBEDDINGS = {"fasttext": "fastText skip-gram (fasttext-wheel), d=50, hs loss, 5 epochs, whole words",
+               "fasttext-ngrams": "fastText skip-gram (fasttext-wheel), d=50, hs loss, 5 epochs, "
+                                  "character n-grams of 3-6 characters",
                "lbl": "our log-bilinear LM, d=50, random-tree HSM"}
 
 

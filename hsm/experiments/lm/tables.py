@@ -22,7 +22,7 @@ from .embeddings import fasttext_embeddings, learn_embeddings
 from .presets import ABLATION_VARIANTS, RUN_FOLDER, LMScale, _ablation_changes
 from .training import _select_lr, train_lm
 
-__all__ = ["run_ablation", "run_table", "table_clustering_tree"]
+__all__ = ["clustering_variant", "run_ablation", "run_table", "table_clustering_tree"]
 
 
 def _run_dir(experiment_name: str) -> Path:
@@ -52,14 +52,26 @@ def split_options(sc: LMScale) -> dict[str, Any]:
 
 
 def table_clustering_tree(corpus: LMCorpus, sc: LMScale, cfg: LMRunConfig, device) -> Tree:
-    """The clustering row's tree at scale ``sc``: 50-dimensional word vectors (fastText, or our
-    log-bilinear model trained with ``cfg``'s settings for ``sc.embed_epochs``) grouped by
+    """The clustering row's tree at scale ``sc``: 50-dimensional word vectors (fastText, on whole
+    words or with character n-grams, or our log-bilinear model trained with ``cfg``'s settings for
+    ``sc.embed_epochs``) grouped by
     :func:`hsm.clustering.clustering_tree` into an ``sc.arity``-ary depth-3 tree."""
-    if sc.clustering_embeddings == "fasttext":
-        vectors = fasttext_embeddings(corpus, dim=50, epochs=5, loss="hs")
+    if sc.clustering_embeddings in ("fasttext", "fasttext-ngrams"):
+        ngrams = (3, 6) if sc.clustering_embeddings == "fasttext-ngrams" else None
+        vectors = fasttext_embeddings(corpus, dim=50, epochs=5, loss="hs", char_ngrams=ngrams)
     else:
         vectors = learn_embeddings(corpus, cfg, dim=50, epochs=sc.embed_epochs, device=device)
     return clustering_tree(vectors, sc.arity, 3, seed=0, label_names=corpus.vocab, groups=sc.clustering_groups)
+
+
+def clustering_variant(sc: LMScale) -> str | None:
+    """The run key's tree variant of the clustering row (``LMRunConfig.fixed_tree``): None for the
+    table's own tree (k-means groups of fastText whole-word vectors), else what differs, e.g.
+    ``"clustering:groups=random"``, so that another tree never loads the table's finished run."""
+    parts = [f"groups={sc.clustering_groups}"] if sc.clustering_groups != "kmeans" else []
+    if sc.clustering_embeddings not in ("fasttext", "lbl"):
+        parts.append(f"embeddings={sc.clustering_embeddings}")
+    return "clustering:" + ",".join(parts) if parts else None
 
 
 def run_table(
@@ -113,7 +125,7 @@ def run_table(
     if "clustering" in outputs:
         tree = table_clustering_tree(corpus, sc, replace(base, lr=tree_lr), device)
         # another tree from the same configuration needs its own run key
-        variant = None if sc.clustering_groups == "kmeans" else f"clustering:groups={sc.clustering_groups}"
+        variant = clustering_variant(sc)
         runs["clustering"] = train_lm(corpus, replace(base, output="clustering", lr=tree_lr, fixed_tree=variant),
                                       tree=tree,
                                       device=device, checkpoint_dir=run_dir, log=log)
