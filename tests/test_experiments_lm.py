@@ -798,7 +798,26 @@ def test_lm_gutenberg_node_accuracy_tiny(tmp_path) -> None:
     table = lm.node_accuracy_markdown(rows).splitlines()
     assert len(table) == 4 and table[2].startswith("| Random Tree |")
     with pytest.raises(ValueError, match="must be one of|choose from|unknown"):
-        lm.run_lm_gutenberg_node_accuracy(scale="quick", models="learned")
+        lm.run_lm_gutenberg_node_accuracy(scale="quick", models="bogus")
+
+
+@needs_mirror
+@pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")
+def test_the_learned_tree_model_is_kept_for_decoding_and_node_decisions(tmp_path) -> None:
+    decoded = json.loads(lm.run_lm_gutenberg_decoding(scale="quick", out=tmp_path / "d.json", tokens="200",
+                                                      beams="1", tree="learned").read_text())
+    assert {r["model"] for r in decoded["records"]} == {"Learned Tree"}
+    assert {r["epochs"] for r in decoded["records"]} == {2}
+    assert decoded["provenance"]["config"]["tree"] == "learned"
+    nodes = json.loads(lm.run_lm_gutenberg_node_accuracy(scale="quick", out=tmp_path / "n.json", models="learned",
+                                                         tokens="200").read_text())
+    learned = [r for r in nodes["records"] if r["run"] == "learned"]
+    assert learned and {r["epochs"] for r in learned} == {2}
+    # the same kept model: its perplexity on the scored tokens is a property of the model, not of the caller
+    _, run, cfg, files = lm.offset.kept_learned_run(lm.SCALES["lm-gutenberg-offset"]["quick"], "cpu")
+    assert files.model.exists() and cfg.output == "learned" and (cfg.epochs, cfg.learn_epochs) == (2, 1)
+    with pytest.raises(ValueError, match="tree"):
+        lm.run_lm_gutenberg_decoding(scale="quick", tree="huffman")
 
 
 # ---------------------------------------------------------------------------- decoding against the exact arg max

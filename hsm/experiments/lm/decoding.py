@@ -2,8 +2,9 @@
 and beam search "may fail to find the true MAP"; the stochastic path predictor g_s of thesis Eq. 3.6).
 
 On the first ``tokens`` test tokens of the Gutenberg corpus, with the random-tree model that
-``lm-gutenberg-offset`` trains and keeps (65-ary, one epoch; the run is reused when it exists),
-each decoder's word is compared with the exact arg max (branch and bound,
+``lm-gutenberg-offset`` trains and keeps (65-ary, one epoch; the run is reused when it exists), or
+with ``tree=learned`` the table's learned-tree model (two epochs, the first learning the tree;
+:func:`~.offset.kept_learned_run`), each decoder's word is compared with the exact arg max (branch and bound,
 :meth:`hsm.HierarchicalSoftmax.topk`): how often it is the arg max, how often it is the next word
 (accuracy), and how much log-probability it gives up against the arg max. g_s samples a child at
 every node from the node's distribution, so its word is a sample of the model's distribution
@@ -20,16 +21,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm.experiments import check_device, check_scale, experiment, option_int, option_ints
+from hsm.experiments import check_device, check_scale, experiment, option_choice, option_int, option_ints
 from hsm.results import check_replace, make_record
 
-from .offset import OFFSET_EXPERIMENT, kept_random_run
+from .offset import OFFSET_EXPERIMENT, kept_learned_run, kept_random_run
 from .report import _common_fields, _out_path, _write
 from .training import load_trained_model
 
-__all__ = ["decoder_agreement", "run_lm_gutenberg_decoding"]
+__all__ = ["DECODING_TREES", "decoder_agreement", "run_lm_gutenberg_decoding"]
 
 DEFAULT_TOKENS = {"quick": 2_000, "full": 100_000}
+#: the kept models it can decode with: ``tree`` option value -> (the run, the records' model name)
+DECODING_TREES = {"random": (kept_random_run, "Random Tree"), "learned": (kept_learned_run, "Learned Tree")}
 
 
 @torch.no_grad()
@@ -78,7 +81,7 @@ def decoder_agreement(output, hidden: torch.Tensor, targets: torch.Tensor, beams
 def run_lm_gutenberg_decoding(scale: str = "quick", device: str = "cpu", out: Path | None = None,
                               force: bool = False, **options: Any) -> Path:
     """See the module docstring. Options: ``tokens`` (first test tokens scored), ``beams`` (beam
-    widths; 1 is the greedy descent)."""
+    widths; 1 is the greedy descent), ``tree`` (``random``, the default, or ``learned``)."""
     from .commands import _scale_for
 
     start = time.perf_counter()
@@ -86,19 +89,21 @@ def run_lm_gutenberg_decoding(scale: str = "quick", device: str = "cpu", out: Pa
     given, options = dict(options), dict(options)
     tokens = option_int("tokens", options.pop("tokens", DEFAULT_TOKENS[scale]), minimum=1)
     beams = option_ints("beams", options.pop("beams", "1,2,5,10"), minimum=1)
+    tree = option_choice("tree", options.pop("tree", "random"), tuple(DECODING_TREES))
     if options:
-        raise ValueError(f"unknown options {sorted(options)}; known: beams, tokens")
+        raise ValueError(f"unknown options {sorted(options)}; known: beams, tokens, tree")
     sc = _scale_for(OFFSET_EXPERIMENT, scale, {})
     device = check_device(device)
     path = _out_path(out, "results/lm/gutenberg-decoding.json")
     check_replace(path, scale, force)
-    corpus, run, cfg, files = kept_random_run(sc, device)
+    kept_run, model_name = DECODING_TREES[tree]
+    corpus, run, cfg, files = kept_run(sc, device)
     model, output, _ = load_trained_model(files.model, device)
     contexts, targets = (t[:tokens].to(device) for t in corpus.windows("test", cfg.context))
     with torch.no_grad():
         hidden = torch.cat([model(contexts[i:i + 4096]) for i in range(0, len(targets), 4096)])
     rows = decoder_agreement(output, hidden, targets, tuple(beams))
-    common = dict(_common_fields(corpus, sc, scale, ", no L2"), model="Random Tree", run="random",
+    common = dict(_common_fields(corpus, sc, scale, ", no L2"), model=model_name, run=tree,
                   lr=run.config["lr"], epochs=run.config["epochs"], scored_tokens=int(len(targets)),
                   model_test_perplexity=run.test_perplexity)
     records = [make_record(None, row["agreement"], measure="agreement_with_exact", decoder=name,
@@ -107,4 +112,5 @@ def run_lm_gutenberg_decoding(scale: str = "quick", device: str = "cpu", out: Pa
                for name, row in rows.items()]
     return _write("lm-gutenberg-decoding", out, "results/lm/gutenberg-decoding.json", records, sc, scale, device,
                   time.perf_counter() - start, None, given, run.seconds,
-                  extra_config={"model_of": OFFSET_EXPERIMENT, "tokens": tokens, "beams": list(beams)}, force=force)
+                  extra_config={"model_of": OFFSET_EXPERIMENT, "tokens": tokens, "beams": list(beams),
+                                "tree": tree}, force=force)

@@ -14,7 +14,9 @@ table's learning rate) and kept in lm-gutenberg-offset's run folder; each is reu
 - ``clustering``: the clustering tree of the table (:func:`hsm.clustering.clustering_tree` on the
   table's word vectors: fastText at full scale);
 - ``mnih-hinton``: the tree of lm-gutenberg-mnih-hinton (words clustered by the random-tree
-  model's mean predicted vectors).
+  model's mean predicted vectors);
+- ``learned`` (only when asked for, ``-o models=...,learned``): the table's learned-tree model, two
+  epochs, the first learning the tree (:func:`~.offset.kept_learned_run`).
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ from hsm.results import check_replace, make_record
 
 from .config import LMRunConfig
 from .mnih_hinton import train_mnih_hinton
-from .offset import OFFSET_EXPERIMENT, kept_random_run
+from .offset import OFFSET_EXPERIMENT, kept_learned_run, kept_random_run
 from .report import _common_fields, _out_path, _write
 from .tables import _run_dir, table_clustering_tree
 from .training import RunFiles, load_trained_model, train_lm
@@ -41,10 +43,13 @@ __all__ = ["NODE_ACCURACY_MODELS", "node_accuracy_markdown", "node_accuracy_rows
            "run_lm_gutenberg_node_accuracy"]
 
 #: the models it can score, in the order the records list them
-NODE_ACCURACY_MODELS = ("random", "clustering", "mnih-hinton")
+NODE_ACCURACY_MODELS = ("random", "clustering", "mnih-hinton", "learned")
+#: the models scored without a ``models`` option (the one-epoch models)
+DEFAULT_MODELS = ("random", "clustering", "mnih-hinton")
 DEFAULT_TOKENS = {"quick": 2_000, "full": 100_000}
 DEFAULT_OUT = "results/lm/gutenberg-node-accuracy.json"
-_NAMES = {"random": "Random Tree", "clustering": "Clustering Tree", "mnih-hinton": "Mnih-Hinton tree"}
+_NAMES = {"random": "Random Tree", "clustering": "Clustering Tree", "mnih-hinton": "Mnih-Hinton tree",
+          "learned": "Learned Tree"}
 
 
 @torch.no_grad()
@@ -74,6 +79,8 @@ def _kept_model(name: str, corpus, cfg: LMRunConfig, files: RunFiles, sc, device
     are the random-tree run's (:func:`~.offset.kept_random_run`)."""
     if name == "random":
         return files.model
+    if name == "learned":
+        return kept_learned_run(sc, device)[3].model
     folder = _run_dir(OFFSET_EXPERIMENT)
     if name == "mnih-hinton":
         kept = RunFiles.in_folder(folder, replace(cfg, output="clustering", fixed_tree="mnih-hinton:predicted"),
@@ -102,7 +109,7 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
     start = time.perf_counter()
     scale = check_scale(scale)
     given, options = dict(options), dict(options)
-    models = option_choices("models", options.pop("models", ",".join(NODE_ACCURACY_MODELS)), NODE_ACCURACY_MODELS)
+    models = option_choices("models", options.pop("models", ",".join(DEFAULT_MODELS)), NODE_ACCURACY_MODELS)
     tokens = option_int("tokens", options.pop("tokens", DEFAULT_TOKENS[scale]), minimum=1)
     if options:
         raise ValueError(f"unknown options {sorted(options)}; known: models, tokens")
@@ -116,8 +123,7 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
     pick = torch.from_numpy(np.unique(np.linspace(0, len(targets) - 1, min(tokens, len(targets))).astype(np.int64)))
     contexts, targets = contexts[pick].to(device), targets[pick].to(device)
     records = []
-    common = dict(_common_fields(corpus, sc, scale, ", no L2"), lr=cfg.lr, epochs=cfg.epochs,
-                  scored_tokens=int(len(targets)))
+    common = dict(_common_fields(corpus, sc, scale, ", no L2"), lr=cfg.lr, scored_tokens=int(len(targets)))
     for name in models:
         model, output, model_cfg = load_trained_model(_kept_model(name, corpus, cfg, files, sc, device), device)
         with torch.no_grad():
@@ -127,7 +133,8 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
         for row in rows:
             records.append(make_record(None, row["accuracy"], measure="node_accuracy", run=name,
                                        model=_NAMES[name], node_depth=row["depth"], nats=row["nats"], words=row["words"],
-                                       perplexity_of_scored_tokens=perplexity, **common))
+                                       perplexity_of_scored_tokens=perplexity, epochs=model_cfg.epochs,
+                                       **common))
     return _write("lm-gutenberg-node-accuracy", out, DEFAULT_OUT, records, sc, scale, device,
                   time.perf_counter() - start, None, given, None,
                   extra_config={"model_of": OFFSET_EXPERIMENT, "models": list(models), "tokens": tokens},

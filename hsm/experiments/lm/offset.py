@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -34,8 +35,8 @@ from .report import _common_fields, _out_path, _write
 from .tables import _run_dir, run_table
 from .training import RunFiles, load_trained_model
 
-__all__ = ["OFFSET_EXPERIMENT", "book_genres", "kept_random_run", "per_book_perplexity", "run_lm_gutenberg_offset",
-           "token_nll"]
+__all__ = ["OFFSET_EXPERIMENT", "book_genres", "kept_learned_run", "kept_random_run", "per_book_perplexity",
+           "run_lm_gutenberg_offset", "token_nll"]
 
 #: the experiment whose kept random-tree model the Gutenberg diagnostics read (decoding, Mnih-Hinton, node decisions)
 OFFSET_EXPERIMENT = "lm-gutenberg-offset"
@@ -65,6 +66,18 @@ def kept_random_run(sc: LMScale, device: str) -> tuple[LMCorpus, LMRunResult, LM
     model is ``files.model``)."""
     table = run_table(OFFSET_EXPERIMENT, sc, ("random",), device, keep_models=True)
     corpus, run = table["corpus"], table["runs"]["random"]
+    cfg = LMRunConfig(**run.config)
+    return corpus, run, cfg, RunFiles.in_folder(_run_dir(OFFSET_EXPERIMENT), cfg, corpus)
+
+
+def kept_learned_run(sc: LMScale, device: str) -> tuple[LMCorpus, LMRunResult, LMRunConfig, RunFiles]:
+    """The learned-tree run of the Gutenberg table (lm-gutenberg-65's: two epochs, the first
+    learning the tree from random tree seed 0, statistics decay 1) on the corpus of ``sc``, trained
+    with its model kept in lm-gutenberg-offset's run folder when it is not there yet, read when it
+    is: its corpus, run, configuration and files (the kept model is ``files.model``)."""
+    learned = replace(sc, epochs=2, learn_epochs=1, decay=1.0)
+    table = run_table(OFFSET_EXPERIMENT, learned, ("learned",), device, keep_models=True)
+    corpus, run = table["corpus"], table["runs"]["learned"]
     cfg = LMRunConfig(**run.config)
     return corpus, run, cfg, RunFiles.in_folder(_run_dir(OFFSET_EXPERIMENT), cfg, corpus)
 

@@ -86,7 +86,8 @@ def run_table(
     """Train every output layer of a table at scale ``sc``; return the runs and selections.
 
     ``schedules`` adds learned-tree runs ``(label, learn_epochs)`` (arXiv Fig. 3). ``keep_models``:
-    the random-tree runs keep their trained model in the run folder (``RunFiles.model``)."""
+    the random-tree and learned-tree runs keep their trained model in the run folder
+    (``RunFiles.model``)."""
     log = log or (lambda message: print(message, flush=True))
     corpus = _table_corpus(sc, device)
     V = corpus.vocab_size
@@ -131,7 +132,8 @@ def run_table(
                                       device=device, checkpoint_dir=run_dir, log=log)
     if "learned" in outputs:
         runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, decay=sc.decay),
-                                   tree=first_tree, device=device, checkpoint_dir=run_dir, log=log)
+                                   tree=first_tree, device=device, checkpoint_dir=run_dir, log=log,
+                                   keep_model=keep_models)
     for label, learn_epochs in schedules or ():
         runs[label] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, learn_epochs=learn_epochs,
                                                decay=sc.decay),
