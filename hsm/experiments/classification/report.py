@@ -138,23 +138,27 @@ def fast_runs(data: str, d: int, epochs: int = 5, root: str | Path | None = None
     two tree rows of seed 0: only their fastText rows are taken; the depth-limit runs (one thread,
     :func:`depth_limit_runs`) are not among them. The classification chapter's table and the
     landing page's learned-minus-Huffman verdicts both read these runs."""
+    def keep(path: Path, config: dict, record: dict) -> bool:
+        return (DEPTH_LIMIT_TAG not in path.stem and config["epochs"] == epochs and record.get("d") == d
+                and ("-peers-" not in path.stem or record["output"].startswith("fasttext")))
+
+    return _runs_by_output_and_seed(root, f"table1-{data}-fast-*.json", keep)
+
+
+def _runs_by_output_and_seed(root: str | Path | None, pattern: str, keep) -> dict[str, dict[int, dict]]:
+    """``{output: {seed: record}}`` of the table runs in the result files ``classification/<pattern>``
+    under ``root`` (default: the committed results): every trained row (not the gain rows nor the
+    skipped ones) for which ``keep(path, config, record)`` holds."""
     from hsm.results import default_results_root, load_results
 
     folder = Path(root if root is not None else default_results_root()) / "classification"
     out: dict[str, dict[int, dict]] = {}
-    for path in sorted(folder.glob(f"table1-{data}-fast-*.json")):
-        if DEPTH_LIMIT_TAG in path.stem:
-            continue
+    for path in sorted(folder.glob(pattern)):
         payload = load_results(path)
         config = payload["provenance"]["config"]
-        if config["epochs"] != epochs:
-            continue
         for record in payload["records"]:
-            if record.get("model") == "gain" or record.get("skipped") or record.get("d") != d:
-                continue
-            if "-peers-" in path.stem and not record["output"].startswith("fasttext"):
-                continue
-            out.setdefault(record["output"], {})[config["seed"]] = record
+            if record.get("model") != "gain" and not record.get("skipped") and keep(path, config, record):
+                out.setdefault(record["output"], {})[config["seed"]] = record
     return out
 
 
@@ -168,17 +172,8 @@ def depth_limit_runs(data: str, root: str | Path | None = None) -> dict[str, dic
     """``{output: {seed: record}}`` of the depth-limit runs of one stand-in (the Huffman trees, the
     learned 20-ary tree and the learned trees of fixed depth, Algorithm 3, in one single-thread run
     per seed, so that their test times compare)."""
-    from hsm.results import default_results_root, load_results
-
-    folder = Path(root if root is not None else default_results_root()) / "classification"
-    out: dict[str, dict[int, dict]] = {}
-    for path in sorted(folder.glob(f"table1-{data}-fast-d50{DEPTH_LIMIT_TAG}seed*.json")):
-        payload = load_results(path)
-        seed = payload["provenance"]["config"]["seed"]
-        for record in payload["records"]:
-            if record.get("model") != "gain" and not record.get("skipped"):
-                out.setdefault(record["output"], {})[seed] = record
-    return out
+    return _runs_by_output_and_seed(root, f"table1-{data}-fast-d50{DEPTH_LIMIT_TAG}seed*.json",
+                                    lambda path, config, record: True)
 
 
 def depth_limit_markdown(runs: dict[str, dict[str, dict[int, dict]]]) -> str:
