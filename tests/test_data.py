@@ -162,6 +162,34 @@ def test_validation_split_is_stratified_and_disjoint(use_shared_cache):
         data.validation_split(fraction=1.5)
 
 
+@given(st.lists(st.integers(0, 4), min_size=8, max_size=60), st.integers(2, 5), st.integers(0, 1000))
+@settings(max_examples=40, deadline=None)
+def test_cross_validation_folds_partition_train_and_are_stratified(labels, folds, seed):
+    labels = np.array(labels)
+    n = len(labels)
+    texts = TokenizedTexts(np.arange(n, dtype=np.int32), np.arange(n + 1), [f"w{i}" for i in range(n)])
+    data = TextClassificationData("toy", texts, labels, texts, labels, [f"c{i}" for i in range(5)])
+    splits = data.cross_validation_splits(folds, seed=seed)
+    assert len(splits) == folds
+    held = [np.asarray(s.test_texts.values) for s in splits]  # the token ids are the example ids
+    assert np.array_equal(np.sort(np.concatenate(held)), np.arange(n))  # every example held out once
+    for split, out in zip(splits, held):
+        kept = np.asarray(split.train_texts.values)
+        assert np.intersect1d(kept, out).size == 0 and kept.size + out.size == n
+        assert np.array_equal(np.asarray(split.test_labels), labels[out])
+    sizes = [len(out) for out in held]
+    assert max(sizes) - min(sizes) <= 1  # the folds are level
+    for c in np.unique(labels):
+        per_fold = [int((labels[out] == c).sum()) for out in held]
+        assert max(per_fold) - min(per_fold) <= 1  # stratified
+    again = data.cross_validation_splits(folds, seed=seed)
+    assert all(np.array_equal(a.test_texts.values, b.test_texts.values) for a, b in zip(splits, again))
+    with pytest.raises(ValueError, match="folds"):
+        data.cross_validation_splits(1)
+    with pytest.raises(ValueError, match="folds"):
+        data.cross_validation_splits(n + 1)
+
+
 # ------------------------------------------------------------------------------------------- Gutenberg pipeline
 
 

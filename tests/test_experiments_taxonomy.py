@@ -401,3 +401,62 @@ def test_headline_file_is_the_complete_standin_run_with_the_largest_budget(tmp_p
         E.headline_file("imdb", tmp_path)
     with pytest.raises(ValueError, match="embeddings must be one of"):
         E.headline_file("r8", tmp_path, embeddings="glove")
+
+
+# ------------------------------------------------------------------------- model selection by cross-validation
+@needs_data
+def test_taxonomy_cv_scores_every_setting_on_every_fold_and_resumes(tmp_path, monkeypatch):
+    from hsm.experiments import taxonomy_cv as CV
+
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    options = dict(train_limit="60", test_limit="40", max_tokens="8", max_vocab="300", folds="3",
+                   hidden_sizes="4,8", directions="uni,bi", models="flat")
+    trained: list[tuple[int, bool]] = []
+    real_train_one = E.train_one
+
+    def stopped_after_five(kind, data, valid, cfg, *args, **kwargs):
+        if len(trained) == 5:
+            raise KeyboardInterrupt
+        trained.append((cfg["hidden_size"], cfg["bidirectional"]))
+        return real_train_one(kind, data, valid, cfg, *args, **kwargs)
+
+    monkeypatch.setattr(E, "train_one", stopped_after_five)
+    with pytest.raises(KeyboardInterrupt):
+        CV.run_taxonomy_cv(scale="quick", out=tmp_path / "cv.json", data="trec", **options)
+    assert load_results(tmp_path / "cv.json")["provenance"]["config"]["complete"] is False
+    monkeypatch.setattr(E, "train_one", lambda *a, **k: (trained.append("again"), real_train_one(*a, **k))[1])
+    path = CV.run_taxonomy_cv(scale="quick", out=tmp_path / "cv.json", data="trec", **options)
+    assert trained.count("again") == 2 * 2 * 3 - 5  # only the runs not finished before the stop
+    payload = load_results(path)
+    folds = [r for r in payload["records"] if r["kind_of_record"] == "cv_fold"]
+    assert len(folds) == 12 and {(r["hidden_size"], r["bidirectional"]) for r in folds} == {
+        (h, b) for h in (4, 8) for b in (False, True)}
+    settings_ = [r for r in payload["records"] if r["kind_of_record"] == "cv_setting"]
+    assert len(settings_) == 4 and all(r["folds_done"] == 3 for r in settings_)
+    chosen = [r for r in settings_ if r["selected"]]
+    assert len(chosen) == 1 and chosen[0]["value"] == max(r["value"] for r in settings_)
+    one = [r["value"] for r in folds if (r["hidden_size"], r["bidirectional"]) == (4, True)]
+    assert next(r for r in settings_ if (r["hidden_size"], r["bidirectional"]) == (4, True))["value"] == \
+        pytest.approx(np.mean(one))
+    assert payload["provenance"]["config"]["complete"] is True
+    assert not (tmp_path / ".cv.json.partial.json").exists()
+
+
+def test_taxonomy_cv_refuses_the_options_it_varies(tmp_path):
+    from hsm.experiments import taxonomy_cv as CV
+
+    with pytest.raises(ValueError, match="hidden_sizes"):
+        CV.run_taxonomy_cv(out=tmp_path / "x.json", hidden_size="100")
+    with pytest.raises(ValueError, match="directions"):
+        CV.run_taxonomy_cv(out=tmp_path / "x.json", directions="both")
+    with pytest.raises(ValueError, match="folds"):
+        CV.run_taxonomy_cv(out=tmp_path / "x.json", folds="1")
+
+
+def test_scale_label_names_the_selection_and_a_one_directional_lstm():
+    cfg = dict(embed_dim=300, embeddings="fasttext", gutenberg_tokens=2_000_000, valid_fraction=0.1, max_epochs=40,
+               patience=5, max_tokens="all", seeds=[0], models=["flat", "hierarchical"], bidirectional=False)
+    label = E.scale_label("full", cfg, selection="4-fold cross-validation of h_dim")
+    assert "4-fold cross-validation of h_dim" in label and "no 4-fold CV" not in label
+    assert "one-directional" in label and "1 seed" in label
+    assert "one-directional" not in E.scale_label("full", dict(cfg, bidirectional=True))

@@ -21,6 +21,7 @@ from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -193,6 +194,44 @@ class TextClassificationData:
             raise ValueError(f"{self.name} has no taxonomy")
         return {label: category for category, labels in self.taxonomy.items() for label in labels}
 
+    def cross_validation_splits(self, folds: int = 4, seed: int = 0) -> list[TextClassificationData]:
+        """``folds`` data sets for k-fold cross-validation on the training split: the k-th holds fold
+        k out as its ``test_*`` and trains on the others. Single-label: stratified, each class's
+        examples shuffled (seeded) and dealt to the folds in turn, so every fold has
+        ``floor(n_c / folds)`` or one more of class ``c``. Multi-label: a seeded shuffle cut into
+        ``folds`` near-equal parts. ValueError when ``folds`` is below 2 or above the number of
+        training examples."""
+        n = len(self.train_texts)
+        if not 2 <= folds <= n:
+            raise ValueError(f"folds must be between 2 and the {n} training examples, got {folds}")
+        rng = np.random.default_rng(seed)
+        fold_of = np.empty(n, dtype=np.int64)
+        if self.multilabel:
+            fold_of[rng.permutation(n)] = np.arange(n) % folds
+        else:
+            labels = np.asarray(self.train_labels)
+            start = 0  # deal each class from where the last one stopped, so that the folds stay level
+            for label in np.unique(labels):
+                members = rng.permutation(np.flatnonzero(labels == label))
+                fold_of[members] = (start + np.arange(members.size)) % folds
+                start = (start + members.size) % folds
+        return [self._holding_out(np.flatnonzero(fold_of == k), f"fold{k}",
+                                  {"cv_folds": folds, "cv_fold": k, "cv_seed": seed}) for k in range(folds)]
+
+    def _holding_out(self, held: np.ndarray, suffix: str, stats: dict[str, Any]) -> TextClassificationData:
+        """This data set with the training examples ``held`` (sorted ids) as its ``test_*`` and the
+        others as its training split."""
+        kept = np.setdiff1d(np.arange(len(self.train_texts)), held)
+        return replace(
+            self,
+            name=f"{self.name}-{suffix}",
+            train_texts=self.train_texts.subset(kept),
+            train_labels=_take_labels(self.train_labels, kept),
+            test_texts=self.train_texts.subset(held),
+            test_labels=_take_labels(self.train_labels, held),
+            stats={**self.stats, **stats},
+        )
+
     def validation_split(self, fraction: float = 0.1, seed: int = 0) -> TextClassificationData:
         """Carve a validation set out of train: returns a data set whose ``test_*`` is the held-out part.
 
@@ -212,17 +251,7 @@ class TextClassificationData:
                 members = np.flatnonzero(labels == label)
                 held_parts.append(rng.permutation(members)[: int(np.floor(fraction * members.size))])
             held = np.concatenate(held_parts) if held_parts else np.zeros(0, dtype=np.int64)
-        held = np.sort(held)
-        kept = np.setdiff1d(np.arange(n), held)
-        return replace(
-            self,
-            name=f"{self.name}-valid",
-            train_texts=self.train_texts.subset(kept),
-            train_labels=_take_labels(self.train_labels, kept),
-            test_texts=self.train_texts.subset(held),
-            test_labels=_take_labels(self.train_labels, held),
-            stats={**self.stats, "validation_fraction": fraction, "validation_seed": seed},
-        )
+        return self._holding_out(np.sort(held), "valid", {"validation_fraction": fraction, "validation_seed": seed})
 
     def summary(self) -> dict[str, int]:
         """Counts for ``python -m hsm data info``."""

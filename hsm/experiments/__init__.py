@@ -32,6 +32,7 @@ MODULES = [
     "hsm.experiments.classification",  # ICML Tables 1 and 3 on stand-ins
     "hsm.experiments.classification_fast",  # the compiled trainer: statistics/schedule ablation, threaded repeats
     "hsm.experiments.taxonomy",  # Schuurmans & Frasincar: two-level softmax over natural taxonomies
+    "hsm.experiments.taxonomy_cv",  # their model selection: k-fold cross-validation of h_dim and direction
     "hsm.experiments.sampling",  # Barber & Botev: sampling approximations of the softmax
 ]
 

@@ -47,8 +47,8 @@ from torch import nn
 
 from hsm import paper
 from hsm.config import configure_threads, seed_everything
-from hsm.experiments import (check_device, check_scale, experiment, option_choices, option_float, option_int,
-                             option_ints)
+from hsm.experiments import (check_device, check_scale, experiment, option_bool, option_choices, option_float,
+                             option_int, option_ints)
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
 from hsm.results import (ResumableParts, check_replace, load_checkpoint, make_record, output_path, provenance,
                          save_checkpoint, write_progress, write_results)
@@ -74,7 +74,8 @@ GLOVE_STANDIN_NOTE = ("fastText skip-gram vectors trained here (training documen
                       "stand-ins for the paper's GloVe 6B-300d, which cannot be downloaded on this machine")
 
 
-def scale_label(scale: str, cfg: dict[str, Any], longest_document: int | None = None) -> str:
+def scale_label(scale: str, cfg: dict[str, Any], longest_document: int | None = None,
+                selection: str | None = None) -> str:
     """The scale label of one table's run: ``quick``, or ``full`` followed by every way the run
     departs from the paper's protocol (GloVe 6B-300d embeddings, 4-fold cross-validation of the
     hidden size, early stopping, whole documents): the embeddings (our stand-ins, or the random-init
@@ -83,7 +84,8 @@ def scale_label(scale: str, cfg: dict[str, Any], longest_document: int | None = 
 
     ``cfg`` is a run's settings with the resolved cap (``max_tokens_used`` and
     ``kept_token_share_train`` from :func:`_prepare`); a cap at or above ``longest_document``, or
-    one that keeps every training token, reads "whole documents"."""
+    one that keeps every training token, reads "whole documents". ``selection`` replaces the
+    words on model selection (one validation split, no cross-validation) when a run does select."""
     if scale != "full":
         return scale
     dim = cfg["embed_dim"]
@@ -94,7 +96,9 @@ def scale_label(scale: str, cfg: dict[str, Any], longest_document: int | None = 
         parts = [f"lower reference: {dim}-d random-init embeddings, not the paper's GloVe"]
     else:
         parts = [f"reduced: {dim}-d random-init embeddings, not the paper's GloVe"]
-    parts.append(f"one {100 * cfg['valid_fraction']:.0f} % validation split, no 4-fold CV")
+    parts.append(selection or f"one {100 * cfg['valid_fraction']:.0f} % validation split, no 4-fold CV")
+    if not cfg.get("bidirectional", True):
+        parts.append("a one-directional LSTM")
     parts.append(f"at most {cfg['max_epochs']} epochs (patience {cfg['patience']})")
     cap = cfg.get("max_tokens_used", cfg.get("max_tokens"))
     share = cfg.get("kept_token_share_train")
@@ -314,7 +318,8 @@ def _build(kind: str, data, valid, cfg: dict[str, Any], seed: int, pretrained, d
         keep = torch.randperm(len(train_y), generator=torch.Generator().manual_seed(seed))[: cfg["train_limit"]]
         train_x, train_y = train_x[keep], train_y[keep]
     rows, coverage = (None, None) if pretrained is None else pretrained_rows(vocab, *pretrained, seed=seed)
-    model = LSTMTextClassifier(len(vocab), cfg["embed_dim"], cfg["hidden_size"], bidirectional=True,
+    model = LSTMTextClassifier(len(vocab), cfg["embed_dim"], cfg["hidden_size"],
+                               bidirectional=cfg.get("bidirectional", True),
                                dropout=cfg["dropout"], pretrained=rows)
     model.embedding.sparse = True
     layer = build_output_layer(kind, model.output_size, data.label_names, data.taxonomy, seed=seed)
@@ -455,6 +460,7 @@ _OPTION_CHECKS = {
     "seeds": lambda k, v: list(option_ints(k, v, minimum=0)),
     "models": lambda k, v: list(option_choices(k, v, MODELS)),
     "embed_dim": lambda k, v: option_int(k, v, minimum=1), "hidden_size": lambda k, v: option_int(k, v, minimum=1),
+    "bidirectional": option_bool,
     "max_tokens": _max_tokens_option,  # an int, ``auto`` (keeps >= token_share of the tokens) or ``all``
     "token_share": lambda k, v: option_float(k, v, positive=True, maximum=1.0),
     "max_vocab": lambda k, v: option_int(k, v, minimum=0),  # 0: every training type
@@ -485,7 +491,7 @@ def _settings(scale: str, data: str, options: dict[str, Any]) -> dict[str, Any]:
     quick = check_scale(scale) == "quick"
     cfg: dict[str, Any] = {
         "data": data, "seeds": [0] if quick else [0, 1, 2], "models": list(MODELS),
-        "embed_dim": 16 if quick else 300, "hidden_size": 16 if quick else DATASETS[data][3],
+        "embed_dim": 16 if quick else 300, "hidden_size": 16 if quick else DATASETS[data][3], "bidirectional": True,
         "max_tokens": 20 if quick else ("all" if data == "trec" else "auto"), "token_share": 0.95,
         "max_vocab": 2000 if quick else 0, "min_count": 1,
         "embeddings": "random" if quick else "fasttext", "gutenberg_tokens": 20_000 if quick else 5_000_000,
