@@ -77,6 +77,11 @@ def _option_text(value: Any) -> str:
     return str(value)
 
 
+#: Schuurmans & Frasincar table settings that the first result files do not record, with the
+#: value those runs had (random-init embeddings came before the GloVe stand-ins were an option)
+_TAXONOMY_UNRECORDED = {"embeddings": "random"}
+
+
 def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The command of a file written before results recorded theirs, where its settings determine it.
 
@@ -116,6 +121,8 @@ def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str,
             if config["data"] not in DATASETS:
                 return None
             experiment, preset = "taxonomy-tables", {**_settings(scale, config["data"], {}), "data": None}
+            # settings older files do not record, at the value every run had before they existed
+            config = {**_TAXONOMY_UNRECORDED, **config}
         elif experiment == "lm-ptb-sampling":
             preset = LM_SETTINGS[scale]
         elif experiment is None and figure in ("fig1", "fig2"):

@@ -91,7 +91,7 @@ def _check_options(invocation: dict) -> None:
 
         _options(scale, options)
     elif name == "lm-gutenberg-decoding":
-        assert set(options) <= {"tokens", "beams"}, options
+        assert set(options) <= {"tokens", "beams", "tree"}, options
     elif name == "lm-gutenberg-mnih-hinton":
         assert set(options) <= {"word_vectors"}, options
     elif name == "lm-gutenberg-node-accuracy":
@@ -113,6 +113,12 @@ def _check_options(invocation: dict) -> None:
         from hsm.experiments.taxonomy import _settings
 
         _settings(scale, options.pop("data"), options)
+    elif name == "taxonomy-cv":
+        from hsm.experiments.taxonomy import _settings
+
+        for key in ("folds", "hidden_sizes", "directions"):
+            options.pop(key, None)
+        _settings(scale, options.pop("data", "trec"), options)
     elif name.startswith("icml-table"):
         from hsm.experiments.classification.config import _parse_options
 
@@ -155,3 +161,6 @@ def test_an_inferred_command_changes_only_what_the_file_changed() -> None:
     assert invocation["options"] == {"epochs": "2", "learn_epochs": "1", "decay": "1", "runs": "learned"}
     path = root / "sampling" / "fig2-scale10.json"
     assert R.invocation_of(path, json.loads(path.read_text()))["options"] == {"score_scale": "10.0"}
+    # the first Schuurmans & Frasincar runs predate the embeddings option: they ran random-init vectors
+    path = root / "taxonomy" / "r8-learned.json"
+    assert R.invocation_of(path, json.loads(path.read_text()))["options"]["embeddings"] == "random"
