@@ -330,3 +330,18 @@ def test_fasttext_peer_runs_on_the_threads_of_our_rows(tmp_path, monkeypatch, tr
                          threads=threads, **TINY)
     row = next(r for r in load_results(path)["records"] if r["output"] == "fasttext-hs")
     assert set(seen) == {expected} and row["threads"] == expected
+
+
+@needs_cooking
+def test_a_full_scale_slice_is_labelled_reduced_with_the_whole_training_size(monkeypatch):
+    from hsm.experiments.classification.commands import scale_label
+    from hsm.experiments.classification.config import _parse_options
+
+    monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
+    whole = _parse_options("full", {"data": "cooking"})
+    assert scale_label("full", whole) == "full"
+    sliced = _parse_options("full", {"data": "cooking", "train_limit": "400", "test_limit": "150"})
+    assert scale_label("quick", sliced) == "quick"
+    label = scale_label("full", sliced)
+    n = len(C.load_classification_data("cooking").train_texts)
+    assert label == f"full, reduced: train_limit=400, test_limit=150 (of {n:,} training examples)"

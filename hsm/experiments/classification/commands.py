@@ -17,7 +17,7 @@ from .config import TableConfig, _config_json, _parse_options
 from .data import _data_slug
 from .table import run_table
 
-__all__ = ["icml_table1", "icml_table3"]
+__all__ = ["icml_table1", "icml_table3", "scale_label"]
 
 
 def _default_out(table: str, scale: str, data: str) -> Path:
@@ -40,8 +40,23 @@ def _run_command(table: str, scale: str, device: str, out: Path | str | None, op
     records = run_table(config, table, device=device, out=out)
     prov = provenance(config={**_config_json(config), "table": table, "device": device,
                               "torch_threads": torch.get_num_threads()},
-                      wall_time_s=time.perf_counter() - start, scale=scale)
+                      wall_time_s=time.perf_counter() - start, scale=scale_label(scale, config))
     return write_results(out, records, prov, force=force)
+
+
+def scale_label(scale: str, config: TableConfig) -> str:
+    """The result file's scale label: ``scale``, or at full scale on a subset of the rows
+    (``train_limit``, ``test_limit``) ``"full, reduced: train_limit=..., test_limit=... (of N
+    training passages)"`` with the data set's full training size N, so that a slice is never
+    labelled plain ``full``."""
+    limits = [f"{key}={getattr(config, key)}" for key in ("train_limit", "test_limit") if getattr(config, key)]
+    if scale != "full" or not limits:
+        return scale
+    from .data import load_classification_data
+
+    data = load_classification_data(config.data, config.test, config.max_books, config.min_label_count)
+    unit = "passages" if config.data == "gutenberg-books" else "examples"
+    return f"full, reduced: {', '.join(limits)} (of {len(data.train_texts):,} training {unit})"
 
 
 @experiment("icml-table1", "ICML Table 1: P@1, train/test time; flat, Huffman (2, 5, 20), learned (5, 20), "
