@@ -64,10 +64,7 @@ def kept_random_run(sc: LMScale, device: str) -> tuple[LMCorpus, LMRunResult, LM
     """lm-gutenberg-offset's random-tree run at scale ``sc`` (trained, its model kept, when it is
     not in the run folder yet; read when it is): its corpus, run, configuration and files (the kept
     model is ``files.model``)."""
-    table = run_table(OFFSET_EXPERIMENT, sc, ("random",), device, keep_models=True)
-    corpus, run = table["corpus"], table["runs"]["random"]
-    cfg = LMRunConfig(**run.config)
-    return corpus, run, cfg, RunFiles.in_folder(_run_dir(OFFSET_EXPERIMENT), cfg, corpus)
+    return _kept_run(sc, "random", device)
 
 
 def kept_learned_run(sc: LMScale, device: str) -> tuple[LMCorpus, LMRunResult, LMRunConfig, RunFiles]:
@@ -75,9 +72,14 @@ def kept_learned_run(sc: LMScale, device: str) -> tuple[LMCorpus, LMRunResult, L
     learning the tree from random tree seed 0, statistics decay 1) on the corpus of ``sc``, trained
     with its model kept in lm-gutenberg-offset's run folder when it is not there yet, read when it
     is: its corpus, run, configuration and files (the kept model is ``files.model``)."""
-    learned = replace(sc, epochs=2, learn_epochs=1, decay=1.0)
-    table = run_table(OFFSET_EXPERIMENT, learned, ("learned",), device, keep_models=True)
-    corpus, run = table["corpus"], table["runs"]["learned"]
+    return _kept_run(replace(sc, epochs=2, learn_epochs=1, decay=1.0), "learned", device)
+
+
+def _kept_run(sc: LMScale, kind: str, device: str) -> tuple[LMCorpus, LMRunResult, LMRunConfig, RunFiles]:
+    """The ``kind`` row of lm-gutenberg-offset's table at ``sc``, its model kept: its corpus, run,
+    configuration and files."""
+    table = run_table(OFFSET_EXPERIMENT, sc, (kind,), device, keep_models=True)
+    corpus, run = table["corpus"], table["runs"][kind]
     cfg = LMRunConfig(**run.config)
     return corpus, run, cfg, RunFiles.in_folder(_run_dir(OFFSET_EXPERIMENT), cfg, corpus)
 
