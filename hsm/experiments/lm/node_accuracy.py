@@ -76,11 +76,12 @@ def node_decisions_by_depth(output, hidden: torch.Tensor, targets: torch.Tensor,
 
 def _kept_model(name: str, corpus, cfg: LMRunConfig, files: RunFiles, sc, device) -> Path:
     """The kept model file of ``name`` (trained first when it is missing); ``cfg`` and ``files``
-    are the random-tree run's (:func:`~.offset.kept_random_run`)."""
-    if name == "random":
-        return files.model
+    are the random-tree run's (:func:`~.offset.kept_random_run`), or the learned run's when only
+    ``learned`` is scored."""
     if name == "learned":
         return kept_learned_run(sc, device)[3].model
+    if name == "random":
+        return files.model
     folder = _run_dir(OFFSET_EXPERIMENT)
     if name == "mnih-hinton":
         kept = RunFiles.in_folder(folder, replace(cfg, output="clustering", fixed_tree="mnih-hinton:predicted"),
@@ -117,7 +118,9 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
     device = check_device(device)
     path = _out_path(out, DEFAULT_OUT)
     check_replace(path, scale, force)
-    corpus, _, cfg, files = kept_random_run(sc, device)
+    # the learned model alone needs no random-tree run: its own run gives the corpus and context
+    kept_run = kept_learned_run if set(models) == {"learned"} else kept_random_run
+    corpus, _, cfg, files = kept_run(sc, device)
     contexts, targets = corpus.windows("test", cfg.context)
     # evenly spaced over the whole test split: its first tokens would all come from one or two books
     pick = torch.from_numpy(np.unique(np.linspace(0, len(targets) - 1, min(tokens, len(targets))).astype(np.int64)))
