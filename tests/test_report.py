@@ -5,6 +5,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from hsm import paper, report
@@ -134,3 +135,21 @@ def test_code_of_results_names_the_files_made_from_uncommitted_code(tmp_path: Pa
     assert "sha256 `abababababab`" in codes["lm/new-dirty.json"].words()
     text = report.code_of_results_markdown(list(codes.values()))
     assert text.startswith("1 of the 3 committed result files") and "`lm/clean.json`" not in text
+
+
+@pytest.mark.parametrize("seed_diffs, word, says", [
+    ({"trec": [1.0, -1.0], "r8": [2.0, -0.5]}, "contradicted", "on every table the sign changes"),
+    ({"trec": [1.0, -1.0], "r8": [-2.0, -0.5]}, "contradicted", "the flat model is ahead on every seed of R8"),
+    ({"trec": [1.0, -1.0], "r8": [2.0, 0.5]}, "close", "the taxonomy is ahead on every seed of R8"),
+    ({"trec": [1.0, 3.0], "r8": [2.0, 0.5]}, "reproduced", "the sign changes with the seed on 0 of 2"),
+])
+def test_the_taxonomy_verdict_names_the_tables_where_one_model_leads_throughout(
+        tmp_path: Path, seed_diffs: dict, word: str, says: str) -> None:
+    for name, diffs in seed_diffs.items():
+        flat = [80.0] * len(diffs)
+        records = [{"claim": None, "value": 0.0, "kind_of_record": "mean_over_seeds", "measure": "f1",
+                    "model": model, "values": values}
+                   for model, values in (("flat", flat), ("hierarchical", list(np.add(flat, diffs))))]
+        _write(tmp_path, f"taxonomy/{name}-full-ft300-test.json", records, max_epochs=30)
+    row = report._taxonomy_row(tmp_path)
+    assert row.verdict == word and says in row.why
