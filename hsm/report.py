@@ -652,7 +652,8 @@ def _taxonomy_row(root: Path) -> Verdict | None:
         how + ("; 20 Newsgroups not run at full size (it needs days of CPU)" if "20NG" not in names else ""),
         "/notebooks/taxonomy_softmax",
         {"min": float(every.min()), "max": float(every.max()), "tables": float(len(diffs)),
-         "tables_with_sign_change": float(sum(sign_changes))})
+         "tables_with_sign_change": float(sum(sign_changes)), "tables_flat_ahead": float(len(behind)),
+         "tables_taxonomy_ahead": float(len(ahead))})
 
 
 def _sampling_row(root: Path) -> Verdict | None:

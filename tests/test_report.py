@@ -153,3 +153,5 @@ def test_the_taxonomy_verdict_names_the_tables_where_one_model_leads_throughout(
         _write(tmp_path, f"taxonomy/{name}-full-ft300-test.json", records, max_epochs=30)
     row = report._taxonomy_row(tmp_path)
     assert row.verdict == word and says in row.why
+    flat_ahead = sum(all(d < 0 for d in diffs) for diffs in seed_diffs.values())
+    assert row.numbers["tables_flat_ahead"] == flat_ahead
