@@ -79,7 +79,8 @@ def _kept_model(name: str, corpus, cfg: LMRunConfig, files: RunFiles, sc, device
     are the random-tree run's (:func:`~.offset.kept_random_run`), or the learned run's when only
     ``learned`` is scored."""
     if name == "learned":
-        return kept_learned_run(sc, device)[3].model
+        # scoring the learned model alone, the caller already holds the learned run's files
+        return files.model if cfg.output == "learned" else kept_learned_run(sc, device)[3].model
     if name == "random":
         return files.model
     folder = _run_dir(OFFSET_EXPERIMENT)
