@@ -460,3 +460,5 @@ def test_scale_label_names_the_selection_and_a_one_directional_lstm():
     assert "4-fold cross-validation of h_dim" in label and "no 4-fold CV" not in label
     assert "one-directional" in label and "1 seed" in label
     assert "one-directional" not in E.scale_label("full", dict(cfg, bidirectional=True))
+    assert "buckets" not in label
+    assert "batches drawn from 50 buckets of similar length" in E.scale_label("full", dict(cfg, length_buckets=50))

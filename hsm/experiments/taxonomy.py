@@ -79,8 +79,9 @@ def scale_label(scale: str, cfg: dict[str, Any], longest_document: int | None = 
     """The scale label of one table's run: ``quick``, or ``full`` followed by every way the run
     departs from the paper's protocol (GloVe 6B-300d embeddings, 4-fold cross-validation of the
     hidden size, early stopping, whole documents): the embeddings (our stand-ins, or the random-init
-    lower reference), the one validation split, the epoch budget, the document cap, and fewer
-    seeds, a capped vocabulary or a subset of the models where the settings ask for them.
+    lower reference), the one validation split, the epoch budget, the document cap, length-bucketed
+    batches, and fewer seeds, a capped vocabulary or a subset of the models where the settings ask
+    for them.
 
     ``cfg`` is a run's settings with the resolved cap (``max_tokens_used`` and
     ``kept_token_share_train`` from :func:`_prepare`); a cap at or above ``longest_document``, or
@@ -106,6 +107,8 @@ def scale_label(scale: str, cfg: dict[str, Any], longest_document: int | None = 
              or (longest_document is not None and cap >= longest_document))
     parts.append("whole documents" if whole else f"documents cut at {cap} tokens"
                  + (f" ({100 * share:.0f} % of the training tokens kept)" if share else ""))
+    if cfg.get("length_buckets"):
+        parts.append(f"batches drawn from {cfg['length_buckets']} buckets of similar length")
     for key, what in (("train_limit", "training"), ("test_limit", "test")):
         if cfg.get(key):
             parts.append(f"first {cfg[key]:,} {what} documents")
