@@ -617,7 +617,7 @@ def _taxonomy_row(root: Path) -> Verdict | None:
     from hsm.experiments import taxonomy
     from hsm.results import load_results
 
-    diffs, names, budgets = [], [], []
+    diffs, names, cut_short = [], [], []
     for name, (_, table, key, _) in taxonomy.DATASETS.items():
         path = taxonomy.headline_file(name, root)
         if path is None:
@@ -627,7 +627,12 @@ def _taxonomy_row(root: Path) -> Verdict | None:
                  if r.get("kind_of_record") == "mean_over_seeds" and r.get("measure") == "f1"}
         diffs.append(np.subtract(means["hierarchical"]["values"], means["flat"]["values"]))
         names.append(name.upper() if name != "20ng" else "20NG")
-        budgets.append(payload["provenance"]["config"].get("max_epochs"))
+        cfg = payload["provenance"]["config"]
+        # a table whose documents were cut below the full path's token share ran at a reduced setting
+        share = cfg.get("kept_token_share_train")
+        if share is not None and share < cfg.get("token_share", 0.95):
+            cut_short.append(f"{names[-1]} documents cut at {cfg['max_tokens_used']} tokens "
+                             f"({100 * share:.0f} % of the training tokens)")
     if not diffs:
         return None
     paper_margins = [paper.get(f"sf2020.table{t}.{k}.hierarchical.f1").value - paper.get(f"sf2020.table{t}.{k}.flat.f1").value
@@ -649,7 +654,8 @@ def _taxonomy_row(root: Path) -> Verdict | None:
         "A two-level softmax over the data's own taxonomy beats the flat softmax",
         f"Schuurmans & Frasincar: +{min(paper_margins):.1f} to +{max(paper_margins):.1f} macro-F1, one run per table",
         f"{every.min():+.1f} to {every.max():+.1f} ({', '.join(names)}; {min(d.size for d in diffs)} seeds each)", word,
-        how + ("; 20 Newsgroups not run at full size (it needs days of CPU)" if "20NG" not in names else ""),
+        how + ("; 20 Newsgroups not run at full size (it needs days of CPU)" if "20NG" not in names else "")
+        + "".join(f"; {what}" for what in cut_short),
         "/notebooks/taxonomy_softmax",
         {"min": float(every.min()), "max": float(every.max()), "tables": float(len(diffs)),
          "tables_with_sign_change": float(sum(sign_changes)), "tables_flat_ahead": float(len(behind)),

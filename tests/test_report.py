@@ -155,3 +155,15 @@ def test_the_taxonomy_verdict_names_the_tables_where_one_model_leads_throughout(
     assert row.verdict == word and says in row.why
     flat_ahead = sum(all(d < 0 for d in diffs) for diffs in seed_diffs.values())
     assert row.numbers["tables_flat_ahead"] == flat_ahead
+
+
+def test_the_taxonomy_verdict_names_a_table_whose_documents_were_cut_short(tmp_path: Path) -> None:
+    for name, share in (("r8", 0.951), ("20ng", 0.605)):
+        records = [{"claim": None, "value": 0.0, "kind_of_record": "mean_over_seeds", "measure": "f1",
+                    "model": model, "values": values}
+                   for model, values in (("flat", [80.0, 81.0]), ("hierarchical", [81.0, 80.0]))]
+        _write(tmp_path, f"taxonomy/{name}-full-ft300-test.json", records, max_epochs=10, token_share=0.95,
+               kept_token_share_train=share, max_tokens_used=256 if name == "20ng" else 422)
+    row = report._taxonomy_row(tmp_path)
+    assert "20NG documents cut at 256 tokens (60 % of the training tokens)" in row.why
+    assert "R8 documents" not in row.why and "not run at full size" not in row.why
