@@ -628,11 +628,9 @@ def _taxonomy_row(root: Path) -> Verdict | None:
         diffs.append(np.subtract(means["hierarchical"]["values"], means["flat"]["values"]))
         names.append(name.upper() if name != "20ng" else "20NG")
         cfg = payload["provenance"]["config"]
-        # a table whose documents were cut below the full path's token share ran at a reduced setting
-        share = cfg.get("kept_token_share_train")
-        if share is not None and share < cfg.get("token_share", 0.95):
+        if taxonomy.below_token_share(cfg):  # a table run at a reduced document length
             cut_short.append(f"{names[-1]} documents cut at {cfg['max_tokens_used']} tokens "
-                             f"({100 * share:.0f} % of the training tokens)")
+                             f"({100 * cfg['kept_token_share_train']:.0f} % of the training tokens)")
     if not diffs:
         return None
     paper_margins = [paper.get(f"sf2020.table{t}.{k}.hierarchical.f1").value - paper.get(f"sf2020.table{t}.{k}.flat.f1").value

@@ -56,7 +56,7 @@ from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classificati
 from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
 
-__all__ = ["DATASETS", "build_output_layer", "estimate_epoch_seconds", "glove_standin_vectors", "headline_file",
+__all__ = ["DATASETS", "below_token_share", "build_output_layer", "estimate_epoch_seconds", "glove_standin_vectors", "headline_file",
            "kept_token_share", "pretrained_rows", "resolve_max_tokens", "token_cap_for_share", "top_level_groups",
            "train_one", "run_taxonomy_tables", "scale_label"]
 
@@ -128,6 +128,14 @@ def kept_token_share(lengths: np.ndarray, cap: int) -> float:
         raise ValueError(f"cap must be >= 1, got {cap}")
     total = int(lengths.sum())
     return 1.0 if total == 0 else float(np.minimum(lengths, cap).sum()) / total
+
+
+def below_token_share(cfg: dict[str, Any]) -> bool:
+    """Whether a run's document cap kept less of the training tokens than its ``token_share`` (the
+    95 % rule of the full path): a run at a reduced document length. ``cfg`` is a result file's
+    configuration; one without a recorded share (the reduced first runs) is not judged here."""
+    share = cfg.get("kept_token_share_train")
+    return share is not None and share < cfg.get("token_share", 0.95)
 
 
 def token_cap_for_share(lengths: np.ndarray, share: float = 0.95) -> int:
