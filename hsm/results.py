@@ -83,6 +83,7 @@ __all__ = [
     "iter_results",
     "default_results_root",
     "hardware_summary",
+    "machine_arithmetic",
     "ReproductionRow",
     "reproduction_rows",
     "reproduction_table_markdown",
@@ -211,6 +212,46 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
+#: the CPU's vector extensions that decide which kernels numpy, torch and numba run (and so the
+#: order of float32 sums): recorded so that a re-run elsewhere knows whether it ran the same arithmetic
+_VECTOR_EXTENSIONS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512dq", "avx512bw", "avx512vl",
+                      "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "neon", "asimd", "sve")
+
+
+def _cpu_vector_extensions() -> list[str]:
+    """The CPU's vector extensions among :data:`_VECTOR_EXTENSIONS` (Linux /proc/cpuinfo flags;
+    an empty list where the file is not there)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                key = line.split(":", 1)[0].strip().lower()
+                if key in ("flags", "features"):
+                    flags = set(line.split(":", 1)[1].split())
+                    return [name for name in _VECTOR_EXTENSIONS if name in flags]
+    except OSError:
+        pass
+    return []
+
+
+def _numba_version() -> str | None:
+    try:
+        import numba
+    except ImportError:
+        return None
+    return str(numba.__version__)
+
+
+def machine_arithmetic(prov: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What decides a run's float arithmetic, from a provenance: the CPU model, its vector
+    extensions, the kernels torch picked for them, the thread count and the numeric libraries'
+    versions. Two runs with equal tuples on one thread ran the same operations in the same order;
+    None when the provenance predates these fields (nothing can be said)."""
+    if "threads" not in prov or "cpu_vector_extensions" not in prov:
+        return None
+    return (prov.get("cpu_model"), tuple(prov.get("cpu_vector_extensions") or ()), prov.get("cpu_capability"),
+            prov.get("threads"), prov.get("torch"), prov.get("numpy"), prov.get("numba"), prov.get("cuda_device"))
+
+
 def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | None = None,
                scale: str | None = None) -> dict[str, Any]:
     """Where, when and with what a result was produced.
@@ -228,8 +269,10 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         A dict with ``date_utc`` (ISO 8601), ``git_commit`` and ``git_dirty`` (the checkout's state
         when this process imported ``hsm``, i.e. the code that ran; tracked files modified; None
         outside a git checkout; ``git_commit_at_write`` too when HEAD moved while it ran), ``hostname``, ``cpu_model``, ``cpu_count``,
-        ``platform``, ``python``, ``torch``, ``numpy``, ``cuda_device`` (name of CUDA device 0,
-        or None), ``hsm_scale`` (``scale``, else ``HSM_SCALE``: quick or full), ``config`` and
+        ``cpu_vector_extensions`` (e.g. ``["sse4_2", "avx", "avx2", "fma"]``), ``cpu_capability``
+        (the kernels torch dispatches to, e.g. ``"AVX2"``), ``threads`` (torch's intra-op threads,
+        which the compiled kernels use too), ``platform``, ``python``, ``torch``, ``numpy``,
+        ``numba``, ``cuda_device`` (name of CUDA device 0, or None), ``hsm_scale`` (``scale``, else ``HSM_SCALE``: quick or full), ``config`` and
         ``wall_time_s``.
 
     Raises:
@@ -264,10 +307,14 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         "hostname": socket.gethostname(),
         "cpu_model": _cpu_model(),
         "cpu_count": os.cpu_count(),
+        "cpu_vector_extensions": _cpu_vector_extensions(),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": numpy.__version__,
+        "numba": _numba_version(),
         "cuda_device": cuda_device,
         "hsm_scale": recorded,
         "config": _to_json_value(dict(config), "config") if config is not None else None,
@@ -450,12 +497,13 @@ def _disk_full(exc: BaseException, path: Path) -> bool:
     return False
 
 
-def check_destination(path: str | os.PathLike[str], what: str = "result file") -> Path:
+def check_destination(path: str | os.PathLike[str], what: str = "result file", fix: str | None = None) -> Path:
     """Check, before any work, that the file ``path`` can be written: not an existing directory,
     its folder creatable (no file in the way) and writable (a probe file is created and removed
-    in the nearest existing folder). ValueError naming the path and the fix otherwise."""
+    in the nearest existing folder). ValueError naming the path and the fix otherwise (``fix``:
+    what the user should change, default the result's ``--out``)."""
     path = Path(path)
-    hint = "choose another --out" + (f" or {OUTPUT_ENV}" if os.environ.get(OUTPUT_ENV) else "")
+    hint = fix or ("choose another --out" + (f" or {OUTPUT_ENV}" if os.environ.get(OUTPUT_ENV) else ""))
     if path.is_dir():
         raise ValueError(f"{what} {path} is an existing directory, not a file: {hint} (e.g. {path / 'result.json'})")
     existing = _nearest_existing(path.parent)

@@ -69,13 +69,84 @@ def test_bad_tolerances_and_missing_files_are_one_line_errors(tmp_path: Path, ca
 
 
 @pytest.mark.parametrize("name", ["sampling-fig2-quick.json", "sampling-fig1-quick.json"])
-def test_a_committed_quick_result_reproduces_exactly(name: str, capsys) -> None:
+def test_a_committed_quick_result_reproduces_on_any_machine_of_our_kind(name: str, capsys) -> None:
+    """The committed files were made on another machine (their provenance predates the arithmetic
+    fields): floats are checked at the float32 tolerance, integers exactly."""
     path = FIXTURES / name
     recorded = json.loads(path.read_text())["provenance"]
     assert recorded["git_dirty"] is False and recorded["invocation"]["scale"] == "quick"
     assert R.main([str(path)]) == 0, capsys.readouterr().out[-3000:]
     out = capsys.readouterr().out
-    assert " 0 differ" in out
+    assert " 0 differ" in out and "float32 tolerance" in out and f"rtol {R.FLOAT32_RTOL:g}" in out
+
+
+def test_a_file_re_run_with_the_same_arithmetic_is_checked_exactly(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The same machine re-running its own one-thread file: every float must come back equal."""
+    monkeypatch.setenv("HSM_THREADS", "1")
+    first = tmp_path / "first"
+    assert R.main([str(FIXTURES / "sampling-fig1-quick.json"), "--keep", str(first)]) == 0
+    capsys.readouterr()
+    own = first / "sampling-fig1-quick.json"
+    assert json.loads(own.read_text())["provenance"]["threads"] == 1
+    assert R.main([str(own)]) == 0, capsys.readouterr().out[-3000:]
+    out = capsys.readouterr().out
+    assert " 0 differ" in out and "floats exactly" in out and "rtol 0, atol 0" in out
+
+
+def _arithmetic(**changes) -> dict:
+    prov = {"cpu_model": "CPU X", "cpu_vector_extensions": ["avx", "avx2", "fma"], "cpu_capability": "AVX2",
+            "threads": 1, "torch": "2.13.0+cpu", "numpy": "2.0", "numba": "0.60", "cuda_device": None}
+    prov.update(changes)
+    return prov
+
+
+def test_the_same_arithmetic_needs_one_thread_and_every_recorded_field_equal() -> None:
+    assert R.same_arithmetic(_arithmetic(), _arithmetic())
+    assert not R.same_arithmetic(_arithmetic(threads=2), _arithmetic(threads=2))  # thread scheduling varies
+    assert not R.same_arithmetic(_arithmetic(), _arithmetic(cpu_vector_extensions=["avx", "avx2", "fma", "avx512f"]))
+    assert not R.same_arithmetic(_arithmetic(), _arithmetic(cpu_capability="AVX512"))
+    assert not R.same_arithmetic(_arithmetic(), _arithmetic(torch="2.14.0+cpu"))
+    old = _arithmetic()
+    del old["threads"]  # a file from before these fields were recorded
+    assert not R.same_arithmetic(old, old)
+
+
+def test_integers_are_compared_exactly_at_any_tolerance() -> None:
+    diffs = R.compare_records([{"m": "a", "n_test": 1000, "p1": 0.5}], [{"m": "a", "n_test": 1001, "p1": 0.50001}])
+    by_field = {d.field: d for d in diffs}
+    assert not by_field["n_test"].within(0.1, 1.0) and by_field["n_test"].integer
+    assert by_field["p1"].within(1e-4, 0) and not by_field["p1"].integer
+
+
+def test_provenance_records_the_arithmetic() -> None:
+    from hsm.results import machine_arithmetic, provenance
+
+    prov = provenance(scale="quick")
+    assert isinstance(prov["threads"], int) and prov["threads"] >= 1
+    assert isinstance(prov["cpu_vector_extensions"], list) and prov["cpu_capability"]
+    assert machine_arithmetic(prov) is not None
+
+
+def test_keep_never_replaces_the_file_it_re_runs(tmp_path: Path, capsys) -> None:
+    source = tmp_path / "sampling-fig1-quick.json"
+    source.write_bytes((FIXTURES / "sampling-fig1-quick.json").read_bytes())
+    before = source.read_bytes()
+    assert R.main([str(source), "--keep", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "would replace the file it is compared with" in err and err.count("\n") == 1
+    assert source.read_bytes() == before
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    assert R.main([str(source), "--keep", str(a_file)]) == 2
+    assert "is a file" in capsys.readouterr().err and a_file.read_text() == "x"
+    assert R.main([str(source), "--keep", str(a_file / "below")]) == 2
+    assert "cannot be written" in capsys.readouterr().err
+
+
+def test_a_folder_given_as_the_result_is_a_one_line_error(tmp_path: Path, capsys) -> None:
+    assert R.main([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "is a folder, not a result file" in err and err.count("\n") == 1
 
 
 def _check_options(invocation: dict) -> None:
