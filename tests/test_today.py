@@ -7,6 +7,7 @@ result file's structure, not accuracy or timings. A library that is not installe
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +15,15 @@ import pytest
 
 from hsm.experiments import classification as C
 from hsm.experiments.classification import today as T
-from hsm.results import load_results
+from hsm.results import load_results, provenance, write_results
 
 MIRROR = os.environ.get("HSM_DATA_MIRROR") or (
     str(Path(__file__).resolve().parents[2] / "shared" / "data")
     if (Path(__file__).resolve().parents[2] / "shared" / "data" / "cooking").is_dir() else None)
 needs_cooking = pytest.mark.skipif(MIRROR is None, reason="no data mirror (HSM_DATA_MIRROR) with cooking")
 
-TINY = dict(data="cooking", train_limit="300", test_limit="100", lr_grid="0.5", epoch_grid="5")
+TINY_DATA = dict(data="cooking", train_limit="300", test_limit="100")
+TINY = dict(TINY_DATA, lr_grid="0.5", epoch_grid="5")
 
 
 def _gold(labels: list[list[int]], num_labels: int) -> C.EncodedSplit:
@@ -72,6 +74,10 @@ def test_xc_file_of_a_document_without_features_is_read_by_omikuji(tmp_path):
     ({"lr_grid": "0.5,-1"}, "option lr_grid"),
     ({"train_limit": "1.5"}, "must be an integer"),
     ({"epochs": "5"}, "unknown option 'epochs'"),
+    ({"single_seed": "omikuji-bonsia"}, "unknown omikuji-bonsia"),
+    # a known method that does not run must not be reported as run with one seed
+    ({"methods": "hsm-sparse-flat", "single_seed": "hsm-sparse-kmeans"}, "hsm-sparse-kmeans not in methods"),
+    ({"single_seed": "hsm-sparse-ovr"}, "hsm-sparse-ovr not in methods"),  # an ablation, not run by default
 ])
 def test_options_are_checked_before_any_work(tmp_path, options, message):
     with pytest.raises(ValueError, match=message):
@@ -134,14 +140,86 @@ def test_our_rate_is_picked_once_when_shared_and_single_seed_methods_run_once(tm
     assert records[2]["seeds_note"].startswith("run with the first seed only")
 
 
+def _missing(*methods: str):
+    """A stand-in for :func:`~T.method_available`: ``methods`` are not installed."""
+    return lambda m: f"{m.split('-')[0]} is not installed; pip install {m.split('-')[0]}" if m in methods else None
+
+
+def _no_data(name: str):
+    raise AssertionError("the data were loaded")
+
+
+def test_when_no_method_asked_for_can_run_nothing_is_loaded_or_written(tmp_path, monkeypatch, capsys):
+    from hsm.experiments.cli import main
+
+    monkeypatch.setattr(T, "method_available", _missing("napkinxc-plt", "omikuji-bonsai"))
+    monkeypatch.setattr(T, "load_classification_data", _no_data)
+    with pytest.raises(ValueError, match="none of them can run here: napkinxc is not installed; pip install "
+                                         "napkinxc; omikuji is not installed; pip install omikuji"):
+        T.today_tools("quick", out=tmp_path / "today.json", methods="napkinxc-plt,omikuji-bonsai", **TINY_DATA)
+    assert main(["today-tools", "--out", str(tmp_path / "today.json"), "-o", "methods=napkinxc-plt"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hsm run today-tools: ") and "pip install napkinxc" in err and err.count("\n") == 1
+    assert not (tmp_path / "today.json").exists()
+
+
+def _finished_file(path: Path, methods: tuple[str, ...]) -> bytes:
+    records = [{"method": m, "data": "cooking", "seed": 0, "p_at_1": 50.0} for m in methods]
+    write_results(path, records, provenance(config={}, scale="quick"))
+    return path.read_bytes()
+
+
+def test_a_file_with_finished_methods_this_run_would_drop_is_kept(tmp_path, monkeypatch):
+    monkeypatch.setattr(T, "method_available", _missing("napkinxc-plt"))
+    monkeypatch.setattr(T, "load_classification_data", _no_data)
+    out = tmp_path / "today.json"
+    before = _finished_file(out, ("hsm-sparse-flat", "napkinxc-plt", "hsm-sparse-kmeans"))
+    # napkinxc-plt is asked for but not installed here, hsm-sparse-kmeans not asked for
+    with pytest.raises(ValueError, match=r"holds finished results of napkinxc-plt, hsm-sparse-kmeans, which this run "
+                                         r"would not write \(napkinxc is not installed; pip install napkinxc\); .*--force"):
+        T.today_tools("quick", out=out, methods="hsm-sparse-flat,napkinxc-plt", **TINY_DATA)
+    with pytest.raises(ValueError, match=r"hsm-sparse-kmeans, which this run would not write \(not in methods\)"):
+        T.today_tools("quick", out=out, methods="hsm-sparse-flat,hsm-sparse-huffman", **TINY_DATA)
+    assert out.read_bytes() == before
+
+
 @needs_cooking
-def test_a_missing_library_is_skipped_with_a_note(tmp_path, monkeypatch):
+def test_a_missing_library_is_skipped_and_the_rest_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
-    monkeypatch.setattr(T, "method_available", lambda m: f"{m} is not installed; pip install it")
-    out = T.today_tools("quick", out=tmp_path / "today.json", methods="napkinxc-plt,omikuji-bonsai", **TINY)
-    records = load_results(out)["records"]
-    assert [r["method"] for r in records] == ["napkinxc-plt", "omikuji-bonsai"]
-    assert all("is not installed" in r["skipped"] for r in records)
+    monkeypatch.setattr(T, "method_available", _missing("napkinxc-plt"))
+    out = tmp_path / "today.json"
+    _finished_file(out, ("hsm-sparse-flat", "napkinxc-plt"))
+    # replacing the finished napkinxc-plt results is asked for explicitly
+    out = T.today_tools("quick", out=out, force=True, methods="napkinxc-plt,hsm-sparse-flat", seeds="0,1",
+                        single_seed="napkinxc-plt,hsm-sparse-flat", sparse_lr_grid="1", sparse_epochs="1", **TINY_DATA)
+    payload = load_results(out)
+    records = payload["records"]
+    assert [(r["method"], r.get("seed")) for r in records] == [("napkinxc-plt", None), ("hsm-sparse-flat", 0)]
+    assert records[0]["skipped"] == "napkinxc is not installed; pip install napkinxc"
+    assert payload["provenance"]["skipped_methods"] == {"napkinxc-plt": records[0]["skipped"]}
+    # the label names the method that ran with one seed, not the one that did not run
+    label = payload["provenance"]["hsm_scale"]
+    assert "one seed for hsm-sparse-flat" in label and "napkinxc" not in label
+
+
+@needs_cooking
+def test_a_limit_above_the_split_is_no_reduction(tmp_path, monkeypatch):
+    from hsm.experiments.classification.data import _subset_rows
+
+    monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
+    real = T.load_classification_data
+    # a 300/100 split, so that limits above it run every row
+    monkeypatch.setattr(T, "load_classification_data",
+                        lambda name: _subset_rows(_subset_rows(real(name), 300, "train", 0), 100, "test", 1))
+    out = T.today_tools("full", out=tmp_path / "today.json", methods="hsm-sparse-flat", train_limit="1000000",
+                        test_limit="100", sparse_lr_grid="1", sparse_epochs="1", data="cooking")
+    payload = load_results(out)
+    assert payload["provenance"]["hsm_scale"] == "full"
+    assert [(r["train_examples"], r["test_examples"]) for r in payload["records"]] == [(300, 100)] * 3
+    out = T.today_tools("full", out=tmp_path / "cut.json", methods="hsm-sparse-flat", train_limit="1000000",
+                        test_limit="50", seeds="0,1,2", sparse_lr_grid="1", sparse_epochs="1", data="cooking")
+    assert load_results(out)["provenance"]["hsm_scale"] == (
+        "full, reduced: all 300 training examples; test_limit=50 of 100 test examples (a seeded subset)")
 
 
 def test_the_scale_label_names_every_reduction():
@@ -152,6 +230,14 @@ def test_the_scale_label_names_every_reduction():
     label = T.today_scale_label("full", cut, 396249, 98734)
     assert label.startswith("full, reduced: all 396,249 training examples; test_limit=20000 of 98,734 test")
     assert "one seed for omikuji-bonsai" in label and "fastText grid lr=1 x epoch=5" in label
+    # limits at or above a split's size cut nothing
+    whole = T.TodayConfig(train_limit=396249, test_limit=10**9)
+    assert T.today_scale_label("full", whole, 396249, 98734) == "full"
+    assert T.today_scale_label("full", replace(whole, train_limit=1000), 396249, 98734) == (
+        "full, reduced: train_limit=1000 of 396,249 training examples")
+    # a method that did not run is named nowhere
+    assert T.today_scale_label("full", cut, 396249, 98734, ran=("hsm-sparse-flat",)) == (
+        "full, reduced: all 396,249 training examples; test_limit=20000 of 98,734 test examples (a seeded subset)")
 
 
 @needs_cooking

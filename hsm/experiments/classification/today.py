@@ -65,7 +65,7 @@ import scipy.sparse as sp
 
 from hsm.experiments import (check_device, check_scale, experiment, option_choice, option_choices, option_floats,
                              option_int, option_ints)
-from hsm.results import check_replace, output_path, provenance, write_results
+from hsm.results import check_replace, output_path, provenance, read_json_or_none, write_results
 from hsm.sparse_features import tfidf_features
 
 from .data import EncodedSplit, _ragged_labels, _subset_rows, encode_data, load_classification_data
@@ -73,7 +73,7 @@ from .peers import _doc_tokens, _fasttext_lines, _package_version, _word_text, r
 from .presets import STAND_INS
 
 __all__ = ["ABLATIONS", "DEFAULT_METHODS", "METHOD_NAMES", "SPARSE_METHODS", "TODAY_METHODS", "TodayConfig",
-           "precision_at_k", "run_today", "summarise", "today_scale_label", "today_tools"]
+           "precision_at_k", "run_today", "summarise", "today_scale_label", "today_tools", "unavailable_methods"]
 
 #: our rows: :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method -> its
 #: settings. ``output="refit"``: the tree learned from that start, then a new model trained from
@@ -185,7 +185,14 @@ def _parse_today(scale: str, options: dict[str, Any]) -> TodayConfig:
         updates[key] = _CASTS[key](key, value)
     if len(set(updates.get("seeds", ()))) != len(updates.get("seeds", ())):
         raise ValueError(f"option seeds={options['seeds']!r}: names a seed twice")
-    return replace(config, **updates)
+    config = replace(config, **updates)
+    # a method named here but not run would still be reported as run with one seed
+    absent = [m for m in config.single_seed if m not in config.methods]
+    if absent:
+        raise ValueError(f"option single_seed={options['single_seed']!r}: {', '.join(absent)} not in "
+                         f"methods={','.join(config.methods)}, so it would not run; add it to methods or drop it "
+                         "from single_seed")
+    return config
 
 
 def _log(message: str) -> None:
@@ -200,6 +207,38 @@ def method_available(method: str) -> str | None:
     except ImportError as exc:
         return f"{module} is not installed ({exc}); pip install {package} (extra 'baselines')"
     return None
+
+
+def unavailable_methods(config: TodayConfig) -> dict[str, str]:
+    """Method -> why it cannot run here, for the methods of ``config`` whose package is missing
+    (an import, no data read). ValueError, in one line naming the packages and how to install
+    them, when none of the methods asked for can run: a run of nothing would write a file of
+    skipped records only, after loading the data for nothing."""
+    missing = {method: why for method in config.methods if (why := method_available(method))}
+    if len(missing) == len(config.methods):
+        raise ValueError(f"option methods={','.join(config.methods)}: none of them can run here: "
+                         + "; ".join(dict.fromkeys(missing.values())))
+    return missing
+
+
+def _check_keeps_finished(out: Path, runs: Sequence[str], missing: dict[str, str], force: bool) -> None:
+    """Refuse (ValueError, before any work) to replace the result file ``out`` when it holds
+    finished results of a method this run will not write (not asked for, or its package missing
+    here), unless ``force``: a run with fewer methods must not silently drop finished results."""
+    if force:
+        return
+    payload = read_json_or_none(out, "result file")
+    if not isinstance(payload, dict) or not isinstance(payload.get("records"), list):
+        return
+    finished = dict.fromkeys(r["method"] for r in payload["records"]
+                             if isinstance(r, dict) and isinstance(r.get("method"), str) and not r.get("skipped"))
+    lost = [method for method in finished if method not in runs]
+    if not lost:
+        return
+    why = "; ".join(dict.fromkeys(missing[m] for m in lost if m in missing))
+    raise ValueError(f"{out} holds finished results of {', '.join(lost)}, which this run would not write"
+                     + (f" ({why})" if why else " (not in methods)")
+                     + "; write elsewhere with --out PATH, or pass --force / force=True to replace it")
 
 
 # ====================================================================================== metrics
@@ -412,7 +451,10 @@ def _run_fasttext_bigrams(data: Any, labels: tuple[EncodedSplit, EncodedSplit], 
 # ====================================================================================== the run
 def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Every method of ``config.methods`` at every seed on ``config.data``; returns the records
-    and a summary of the data (sizes, feature count, feature seconds)."""
+    and a summary of the data (sizes, feature count, feature seconds). A method whose package is
+    missing is a ``skipped`` record; ValueError before the data are read when every one is
+    (:func:`unavailable_methods`)."""
+    missing = unavailable_methods(config)
     data = load_classification_data(config.data)
     full_sizes = {"full_train_examples": len(data.train_texts), "full_test_examples": len(data.test_texts)}
     data = _subset_rows(data, config.train_limit, "train", 0)
@@ -420,7 +462,7 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
     labels = (_label_split(data.train_texts, data.train_labels, data.num_labels),
               _label_split(data.test_texts, data.test_labels, data.num_labels))
     feats = None
-    if any(not m.startswith("fasttext") and method_available(m) is None for m in config.methods):
+    if any(not m.startswith("fasttext") and m not in missing for m in config.methods):
         log(f"{config.data}: TF-IDF features of {len(data.train_texts)} training documents ...")
         feats = _tfidf(data, config)
         log(f"{config.data}: {feats.x_train.shape[1]} features, {feats.x_train.nnz} non-zeros in "
@@ -437,7 +479,7 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
     with tempfile.TemporaryDirectory(prefix="hsm-today-") as tmp:
         workdir = Path(tmp)
         for method in config.methods:
-            why = method_available(method)
+            why = missing.get(method)
             if why:
                 log(f"{method}: skipped, {why}")
                 records.append({"method": method, **common, "skipped": why})
@@ -598,27 +640,37 @@ def summarise(records: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def today_scale_label(scale: str, config: TodayConfig, full_train: int | None = None,
-                      full_test: int | None = None) -> str:
+                      full_test: int | None = None, ran: Sequence[str] | None = None) -> str:
     """``scale`` alone, or ``"full, reduced: ..."`` naming what ran on less than everything: a
     train or test slice (against the split's ``full_train``/``full_test`` sizes where given),
-    methods run with one seed, fewer than three seeds, a fastText grid cut down."""
+    methods run with one seed, fewer than three seeds, a fastText grid cut down.
+
+    A limit counts only where it cut the split: ``train_limit=10**9`` on a split of 15,000 rows
+    ran every row, so it is no reduction (and a limit named is the number of rows used). ``ran``
+    (default every method of ``config``) are the methods that ran: one that was skipped is named
+    nowhere in the label."""
     def of(n: int | None, what: str) -> str:
         return "" if n is None else f" of {n:,} {what}"
 
+    def cut(limit: int | None, full: int | None) -> bool:
+        return limit is not None and (full is None or limit < full)
+
+    ran = tuple(config.methods if ran is None else ran)
     reduced = []
-    if config.train_limit is not None:
+    if cut(config.train_limit, full_train):
         reduced.append(f"train_limit={config.train_limit}{of(full_train, 'training examples')}")
-    elif config.test_limit is not None and full_train is not None:
+    elif cut(config.test_limit, full_test) and full_train is not None:
         reduced.append(f"all {full_train:,} training examples")
-    if config.test_limit is not None:
+    if cut(config.test_limit, full_test):
         reduced.append(f"test_limit={config.test_limit}{of(full_test, 'test examples')} (a seeded subset)")
     if len(config.seeds) < 3:
         reduced.append(f"seeds={','.join(map(str, config.seeds))}")
-    if config.single_seed:
-        reduced.append("one seed for " + ", ".join(config.single_seed))
+    one_seed = [m for m in config.single_seed if m in ran]
+    if one_seed and len(config.seeds) > 1:
+        reduced.append("one seed for " + ", ".join(one_seed))
     default = TodayConfig()
     cut_grid = (config.lr_grid, config.epoch_grid) != (default.lr_grid, default.epoch_grid)
-    if cut_grid and "fasttext-bigrams" in config.methods:
+    if cut_grid and "fasttext-bigrams" in ran:
         reduced.append(f"fastText grid lr={','.join(f'{v:g}' for v in config.lr_grid)} x "
                        f"epoch={','.join(map(str, config.epoch_grid))}")
     return scale if not reduced else f"{scale}, reduced: " + "; ".join(reduced)
@@ -632,24 +684,38 @@ def _remove_tree(path: Path) -> None:
 
 @experiment("today-tools", "Today's label-tree libraries (omikuji Parabel/Bonsai, napkinXC PLT/HSM/OVR) and "
             "fastText with bigrams on the stand-ins: P@1, P@5, train/predict time, model size; "
-            "data=cooking|gutenberg-books", "results/classification/today-cooking.json")
+            "data=cooking|gutenberg-books; a method whose library is missing is skipped, and a result "
+            "file holding its finished results is not replaced without --force",
+            "results/classification/today-cooking.json")
 def today_tools(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
                 **options: Any) -> Path:
     """Run every method of ``methods`` (default :data:`DEFAULT_METHODS`) for each seed on ``data`` and write
     ``results/classification/today-<data>[-quick].json`` (under ``hsm-results/`` unless ``out``).
     The libraries run on the CPU: ``device`` must be ``cpu``. ValueError for a bad scale,
-    device or option, before any work."""
+    device or option, before any work.
+
+    Missing libraries are found before the data are read. When none of the methods asked for can
+    run, ValueError names the packages to install and nothing is written. Otherwise the others
+    run, and each missing one is a ``skipped`` record saying what to install. A result file at
+    ``out`` that holds finished results of a method this run will not write (not in ``methods``,
+    or its library missing here) is not replaced: ValueError, before any work, unless ``force``.
+    Write elsewhere with ``out``, or install the library and run again."""
     config = _parse_today(scale, options)
     if check_device(device) != "cpu":
         raise ValueError(f"device {device!r}: the libraries compared here run on the CPU only; use --device cpu")
     suffix = "" if scale == "full" else "-quick"
     out = output_path(f"results/classification/today-{config.data}{suffix}.json", out)
     check_replace(out, scale, force)
+    missing = unavailable_methods(config)
+    _check_keeps_finished(out, [m for m in config.methods if m not in missing], missing, force)
     start = time.perf_counter()
     os.environ.setdefault("OMP_NUM_THREADS", str(config.threads))
     records, summary = run_today(config)
+    ran = [m for m in config.methods if m not in missing]
     prov = provenance(config=asdict(config), wall_time_s=time.perf_counter() - start,
                       scale=today_scale_label(scale, config, summary["full_train_examples"],
-                                              summary["full_test_examples"]))
+                                              summary["full_test_examples"], ran))
     prov["data_summary"] = summary  # sizes, TF-IDF feature count and the seconds it took (once for all)
+    if missing:
+        prov["skipped_methods"] = missing  # what to install to run them
     return write_results(out, records, prov, force=force)
