@@ -33,8 +33,10 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from ._checks import NonFiniteInputError
 from .assign import assign_labels_depth_constrained, assign_labels_well_formed
-from .fast_classifier import Prediction, _as_labels, _check_fraction, _check_positive, _choice, _count
+from .fast_classifier import (Prediction, _as_labels, _check_fraction, _check_inferred_size, _check_positive, _choice,
+                              _count)
 from .fast_trainer import FitHistory, HogwildTrainer, _example_rate, path_arrays, statistics_arrays
 from .kernels import _FASTMATH, _run
 from .objective import RankingScore, _score_name
@@ -45,6 +47,13 @@ from .tree import Tree, check_integer
 __all__ = ["SparseTreeClassifier", "full_tree", "kmeans_label_tree", "label_centroids"]
 
 _NEG_INF = np.float32(-np.inf)
+
+#: the largest |feature value| :meth:`SparseTreeClassifier.fit` accepts. A step adds about
+#: ``lr * x`` to a weight, so a node logit ``W x`` grows like ``lr * x**2``, and AdaGrad adds
+#: ``x**2`` to its sums: float32 ends at 3.4e38 = (1.8e19)**2, so values beyond about 1.8e19
+#: overflow in the first steps, and 1e18 leaves room for a row's sum over its features. The
+#: model expects rows of about unit length (TF-IDF rows), far below this.
+LARGEST_FEATURE = 1e18
 
 
 # ---------------------------------------------------------------------------------------------- kernels
@@ -536,14 +545,30 @@ class SparseTreeClassifier:
         """Train on ``features`` ([n, F] sparse, e.g. :func:`hsm.sparse_features.tfidf_features`'
         rows) and ``labels`` (one int per row, or a label set per row).
 
-        Raises ValueError for a non-2-D or empty matrix, mismatched lengths, fewer than 2 labels or
-        a model too large for this machine's memory (named, before anything is allocated)."""
-        features = _as_csr(features, "features")
+        ``num_labels``: K when the training data do not show the largest label id; a label id of
+        K or more is then refused, naming it and its row. Without it K is the largest id plus one,
+        refused (as by :class:`hsm.fast_classifier.FastBowClassifier`) when that exceeds 10 times
+        the distinct ids seen plus 1,000: a stray id (10**6 among 0..9) would otherwise size and
+        train a model of a million labels no example uses.
+
+        Raises ValueError for a non-2-D or empty matrix, mismatched lengths, fewer than 2 labels, a
+        label id out of range, a feature value beyond :data:`LARGEST_FEATURE` (1e18: scale the features) or
+        a model too large for this machine's memory, and :class:`hsm.NonFiniteInputError` (a
+        ValueError) naming the first row holding NaN or inf, all before anything is allocated."""
+        features = _as_csr(features, "features", largest=LARGEST_FEATURE)
         n, num_features = features.shape
         label_values, label_offsets = _as_labels(labels, n)
-        k = int(label_values.max()) + 1 if num_labels is None else check_integer(num_labels, "num_labels")
-        if label_values.size and label_values.max() >= k:
-            raise ValueError(f"label {int(label_values.max())} is outside 0..{k - 1}: pass num_labels > {k - 1}")
+        seen = int(label_values.max()) + 1
+        if num_labels is None:
+            _check_inferred_size(label_values, seen, "label", "num_labels")
+            k = seen
+        else:
+            k = check_integer(num_labels, "num_labels")
+            if seen > k:
+                first = int(np.argmax(label_values >= k))
+                row = int(np.searchsorted(label_offsets, first, side="right")) - 1
+                raise ValueError(f"unknown label {int(label_values[first])} in labels[{row}]: num_labels={k} gives "
+                                 f"labels 0..{k - 1}; renumber the labels or pass a larger num_labels")
         if k < 2:
             raise ValueError(f"a classifier needs K >= 2 labels, got {k}")
         counts = np.bincount(label_values, minlength=k).astype(np.float64)
@@ -582,12 +607,17 @@ class SparseTreeClassifier:
 
     # ------------------------------------------------------------------ inference
     def log_prob(self, features: sp.spmatrix) -> np.ndarray:
-        """[n, K] log p(y | x) of every label (eq. 3), exact."""
+        """[n, K] log p(y | x) of every label (eq. 3), exact.
+
+        Raises :class:`hsm.NonFiniteInputError` (a ValueError) naming the first row holding NaN or
+        inf, or whose node logits overflow float32 (finite but too large features), rather than
+        returning NaN log-probabilities."""
         self._check_fitted()
         features = _as_csr(features, "features", self.num_features)
         n = features.shape[0]
         out = np.empty((n, self._num_labels), dtype=np.float32)
         self._log_probs_into(features, 0, n, out)
+        _check_scores_finite(out, 0)
         return out
 
     def _log_probs_into(self, features: sp.csr_matrix, lo: int, hi: int, out: np.ndarray) -> None:
@@ -603,10 +633,16 @@ class SparseTreeClassifier:
         _run(task, shares)
 
     def predict(self, features: sp.spmatrix, k: int = 1, batch: int = 4096) -> Prediction:
-        """The ``k`` most likely labels of every row (exact) and their log-probabilities."""
+        """The ``k`` most likely labels of every row (exact) and their log-probabilities, computed
+        ``batch`` rows at a time (a [batch, K] block of scores).
+
+        Raises ValueError for ``k`` or ``batch`` below 1 and, as :meth:`log_prob`,
+        :class:`hsm.NonFiniteInputError` for rows with NaN, inf or overflowing logits (a NaN score
+        would make the "most likely" label arbitrary)."""
         self._check_fitted()
         features = _as_csr(features, "features", self.num_features)
         k = _count(k, "k", 1)
+        batch = _count(batch, "batch", 1)
         k = min(k, self._num_labels)
         n = features.shape[0]
         labels = np.empty((n, k), dtype=np.int64)
@@ -616,6 +652,7 @@ class SparseTreeClassifier:
             hi = min(n, lo + batch)
             part = block[:hi - lo]
             self._log_probs_into(features, lo, hi, part)
+            _check_scores_finite(part, lo)
             top = np.argpartition(-part, k - 1, axis=1)[:, :k] if k < self._num_labels else np.tile(
                 np.arange(k), (hi - lo, 1))
             order = np.argsort(-np.take_along_axis(part, top, axis=1), axis=1, kind="stable")
@@ -629,7 +666,12 @@ class SparseTreeClassifier:
         return int(self.weight.nbytes + self.bias.nbytes)
 
 
-def _as_csr(features: Any, name: str, num_features: int | None = None) -> sp.csr_matrix:
+def _as_csr(features: Any, name: str, num_features: int | None = None,
+            largest: float | None = None) -> sp.csr_matrix:
+    """``features`` as a float32 CSR matrix with sorted int64 indices, checked: TypeError unless
+    sparse, ValueError for a wrong shape, :class:`NonFiniteInputError` naming the first row with
+    NaN or inf, and ValueError naming the first value above ``largest`` in magnitude (None: above
+    float32's range), which the kernels' float32 arithmetic would turn into inf or NaN."""
     if not sp.issparse(features):
         raise TypeError(f"{name} must be a scipy.sparse matrix (e.g. TfidfFeatures.transform), got "
                         f"{type(features).__name__}")
@@ -641,5 +683,37 @@ def _as_csr(features: Any, name: str, num_features: int | None = None) -> sp.csr
                          f"with the same fitted TfidfFeatures")
     if not features.has_sorted_indices:
         features = features.sorted_indices()
-    return sp.csr_matrix((np.asarray(features.data, dtype=np.float32), features.indices.astype(np.int64),
+    data = np.asarray(features.data)
+    if data.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must hold real numbers, got dtype {data.dtype}")
+    finite = np.isfinite(data)
+    if not finite.all():
+        rows = np.unique(_rows_of(features.indptr, np.flatnonzero(~finite)))
+        raise NonFiniteInputError(f"{name} has NaN or infinite values in {rows.size} of {features.shape[0]} rows "
+                                  f"(first: row {rows[0]}): drop or repair those rows")
+    bound = float(np.finfo(np.float32).max) if largest is None else largest
+    if data.size and max(abs(float(data.max())), abs(float(data.min()))) > bound:
+        first = int(np.argmax(np.abs(data.astype(np.float64)) > bound))
+        raise ValueError(f"{name} has the value {float(data[first]):.3g} in row {_rows_of(features.indptr, first)}, "
+                         f"beyond {bound:.3g} in magnitude, where the model's float32 arithmetic overflows: scale "
+                         f"the features (e.g. rows of unit length, as tfidf_features gives)")
+    return sp.csr_matrix((np.asarray(data, dtype=np.float32), features.indices.astype(np.int64),
                           features.indptr.astype(np.int64)), shape=features.shape)
+
+
+def _rows_of(indptr: np.ndarray, positions: Any) -> Any:
+    """The CSR rows holding the entries at ``positions`` of ``data``/``indices``."""
+    return np.searchsorted(indptr, positions, side="right") - 1
+
+
+def _check_scores_finite(scores: np.ndarray, lo: int) -> None:
+    """:class:`NonFiniteInputError` naming the first row ``lo + i`` of ``scores`` holding NaN or inf.
+
+    The rows' features are finite (checked before), and every log-probability of finite node
+    logits is finite, so such a row's logits overflowed float32: its features are too large for
+    the trained weights."""
+    bad = np.flatnonzero(~np.isfinite(scores).all(axis=1))
+    if bad.size:
+        raise NonFiniteInputError(f"the node logits of row {lo + int(bad[0])} overflow float32: its features are "
+                                  f"finite but too large; scale them (e.g. rows of unit length, as tfidf_features "
+                                  f"gives)")
