@@ -165,10 +165,15 @@ class _TreeInStateDict:
         """Install the tree :meth:`get_extra_state` saved, through :meth:`set_tree` (so every
         derived table follows). When a :class:`~hsm.TreeLearner` is attached, its statistics follow
         the tree too (as after a re-assignment, without decay); load the learner's own
-        ``state_dict`` to restore them."""
+        ``state_dict`` to restore them.
+
+        The same tree is not a no-op: the tables derived from it are rebuilt all the same, since
+        the load may be into storage that ``to_empty()`` left uninitialised, or (``assign=True``)
+        into a layer built on the ``meta`` device (:meth:`HierarchicalSoftmax._register_tree_buffers`)."""
         pending = self.__dict__.pop("_pending_tree", None)
         tree = pending[1] if pending is not None and pending[0] is state else self._tree_from_state(state)
         if tree == self.tree:
+            self._register_tree_buffers()
             return
         self.set_tree(tree)
         if self.statistics is not None:
@@ -193,6 +198,7 @@ class _TreeInStateDict:
         finally:
             self.__dict__.pop("_pending_tree", None)
         if key not in state_dict:
+            self._register_tree_buffers()  # no set_extra_state to rebuild them (see there)
             if key in missing_keys:
                 missing_keys.remove(key)
             if prefix + "weight" in state_dict:
@@ -274,13 +280,17 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
 
     def reset_parameters(self, nodes: Tensor | np.ndarray | None = None) -> None:
         """Uniform(-1/sqrt(d), 1/sqrt(d)) weights and zero biases, like ``nn.Linear``; all nodes
-        or only ``nodes``."""
+        or only ``nodes``. Resetting all nodes also rebuilds the tables derived from the tree, as
+        ``nn.BatchNorm``'s resets its running statistics: after ``to_empty()`` it is what makes the
+        layer usable without a state dict."""
         bound = 1.0 / math.sqrt(self.in_features)
         with torch.no_grad():
             if nodes is None:
                 self.weight.uniform_(-bound, bound)
                 if self.bias is not None:
                     self.bias.zero_()
+                if hasattr(self, "tree"):  # not yet during __init__, which calls set_tree next
+                    self._register_tree_buffers()
             else:
                 rows = torch.as_tensor(np.asarray(nodes), dtype=torch.long, device=self.weight.device)
                 self.weight[rows] = torch.empty_like(self.weight[rows]).uniform_(-bound, bound)
@@ -299,8 +309,22 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             )
         if hasattr(self, "tree") and tree.num_labels != self.tree.num_labels:
             raise ValueError(f"the new tree has {tree.num_labels} labels, the layer {self.tree.num_labels}")
-        device = self.weight.device
         self.tree = tree
+        self._register_tree_buffers()
+        self._tables = TreeTables.from_tree(tree)  # the host-side tables the backends read
+        if reset_nodes is not None and len(reset_nodes):
+            self.reset_parameters(reset_nodes)
+
+    def _register_tree_buffers(self) -> None:
+        """(Re)derive the device-side tables of ``self.tree`` on the parameters' device and dtype.
+
+        Besides :meth:`set_tree`, a load and :meth:`reset_parameters` call it: these buffers are not
+        in the state dict, so after ``to_empty()`` (PyTorch's deferred initialisation: a model built
+        on the ``meta`` device, then given real but uninitialised storage) their memory holds
+        garbage, and after ``load_state_dict(assign=True)`` into a meta model they are still on
+        ``meta``; either way only a rebuild from the tree, which lives on the host, makes them right."""
+        tree = self.tree
+        device = self.weight.device
         as_t = lambda a: torch.as_tensor(np.ascontiguousarray(a), device=device)  # noqa: E731
         # buffers are not persistent: they derive from the tree, which the state dict carries
         # (get_extra_state)
@@ -316,9 +340,6 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         if not tree.slot_mask.all():
             penalty = torch.as_tensor(np.where(tree.slot_mask, 0.0, -np.inf), dtype=self.weight.dtype, device=device)
         self.register_buffer("slot_penalty", penalty, persistent=False)
-        self._tables = TreeTables.from_tree(tree)  # the host-side tables the backends read
-        if reset_nodes is not None and len(reset_nodes):
-            self.reset_parameters(reset_nodes)
 
     # ------------------------------------------------------------------ node computations
     def _node_logits(self, input: Tensor, nodes: Tensor) -> Tensor:

@@ -181,6 +181,82 @@ def test_loading_a_tree_realigns_attached_statistics():
     assert learner.statistics.label_counts.sum() == 50
 
 
+def _deferred(tree: Tree, kernels: bool) -> torch.nn.ModuleDict:
+    """A model built on the ``meta`` device (PyTorch's deferred initialisation): no storage yet."""
+    with torch.device("meta"):
+        model = torch.nn.ModuleDict({"encoder": torch.nn.Linear(8, 8), "out": HierarchicalSoftmax(8, tree)})
+    model["out"].use_kernels = kernels
+    assert model["out"].weight.is_meta and model["out"].path_nodes.is_meta
+    return model
+
+
+def _agree(model: torch.nn.ModuleDict, layer: HierarchicalSoftmax, data) -> None:
+    """``model["out"]`` computes what ``layer`` does, on both paths, from the same encoder output."""
+    h, y = data.x[:40], data.y[:40]
+    out = model["out"]
+    assert out.tree == layer.tree
+    for buffer in ("path_nodes", "path_children", "path_mask", "slot_mask", "child_node", "child_label"):
+        assert torch.equal(getattr(out, buffer), getattr(layer, buffer)), buffer
+    for path_kernels in (True, False):
+        out.use_kernels = layer.use_kernels = path_kernels
+        assert torch.equal(out(h, y).output, layer(h, y).output)
+        assert torch.equal(out.log_prob(h), layer.log_prob(h))
+        assert torch.equal(out.predict(h), layer.predict(h))
+        assert torch.equal(out.topk(h, 3).indices, layer.topk(h, 3).indices)
+
+
+@PATHS
+@pytest.mark.parametrize("same_tree", [True, False], ids=["same-tree", "learned-tree"])
+def test_layer_built_on_meta_then_to_empty_loads_exactly(kernels, same_tree):
+    """``to_empty()`` leaves every buffer uninitialised, the tree-derived ones too (they are not in
+    the state dict); loading must rebuild them even when the saved tree is the layer's own."""
+    data, initial, layer, _ = _trained(kernels)
+    model = _deferred(layer.tree if same_tree else initial, kernels)
+    model.to_empty(device="cpu")
+    with torch.no_grad():  # what uninitialised memory may hold: out-of-range ids, wrong masks
+        for buffer in model["out"].buffers():
+            buffer.copy_(torch.full_like(buffer, 7))
+    saved = torch.nn.ModuleDict({"encoder": torch.nn.Linear(8, 8), "out": layer})
+    result = model.load_state_dict(saved.state_dict())
+    assert not result.missing_keys and not result.unexpected_keys
+    _agree(model, layer, data)
+
+
+@PATHS
+@pytest.mark.parametrize("same_tree", [True, False], ids=["same-tree", "learned-tree"])
+def test_layer_built_on_meta_loads_with_assign(kernels, same_tree):
+    """``load_state_dict(assign=True)`` straight into the meta model: the parameters take the saved
+    tensors and the tree-derived buffers move off ``meta`` with them; the model then trains."""
+    data, initial, layer, _ = _trained(kernels)
+    model = _deferred(layer.tree if same_tree else initial, kernels)
+    saved = torch.nn.ModuleDict({"encoder": torch.nn.Linear(8, 8), "out": layer})
+    model.load_state_dict({k: v.clone() for k, v in saved.state_dict().items()}, assign=True)
+    out = model["out"]
+    assert not any(t.is_meta for t in [*model.parameters(), *model.buffers()])
+    assert isinstance(out.weight, torch.nn.Parameter) and out.weight.requires_grad
+    _agree(model, layer, data)
+    out.train()
+    out(data.x[:50], data.y[:50]).loss.backward()
+    assert out.weight.grad is not None and torch.isfinite(out.weight.grad).all()
+
+
+def test_layer_built_on_meta_then_to_empty_and_reset_parameters_is_a_fresh_layer():
+    """Without a state dict, ``reset_parameters()`` after ``to_empty()`` (how FSDP-style
+    initialisers finish a deferred model) gives a usable layer: its tables are rebuilt too."""
+    tree = Tree.random(20, 3, 3, seed=0)  # 27 slots for 20 labels: a slot penalty as well
+    with torch.device("meta"):
+        layer = HierarchicalSoftmax(5, tree)
+    layer.to_empty(device="cpu")
+    with torch.no_grad():
+        for buffer in layer.buffers():
+            buffer.copy_(torch.full_like(buffer, 7))
+    layer.reset_parameters()
+    fresh = HierarchicalSoftmax(5, tree)
+    for name, buffer in fresh.named_buffers():
+        assert torch.equal(dict(layer.named_buffers())[name], buffer), name
+    torch.testing.assert_close(layer.log_prob(torch.randn(4, 5)).exp().sum(-1), torch.ones(4))
+
+
 def test_statistics_refuse_paths_deeper_than_their_arrays():
     stats = NodeStatistics(Tree.random(9, 3, 2, seed=0))
     probs = np.full((2, 3), 1 / 3, dtype=np.float32)
