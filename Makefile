@@ -64,7 +64,8 @@ test: $(VENV_STAMP)
 # and `book` extras, brings its Lab extension); the settings go into .venv, not into ~/.jupyter:
 # - lab/overrides.json: double-clicking a .md file opens it as a notebook (jupytext's viewer);
 # - lab/jupyter_server_config.py: the cells the book hides (exercise solutions, plotting code,
-#   checks) open collapsed, and a save writes the chapter as its source is written.
+#   checks) open collapsed, a save writes the chapter as its source is written, and plain Markdown
+#   (README.md, which opens as a notebook too) is saved without a jupytext header, unchanged if unedited.
 # jupytext.toml (repository root) keeps jupytext_version and Lab's cell state out of saved files.
 # HSM_DATA_MIRROR reaches the kernels (exported above when a mirror sits beside the clone).
 LAB_STAMP := $(VENV)/.hsm-lab-installed
