@@ -175,8 +175,9 @@ def test_a_file_with_finished_methods_this_run_would_drop_is_kept(tmp_path, monk
     out = tmp_path / "today.json"
     before = _finished_file(out, ("hsm-sparse-flat", "napkinxc-plt", "hsm-sparse-kmeans"))
     # napkinxc-plt is asked for but not installed here, hsm-sparse-kmeans not asked for
-    with pytest.raises(ValueError, match=r"holds finished results of napkinxc-plt, hsm-sparse-kmeans, which this run "
-                                         r"would not write \(napkinxc is not installed; pip install napkinxc\); .*--force"):
+    with pytest.raises(ValueError, match=r"holds finished results of napkinxc-plt, hsm-sparse-kmeans, which this "
+                                         r"run would not write \(napkinxc is not installed; pip install "
+                                         r"napkinxc\); .*--force"):
         T.today_tools("quick", out=out, methods="hsm-sparse-flat,napkinxc-plt", **TINY_DATA)
     with pytest.raises(ValueError, match=r"hsm-sparse-kmeans, which this run would not write \(not in methods\)"):
         T.today_tools("quick", out=out, methods="hsm-sparse-flat,hsm-sparse-huffman", **TINY_DATA)
