@@ -234,6 +234,25 @@ def _progress(iterable: Iterable[Any], enabled: bool, **kwargs: Any) -> Iterable
     return tqdm(iterable, **kwargs)
 
 
+def _kept(output_layer: nn.Module, y: Tensor) -> Tensor:
+    """Which targets of ``y`` the layer evaluates: all but its ``ignore_index`` (padding), as
+    ``nn.CrossEntropyLoss`` counts them; every target for a layer without that option
+    (``nn.AdaptiveLogSoftmaxWithLoss``, say)."""
+    ignore_index = getattr(output_layer, "ignore_index", None)
+    if ignore_index is None:
+        return torch.ones_like(y, dtype=torch.bool)
+    return y != ignore_index
+
+
+def _no_targets(output_layer: nn.Module, what: str) -> str:
+    """The error for batches that hold no target to count (all empty, or all padding)."""
+    ignore_index = getattr(output_layer, "ignore_index", None)
+    if ignore_index is None:
+        return f"no targets to {what}: every batch is empty"
+    return (f"no targets to {what}: every batch is empty or all the layer's ignore_index ({ignore_index}); "
+            "mark only the padding with it")
+
+
 def train_epoch(
     model: nn.Module,
     output_layer: nn.Module,
@@ -247,17 +266,30 @@ def train_epoch(
 ) -> float:
     """One pass over ``batches`` of ``(x, y)``: ``h = model(x)``, ``loss = output_layer(h, y).loss``.
 
+    ``y`` may be ``[B]`` or a sequence model's ``[B, T]`` with padding marked by the layer's
+    ``ignore_index``. Returns the mean loss per kept target (one that is not ``ignore_index``) over
+    the epoch, whatever the layer's ``reduction``: a batch's loss is turned into its sum over its
+    kept targets (``"mean"`` times their number, ``"sum"`` as it is), so batches count by their
+    kept targets, not by their rows, and a ``"sum"`` layer reports the same number as a ``"mean"``
+    one. ``on_step(step, loss)`` gets the batch's mean in the same sense. A batch with no kept
+    target (all padding) has nothing to learn from and is skipped (no optimiser step).
+
     Raises :class:`FloatingPointError` naming the step as soon as the loss, or the output layer's
-    input, is not finite (a diverging learning rate, typically), rather than training on NaNs.
-    Returns the mean loss.
+    input, is not finite (a diverging learning rate, typically), rather than training on NaNs;
+    ValueError when there is no batch, or no kept target in any.
     """
     model.train()
     output_layer.train()
-    total, count = 0.0, 0
+    sum_layer = getattr(output_layer, "reduction", "mean") == "sum"
+    total, count, batches_seen = 0.0, 0, 0
     for step, (x, y) in enumerate(_progress(batches, progress, desc="train", leave=False)):
         if max_steps is not None and step >= max_steps:
             break
+        batches_seen += 1
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        kept = int(_kept(output_layer, y).sum())
+        if kept == 0:  # its mean loss is NaN (the mean of nothing), which is no divergence
+            continue
         optimizer.zero_grad(set_to_none=True)
         try:
             loss = output_layer(model(x), y).loss
@@ -271,12 +303,15 @@ def train_epoch(
         optimizer.step()
         if learner is not None:
             learner.step()
-        total += value * len(y)
-        count += len(y)
+        batch_sum = value if sum_layer else value * kept
+        total += batch_sum
+        count += kept
         if on_step is not None:
-            on_step(step, value)
-    if count == 0:
+            on_step(step, batch_sum / kept)
+    if batches_seen == 0:
         raise ValueError("no batches to train on (empty data?)")
+    if count == 0:
+        raise ValueError(_no_targets(output_layer, "train on"))
     return total / count
 
 
@@ -290,19 +325,33 @@ def evaluate(
     accuracy: bool = True,
 ) -> dict[str, float]:
     """Mean negative log-likelihood (nats), perplexity exp(NLL) and, unless ``accuracy=False``
-    (it runs the exact search on every batch), top-1 accuracy."""
+    (it runs the exact search on every batch), top-1 accuracy.
+
+    All three are over the kept targets: ``y`` may be ``[B]``, or ``[B, T]`` (flattened or not)
+    with padding marked by the layer's ``ignore_index``, and a padded position is neither
+    evaluated nor counted, so a padded batch gives the numbers of its real tokens (as
+    ``nn.CrossEntropyLoss`` with ``ignore_index`` does). ValueError when there is no batch, or no
+    kept target in any."""
     model.eval()
     output_layer.eval()
-    nll, correct, count = 0.0, 0, 0
+    nll, correct, count, batches_seen = 0.0, 0, 0, 0
     for x, y in _progress(batches, progress, desc="eval", leave=False):
+        batches_seen += 1
         x, y = x.to(device), y.to(device)
+        kept = _kept(output_layer, y)
+        kept_count = int(kept.sum())
+        if kept_count == 0:  # all padding (or empty): nothing to evaluate
+            continue
         h = model(x)
-        nll -= float(output_layer(h, y).output.sum())
+        # the layer gives padded positions 0; the mask makes that hold for any layer
+        nll -= float(torch.where(kept, output_layer(h, y).output, 0.0).sum())
         if accuracy:
-            correct += int((output_layer.predict(h) == y).sum())
-        count += len(y)
-    if count == 0:
+            correct += int(((output_layer.predict(h) == y) & kept).sum())
+        count += kept_count
+    if batches_seen == 0:
         raise ValueError("no batches to evaluate (empty data?)")
+    if count == 0:
+        raise ValueError(_no_targets(output_layer, "evaluate"))
     out = {"nll": nll / count, "perplexity": math.exp(nll / count)}
     if accuracy:
         out["accuracy"] = correct / count

@@ -1,7 +1,11 @@
 """Algorithm 1 (TreeLearner) and the training loops."""
+import math
+
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
 from hsm.synthetic import grouping_agreement, planted_hierarchy
@@ -124,3 +128,109 @@ def test_tree_learner_names_its_ranking_score_by_equation():
         assert TreeLearner(layer, 10, wrt="p").score == "eq10"
     with pytest.raises(ValueError, match="score must be"):
         TreeLearner(layer, 10, score="eq11")
+
+
+# ---------------------------------------------------------------------------------------------
+# padded sequences: the loops count the targets that are not ignore_index, whatever the layout
+# of the batches and the layer's reduction
+
+K, T = 42, 6
+LENGTHS = [6, 3, 1, 4]  # 14 real tokens in 24 positions
+
+
+def _padded(lengths=LENGTHS, seed=0):
+    """``x`` [B, T, K] one-hot of the true next token (of label 0 at padding), ``y`` [B, T] with
+    -100 past each sequence's length."""
+    gen = torch.Generator().manual_seed(seed)
+    y = torch.randint(0, K, (len(lengths), T), generator=gen)
+    for b, length in enumerate(lengths):
+        y[b, length:] = -100
+    x = torch.nn.functional.one_hot(y.clamp(min=0), K).float()
+    return x, y
+
+
+def _layouts(x, y):
+    """The same tokens as batches of sequences [B, T], of flattened rows [B*T] and of one
+    sequence each [T] (batches of different sizes)."""
+    return {"sequences": [(x[:2], y[:2]), (x[2:], y[2:])],
+            "flattened": [(x[:2].reshape(-1, K), y[:2].reshape(-1)), (x[2:].reshape(-1, K), y[2:].reshape(-1))],
+            "rows": [(x[b], y[b]) for b in range(len(y))]}
+
+
+def _flat(scale: float, reduction: str = "mean") -> FlatSoftmax:
+    """A flat softmax whose logits are ``scale`` times the one-hot input: 0 is uniform
+    (NLL = log K, perplexity K), a large scale predicts the token perfectly."""
+    layer = FlatSoftmax(K, K, reduction=reduction)
+    with torch.no_grad():
+        layer.linear.weight.copy_(scale * torch.eye(K))
+        layer.linear.bias.zero_()
+    return layer
+
+
+@pytest.mark.parametrize("layout", ["sequences", "flattened", "rows"])
+def test_evaluate_counts_only_the_targets_that_are_not_padding(layout):
+    """Uniform over 42 labels: NLL log 42 = 3.74 and perplexity 42 (not 22.5 and 5.8e9, the sums
+    over B); perfect predictions: accuracy 1.0 (the padding is neither evaluated nor wrong)."""
+    x, y = _padded()
+    batches = _layouts(x, y)[layout]
+    uniform = evaluate(torch.nn.Identity(), _flat(0.0), batches)
+    assert uniform["nll"] == pytest.approx(math.log(K), rel=1e-5)
+    assert uniform["perplexity"] == pytest.approx(K, rel=1e-4)
+    perfect = evaluate(torch.nn.Identity(), _flat(30.0), batches)
+    assert perfect["accuracy"] == 1.0 and perfect["nll"] < 1e-6
+
+
+@settings(max_examples=20, deadline=None)
+@given(lengths=st.lists(st.integers(0, T), min_size=1, max_size=5).filter(any), seed=st.integers(0, 2**16),
+       layout=st.sampled_from(["sequences", "flattened", "rows"]))
+def test_evaluate_equals_the_metrics_of_the_real_tokens_alone(lengths, seed, layout):
+    """Any padding, any layout, the tree softmax: the metrics of the real tokens evaluated alone."""
+    x, y = _padded(lengths, seed)
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(K, 8)
+    layer = HierarchicalSoftmax(8, Tree.random(K, 4, 3, seed=seed))
+    got = evaluate(model, layer, _layouts(x, y)[layout])
+    real = y != -100
+    want = evaluate(model, layer, [(x[real], y[real])])
+    assert got["nll"] == pytest.approx(want["nll"], rel=1e-5)
+    assert got["accuracy"] == pytest.approx(want["accuracy"])
+
+
+@pytest.mark.parametrize("layer_kind", ["flat", "tree"])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("layout", ["sequences", "flattened", "rows"])
+def test_train_epoch_reports_the_mean_per_real_token_whatever_the_reduction(layer_kind, reduction, layout):
+    """With a zero learning rate nothing changes during the epoch, so its reported loss is the
+    held-out NLL of the same batches: the mean over real tokens, for reduction="sum" too (not the
+    sum, 157.2 for 3.93) and with batches weighted by their real tokens (not by B)."""
+    x, y = _padded()
+    torch.manual_seed(0)
+    if layer_kind == "flat":
+        layer = FlatSoftmax(K, K, reduction=reduction)
+    else:
+        layer = HierarchicalSoftmax(K, Tree.random(K, 4, 3, seed=0), reduction=reduction)
+    batches = _layouts(x, y)[layout]
+    steps = []
+    loss = train_epoch(torch.nn.Identity(), layer, batches, torch.optim.SGD(layer.parameters(), lr=0.0),
+                       on_step=lambda step, value: steps.append(value))
+    want = evaluate(torch.nn.Identity(), layer, batches, accuracy=False)["nll"]
+    assert loss == pytest.approx(want, rel=1e-5)
+    kept = [int((b != -100).sum()) for _, b in batches]
+    assert sum(v * n for v, n in zip(steps, kept)) / sum(kept) == pytest.approx(want, rel=1e-5)
+    if layer_kind == "flat":
+        zero = _flat(0.0, reduction)
+        uniform = train_epoch(torch.nn.Identity(), zero, batches, torch.optim.SGD(zero.parameters(), lr=0.0))
+        assert uniform == pytest.approx(math.log(K), rel=1e-5)
+
+
+def test_all_padding_batches_are_skipped_and_all_padding_data_is_an_error():
+    x, y = _padded()
+    padding = (x[:1], torch.full((1, T), -100))
+    layer = _flat(0.0)
+    opt = torch.optim.SGD(layer.parameters(), lr=0.1)
+    assert train_epoch(torch.nn.Identity(), layer, [padding, (x, y)], opt) == pytest.approx(math.log(K), rel=1e-5)
+    assert evaluate(torch.nn.Identity(), _flat(30.0), [padding, (x, y)])["accuracy"] == 1.0
+    with pytest.raises(ValueError, match="ignore_index .-100.; mark only the padding"):
+        train_epoch(torch.nn.Identity(), layer, [padding], opt)
+    with pytest.raises(ValueError, match="no targets to evaluate"):
+        evaluate(torch.nn.Identity(), layer, [padding])
