@@ -93,7 +93,27 @@ from .statistics import NodeStatistics
 from .text_models import BagOfWordsClassifier
 from .tree import Tree, check_integer
 
-__all__ = ["FastBowClassifier", "FitHistory", "Prediction", "ReleasedStatistics", "as_ragged", "fixed_depth_start"]
+__all__ = ["FastBowClassifier", "FitHistory", "ModelFileError", "Prediction", "ReleasedStatistics", "SettingError",
+           "as_ragged", "fixed_depth_start"]
+
+
+class SettingError(ValueError):
+    """A setting whose value cannot work with these data (``min_count`` that keeps no word, a
+    ``dim`` too large for the memory). The message names the setting; :meth:`named` gives it
+    with another name, so that the command line can name its own option (``-minCount``)."""
+
+    def __init__(self, setting: str, template: str) -> None:
+        self.setting, self.template = setting, template
+        super().__init__(template.format(name=setting))
+
+    def named(self, name: str) -> str:
+        """The message with the setting called ``name``."""
+        return self.template.format(name=name)
+
+
+class ModelFileError(ValueError):
+    """A model file :meth:`FastBowClassifier.load` cannot read: not written by
+    :meth:`FastBowClassifier.save`, written by another version of the format, or damaged."""
 
 # ---------------------------------------------------------------------------------------------- kernels
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
@@ -323,6 +343,21 @@ def _physical_memory() -> int | None:
         return None
 
 
+def _available_memory() -> int | None:
+    """Bytes a new allocation can get without swapping or the out-of-memory killer: Linux's
+    ``MemAvailable`` (free memory plus the caches the kernel can drop), else the physical
+    memory (None where the platform says neither). Physical memory alone lets a model that
+    fits on paper start while other processes hold most of it, and be killed minutes later."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return _physical_memory()
+
+
 def _check_inferred_size(ids: np.ndarray, size: int, what: str, option: str) -> None:
     """ValueError when ``size`` (the largest of ``ids`` plus one) is far beyond the distinct ids."""
     distinct = int(np.unique(ids).size)
@@ -340,15 +375,38 @@ def fixed_depth_start(counts: np.ndarray, arity: int) -> Tree:
     return Tree.balanced(np.argsort(-np.asarray(counts), kind="stable"), arity)
 
 
-def model_bytes(num_words: int, num_labels: int, dim: int, arity: int, output: str) -> int:
-    """A lower estimate of the memory a model of these sizes needs: float32 embeddings and output
-    parameters, and for a learned tree the node statistics (K x depth x M)."""
-    output_rows = num_labels if output == "flat" else num_labels * arity // max(arity - 1, 1) + arity
-    total = 4 * dim * (num_words + output_rows) + 8 * (num_labels + num_words)
+#: float32 values of ``f(x)`` that :meth:`FastBowClassifier.predict` holds at a time (64 MiB)
+PREDICT_BLOCK = 1 << 24
+
+#: float64 values drawn at a time for the embeddings' initialisation (:meth:`FastBowClassifier.init_model`):
+#: drawing all V x d at once would hold twice the float32 table again in float64
+INIT_BLOCK = 1 << 20
+
+
+def model_bytes(num_words: int, num_labels: int, dim: int, arity: int, output: str, threads: int = 1) -> int:
+    """An upper estimate of the memory that building and training a model of these sizes takes
+    beyond what the data take: the float32 embeddings (V x d), the initialisation's float64
+    block (:data:`INIT_BLOCK`), the output weights and biases (K x d for flat; N x M x d for a
+    tree of N <= K / (M - 1) + 2 nodes), the tree's tables and Algorithm 1's statistics (K x depth
+    x M, with a copy at each rebuild), and every thread's buffers (the kernel's ``h`` and
+    gradient, d each). Plain SGD keeps no optimiser state and the kernels update the tensors in
+    place (no gradient copies). Measured on real runs, the peak grows by this much less 1-2 MB;
+    a test checks it stays above."""
+    block = min(num_words * dim, INIT_BLOCK)
+    if output == "flat":
+        slots, nodes = num_labels, 1
+    else:
+        nodes = num_labels // max(arity - 1, 1) + 2
+        slots = nodes * arity
+    depth = 1 if output == "flat" else max(1, math.ceil(math.log(max(num_labels, 2)) / math.log(arity))) + 2
+    total = 4 * dim * num_words + 8 * block + 4 * dim * slots + 4 * slots
+    total += 8 * num_words + 8 * (num_labels + 2 * arity) * depth * 6 + 8 * nodes * arity * 3  # ids, paths, tables
     if output == "learned":
-        depth = max(1, math.ceil(math.log(max(num_labels, 2)) / math.log(arity)))
-        total += 4 * num_labels * depth * arity
-    return total
+        total += 2 * 4 * (num_labels + arity) * depth * (arity + 2)  # SumProbas, Counts, and their copy
+    total += max(int(threads), 1) * (2 * 4 * dim + 4 * max(arity, num_labels if output == "flat" else arity))
+    # headroom for what is not counted above: the allocator's rounding, the encoded documents'
+    # per-epoch orders and losses, small temporaries (measured: about 1-2 MB on small runs)
+    return int(total * 1.05) + (16 << 20)
 
 
 def _training_sizes(values: np.ndarray, label_values: np.ndarray, num_words: int | None,
@@ -645,7 +703,7 @@ class FastBowClassifier:
         self.reset_moved_nodes = bool(reset_moved_nodes)
         self.bias = bool(bias)
         self.shuffle = bool(shuffle)
-        self.seed = check_integer(seed, "seed")
+        self.seed = _count(seed, "seed", 0)  # numpy's generators take seeds >= 0
         self.depth = _choice(depth, "depth", ("free", "fixed"))
         if self.depth == "fixed" and self.output != "learned":
             raise ValueError(f"depth='fixed' (Algorithm 3) applies to a learned tree, got output={self.output!r}: "
@@ -690,18 +748,27 @@ class FastBowClassifier:
             raise ValueError(f"arity M = {self.arity} exceeds the K = {counts.size} labels: a node has at most K "
                              f"children; use arity <= {counts.size}")
         # refused before allocating: an out-of-memory kill has no message (and may hit another process)
-        need, have = model_bytes(num_words, counts.size, self.dim, self.arity, self.output), _physical_memory()
+        threads = self.threads or torch.get_num_threads()
+        need = model_bytes(num_words, counts.size, self.dim, self.arity, self.output, threads)
+        have = _available_memory()
         if have is not None and need > have:
-            raise ValueError(f"a model of {num_words:,} words and {counts.size:,} labels at dim {self.dim} needs at "
-                             f"least {need / 2**30:.1f} GiB, more than this machine's {have / 2**30:.1f} GiB: "
-                             f"check num_words / num_labels and the largest ids")
+            raise SettingError("dim", f"a model of {num_words:,} words and {counts.size:,} labels at {{name}} "
+                                      f"{self.dim} needs about {need / 2**30:.1f} GiB to train, more than the "
+                                      f"{have / 2**30:.1f} GiB of memory available: lower {{name}}, or check "
+                                      "the number of words and labels")
         with torch.random.fork_rng(devices=[]):  # the layers' own initialisations, overwritten below, draw from
             # torch's global generator: leave the caller's stream as it was
             model, layer = self._new_modules(num_words, counts)
         rng = np.random.default_rng(self.seed)
         bound = 1.0 / self.dim
+        # drawn a block of rows at a time: the generator's stream, and so the table, is the one a
+        # single (num_words, dim) draw gives, without its float64 copy of the whole table
+        rows = max(1, INIT_BLOCK // self.dim)
         with torch.no_grad():
-            model.embedding.weight.copy_(torch.from_numpy(rng.uniform(-bound, bound, (num_words, self.dim))))
+            weight = model.embedding.weight
+            for first in range(0, num_words, rows):
+                last = min(num_words, first + rows)
+                weight[first:last].copy_(torch.from_numpy(rng.uniform(-bound, bound, (last - first, self.dim))))
             for parameter in layer.parameters():
                 parameter.zero_()
         self.model, self.layer = model, layer
@@ -740,7 +807,12 @@ class FastBowClassifier:
 
         Raises ValueError for an empty ``docs``, fewer than 2 labels, a label or word id outside
         the model's range, or mismatched lengths; TypeError for non-integer ids;
-        FloatingPointError naming the epoch and example when a loss is not finite (lower ``lr``).
+        FloatingPointError naming the epoch and example when a loss is not finite (lower ``lr``);
+        :class:`SettingError` when the model would not fit in the memory available (lower ``dim``).
+
+        Ctrl-C (KeyboardInterrupt) is seen between two short runs of the compiled kernel (a
+        fraction of a second apart, :data:`hsm.fast_trainer.STEP_WORK`): training stops there and
+        the model is left partly trained (nothing is written to disk by ``fit``).
         """
         values, offsets = as_ragged(docs)
         num_docs = offsets.size - 1
@@ -783,12 +855,31 @@ class FastBowClassifier:
     def predict(self, docs: Any, k: int = 1) -> Prediction:
         """The ``k`` most likely labels of every document and their log-probabilities, exact:
         a compiled depth-first branch and bound for trees (:func:`_topk_search`, fastText's
-        ``dfsM``), rows split over ``threads``; ``torch.topk`` of the full softmax for flat."""
+        ``dfsM``), rows split over ``threads``; ``torch.topk`` of the full softmax for flat.
+
+        Documents go through in blocks of :data:`PREDICT_BLOCK` floats of ``f(x)`` (whole
+        multiples of 4,096 rows up to d = 4,096), so that memory does not grow with the number
+        of documents times d; each row's result does not depend on the blocks."""
         self._check_fitted()
         k = check_integer(k, "k")
         if not 1 <= k <= self.num_labels:
             raise ValueError(f"k must lie in 1..K = 1..{self.num_labels}, got {k}")
-        h = self.representations(docs)
+        values, offsets = as_ragged(docs)
+        self._check_ids(values, offsets, "docs")
+        n = offsets.size - 1
+        rows = max(1, PREDICT_BLOCK // self.dim)
+        rows = rows - rows % 4096 if rows >= 4096 else rows
+        if n <= rows:
+            return self._predict_block(self.representations((values, offsets)), k)
+        parts = []
+        for first in range(0, n, rows):
+            last = min(n, first + rows)
+            block = (values[offsets[first] : offsets[last]], offsets[first : last + 1] - offsets[first])
+            parts.append(self._predict_block(self.representations(block), k))
+        return Prediction(np.concatenate([p.labels for p in parts]), np.concatenate([p.log_probs for p in parts]))
+
+    def _predict_block(self, h: torch.Tensor, k: int) -> Prediction:
+        """:meth:`predict` of the representations ``h`` [n, d]."""
         layer = self.layer
         if isinstance(layer, FlatSoftmax):
             labels, log_probs = [], []
@@ -899,8 +990,9 @@ class FastBowClassifier:
         """fastText's ``test`` on a file: over the lines with at least one label the model knows
         (``examples``, fastText's N), the top ``k`` labels whose probability is at least
         ``threshold``; ``precision_at_k`` = correct / predicted, ``recall_at_k`` = correct / gold
-        labels. A ``k`` above K predicts all K labels, as fastText does. What ``python -m hsm
-        test`` prints (with :meth:`test` and ``threshold=0`` the same numbers on the same rows)."""
+        labels. A ``k`` above K predicts all K labels, as fastText does. A line's labels are a
+        set: one written twice counts once (fastText counts it twice). What ``python -m hsm test``
+        prints (with :meth:`test` and ``threshold=0`` the same numbers on the same rows)."""
         k = _count(k, "k", 1)
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
             raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
@@ -912,12 +1004,14 @@ class FastBowClassifier:
                              f"{self.dictionary.labels[0]!r})")
         prediction = self.predict(data.docs, min(k, self.num_labels))
         kept = prediction.log_probs >= math.log(threshold) if threshold > 0 else np.ones(prediction.labels.shape, bool)
-        gold_keys = np.repeat(np.arange(n), np.diff(data.label_offsets)) * self.num_labels + data.label_values
+        # a line's gold labels are a set, as in test(): a repeated label counts once
+        label_values, label_offsets = unique_label_sets(data.label_values, data.label_offsets)
+        gold_keys = np.repeat(np.arange(n), np.diff(label_offsets)) * self.num_labels + label_values
         predicted_keys = np.arange(n)[:, None] * self.num_labels + prediction.labels
         hits = int((np.isin(predicted_keys, gold_keys) & kept).sum())
         predicted = int(kept.sum())
         return {"examples": n, f"precision_at_{k}": hits / predicted if predicted else math.nan,
-                f"recall_at_{k}": hits / data.label_values.size}
+                f"recall_at_{k}": hits / label_values.size}
 
     def predict_file(self, path: str | Path, k: int = 1, threshold: float = 0.0) -> list[list[tuple[str, float]]]:
         """fastText's ``predict`` on a file: for every line (labelled or not), its top ``k`` labels
@@ -945,48 +1039,101 @@ class FastBowClassifier:
                 "prior_mode": self.prior_mode, "score": self.score, "reset_moved_nodes": self.reset_moved_nodes,
                 "bias": self.bias, "shuffle": self.shuffle, "seed": self.seed, "depth": self.depth}
 
+    #: the model file's layout; :meth:`load` reads this one only (a file of another is refused, naming
+    #: the hsm version that wrote it, rather than misread)
+    FORMAT_VERSION = 1
+
     def save(self, path: str | Path) -> Path:
         """Write the model (settings, embeddings, output layer with its tree, the file dictionary
         if any) to ``path`` with ``torch.save`` (``python -m hsm supervised -output m`` writes
         ``m.bin``); :meth:`load` reads it back, and predicts and tests exactly as this one. Algorithm
-        1's statistics are training state and are not saved."""
+        1's statistics are training state and are not saved.
+
+        Atomic (:func:`hsm.results.atomic_write`): the bytes go to a temporary file in the same
+        folder, which replaces ``path`` only once complete, so a full disk, a second run writing
+        the same file or a Ctrl-C leaves the previous file as it was (an OSError, with
+        :class:`hsm.results.DiskFullError` for a full disk)."""
+        from . import __version__
+        from .results import atomic_write
+
         self._check_fitted()
         path = Path(path)
+        if path.is_dir():
+            raise IsADirectoryError(f"{path} is a folder: give the model a file name (e.g. {path / 'model.bin'})")
         start = self.start_tree.to_dict() if self.start_tree is not None else None
-        state = {"format": "hsm.FastBowClassifier", "version": 1, "settings": self._settings(),
-                 "num_words": self.num_words, "num_labels": self.num_labels, "start_tree": start,
-                 "model": self.model.state_dict(), "layer": self.layer.state_dict(),
+        state = {"format": "hsm.FastBowClassifier", "version": self.FORMAT_VERSION, "hsm_version": __version__,
+                 "settings": self._settings(), "num_words": self.num_words, "num_labels": self.num_labels,
+                 "start_tree": start, "model": self.model.state_dict(), "layer": self.layer.state_dict(),
                  "dictionary": self.dictionary.state_dict() if self.dictionary is not None else None}
-        torch.save(state, path)
+        atomic_write(path, lambda handle: torch.save(state, handle))
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "FastBowClassifier":
         """A classifier :meth:`save` wrote. Raises FileNotFoundError for a missing file and
-        ValueError for a file that is not such a model (e.g. a fastText ``.bin``)."""
-        from .fasttext_format import FastTextDictionary
-
+        :class:`ModelFileError` (a ValueError) for a file that is not such a model (e.g. a fastText
+        ``.bin``), one of another format version, or one whose settings or arrays do not fit
+        together (damaged): every setting goes through the constructor's checks and every
+        array must have its model's shape."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"{path}: no such model file")
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
         except Exception as error:  # pickle / zip errors: not a file torch.save wrote
-            raise ValueError(f"{path} is not a model written by hsm (FastBowClassifier.save or python -m hsm "
-                             f"supervised): {type(error).__name__}") from None
+            raise ModelFileError(f"{path} is not a model written by hsm (FastBowClassifier.save or python -m hsm "
+                                 f"supervised): {type(error).__name__}") from None
         if not isinstance(state, dict) or state.get("format") != "hsm.FastBowClassifier":
-            raise ValueError(f"{path} is not a model written by FastBowClassifier.save")
-        if state.get("version") != 1:
-            raise ValueError(f"{path}: model format version {state.get('version')} is not readable by this hsm "
-                             "(it reads version 1)")
+            raise ModelFileError(f"{path} is not a model written by FastBowClassifier.save")
+        written_by = state.get("hsm_version")
+        by = f" (written by hsm {written_by})" if isinstance(written_by, str) else ""
+        if state.get("version") != cls.FORMAT_VERSION:
+            raise ModelFileError(f"{path}: model format version {state.get('version')!r}{by} is not readable by this "
+                                 f"hsm (it reads version {cls.FORMAT_VERSION}): retrain the model, or use the hsm "
+                                 "version that wrote it")
+        try:
+            return cls._from_state(state)
+        except SettingError:  # a sound file too large for the memory available: said as such
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
+            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+            if isinstance(error, KeyError):
+                detail = f"no {error} entry"
+            raise ModelFileError(f"{path}: damaged model file{by} ({detail[:200]}): retrain the model, or use the hsm "
+                                 "version that wrote it") from None
+
+    @classmethod
+    def _from_state(cls, state: dict[str, Any]) -> "FastBowClassifier":
+        """The classifier of a :meth:`save` state, every part checked (KeyError, TypeError,
+        ValueError or RuntimeError for the first that does not fit)."""
+        from .fasttext_format import FastTextDictionary
+
+        if not isinstance(state["settings"], dict):
+            raise TypeError(f"settings is a {type(state['settings']).__name__}, not a dict")
         classifier = cls(**state["settings"])
+        num_words = check_integer(state["num_words"], "num_words")
+        num_labels = check_integer(state["num_labels"], "num_labels")
+        embedding = state["model"]["embedding.weight"]
+        if tuple(embedding.shape) != (num_words, classifier.dim):
+            raise ValueError(f"the embeddings are {tuple(embedding.shape)}, the settings say ({num_words}, "
+                             f"{classifier.dim})")
         # the layers' shapes depend on K and M only (the saved tree replaces the start tree)
-        classifier.init_model(state["num_words"], np.ones(state["num_labels"]))
+        classifier.init_model(num_words, np.ones(num_labels))
         if state["start_tree"] is not None:
             classifier.start_tree = Tree.from_dict(state["start_tree"])
         classifier.model.load_state_dict(state["model"])
         classifier.layer.load_state_dict(state["layer"])
         if state["dictionary"] is not None:
-            classifier.dictionary = FastTextDictionary.from_state_dict(state["dictionary"])
+            dictionary = FastTextDictionary.from_state_dict(state["dictionary"])
+            if dictionary.num_ids != num_words or dictionary.num_labels != num_labels:
+                raise ValueError(f"the dictionary has {dictionary.num_ids} ids and {dictionary.num_labels} labels, the "
+                                 f"model {num_words} and {num_labels}")
+            classifier.dictionary = dictionary
             classifier._dictionary_model = classifier.model
+        for name, tensor in [*classifier.model.state_dict().items(), *classifier.layer.state_dict().items()]:
+            if isinstance(tensor, torch.Tensor) and tensor.is_floating_point():
+                flat = tensor.reshape(-1)  # a block at a time: isfinite makes copies of its input's size
+                for first in range(0, flat.numel(), INIT_BLOCK):
+                    if not bool(torch.isfinite(flat[first : first + INIT_BLOCK]).all()):
+                        raise ValueError(f"{name} holds NaN or infinite values")
         return classifier

@@ -6,7 +6,10 @@ it plans when the tree is rebuilt (:func:`first_half_plan`, ICML §11.1, or :fun
 the released fork's ``FastText::trainThread``), cuts every epoch into chunks at those points,
 runs each chunk on the kernel :func:`_sgd_examples` split over Hogwild threads (fastText's
 threads, Recht et al. 2011), and between two chunks calls AssignLabels (Algorithm 2) on the
-node statistics the kernel collected (NodeCompute of Algorithm 1). The module docstring of
+node statistics the kernel collected (NodeCompute of Algorithm 1). Each thread's share of a
+chunk is itself run in steps of about :data:`STEP_WORK` multiply-adds, so that Python, and with
+it Ctrl-C, gets control a few times a second; a step carries on the progress count where the
+previous one stopped, so the updates, their order and the rates are those of one call. The module docstring of
 :mod:`hsm.fast_classifier` says what one kernel step computes (eq. 5 and its SGD step) and why
 the rate and rebuild schedules are what they are.
 """
@@ -34,6 +37,11 @@ __all__ = ["FitHistory", "HogwildTrainer", "first_half_plan", "output_arrays", "
            "token_plan"]
 
 _SCHEDULE_LINEAR, _SCHEDULE_CONSTANT_THEN_LINEAR = 0, 1
+
+#: multiply-adds one call of the compiled kernel does per thread, about 10-50 ms of work: a
+#: KeyboardInterrupt is only seen between two calls (the kernel runs without Python), and a call
+#: costs about 0.1 ms of hand-off, so longer steps would gain nothing and shorter ones start to cost
+STEP_WORK = 200_000_000
 _NEG_INF = np.float32(-np.inf)
 
 
@@ -287,6 +295,7 @@ class HogwildTrainer:
             tokens = {"samples": samples, "period": samples // 2 // clf.rebuilds, "local": 0, "tokens": 0}
             tokens["next"] = tokens["period"]
         mean, embedding = self._inputs()
+        self._step = self._step_examples(lengths, label_lengths.size)
         history = FitHistory()
         start_time = time.perf_counter()
         done = 0
@@ -328,9 +337,26 @@ class HogwildTrainer:
         clf = self.classifier
         return clf.reduce == "mean", clf.model.embedding.weight.data.numpy()
 
+    def _step_examples(self, lengths: np.ndarray, num_docs: int) -> int:
+        """Examples per thread and kernel call: :data:`STEP_WORK` over an example's mean work
+        (its words read and updated, d each, and M x d weights read and written per node of a
+        path of mean length)."""
+        clf = self.classifier
+        tokens = float(lengths.mean()) if lengths.size else 0.0
+        if clf.output == "flat":
+            nodes, arity = 1.0, float(clf.layer.num_labels)
+        else:
+            tree = clf.layer.tree
+            nodes, arity = float(tree.path_mask[: tree.num_labels].sum(1).mean()), float(clf.arity)
+        work = clf.dim * (2.0 * tokens + 3.0 * arity * nodes) + 1.0
+        return max(1, int(STEP_WORK // work))
+
     def _run_chunk(self, values, offsets, order, targets, mean, embedding, schedule_code, done, total, collect,
                    losses, threads, epoch, position) -> None:
-        """Examples ``order`` (done: examples before them) on ``threads`` Hogwild threads."""
+        """Examples ``order`` (done: examples before them) on ``threads`` Hogwild threads, each
+        thread's share in steps of ``self._step`` examples (a KeyboardInterrupt is raised between
+        two steps). Thread ``index``'s k-th example has progress ``done + k * parts + index``
+        however its share is cut into steps."""
         size = order.size
         if size == 0:
             return
@@ -340,21 +366,26 @@ class HogwildTrainer:
         parts = max(1, min(threads, size))
         bounds = np.linspace(0, size, parts + 1).astype(np.int64)
         shares = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
-        bad = [-1] * len(shares)
+        step = max(1, int(getattr(self, "_step", size)))
+        for offset in range(0, max(hi - lo for lo, hi in shares), step):
+            # (thread, first, end) of this step: the thread's examples offset .. offset + step - 1
+            pieces = [(index, lo + offset, min(hi, lo + offset + step)) for index, (lo, hi) in enumerate(shares)
+                      if lo + offset < hi]
+            bad = [-1] * len(pieces)
 
-        def task(index: int, lo: int, hi: int) -> None:
-            bad[index] = _sgd_examples(values, offsets, order[lo:hi], targets, mean, embedding, weight, bias, penalty,
-                                       nodes, children, mask, clf.lr, schedule_code, float(done), float(parts),
-                                       float(index), float(total), collect, sum_probas, path_counts, label_counts,
-                                       losses[lo:hi])
+            def task(j: int, lo: int, hi: int, pieces=pieces, bad=bad, offset=offset) -> None:
+                index = pieces[j][0]
+                bad[j] = _sgd_examples(values, offsets, order[lo:hi], targets, mean, embedding, weight, bias, penalty,
+                                       nodes, children, mask, clf.lr, schedule_code, float(done + offset * parts),
+                                       float(parts), float(index), float(total), collect, sum_probas, path_counts,
+                                       label_counts, losses[lo:hi])
 
-        _run(task, shares)
-        for index, k in enumerate(bad):
-            if k >= 0:
-                example = int(order[shares[index][0] + k])
-                raise FloatingPointError(
-                    f"training loss is {losses[shares[index][0] + k]} at epoch {epoch}, example {example} (position "
-                    f"{position + shares[index][0] + k} of the epoch, lr={clf.lr}): the rate is too high")
+            _run(task, [(lo, hi) for _, lo, hi in pieces])
+            for (_, lo, _), k in zip(pieces, bad):
+                if k >= 0:
+                    raise FloatingPointError(
+                        f"training loss is {losses[lo + k]} at epoch {epoch}, example {int(order[lo + k])} (position "
+                        f"{position + lo + k} of the epoch, lr={clf.lr}): the rate is too high")
 
     def _rebuild(self, done: int) -> ReassignRecord:
         """AssignLabels (Algorithm 2, or Algorithm 3 of the ICML supplement for ``depth="fixed"``) on

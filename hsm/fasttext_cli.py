@@ -14,14 +14,22 @@ file, :meth:`hsm.FastBowClassifier.save`, not readable by fastText); ``test`` pr
 supervised ones where fastText has the option; ``-loss`` adds the tree outputs (``hs`` is
 fastText's binary Huffman tree, ``huffman`` the M-ary one, ``learned`` the tree learned by
 Algorithm 1 from it), with ``-arity`` M. A bad option or value is one line on standard error
-and exit status 2.
+and exit status 2, said before training where it can be known then (the ``-output`` folder
+must be writable); a model file that cannot be written (a full disk) is one line and exit
+status 1, the previous file left as it was; Ctrl-C is one line and exit status 130.
+
+On purpose unlike fastText: a UTF-8 byte-order mark opening a file is skipped; ``test`` counts a
+gold label written twice on a line once (a line's labels are a set); ``predict`` writes labels
+back byte for byte as the file had them, whatever the terminal's encoding.
 """
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, NoReturn
@@ -45,6 +53,42 @@ class _Parser(argparse.ArgumentParser):
 def _fail(command: str, message: str, status: int = 2) -> int:
     print(f"python -m hsm {command}: {message}", file=sys.stderr)
     return status
+
+
+#: the classifier's setting names -> supervised's options, for the classifier's one-line errors
+_OPTIONS = {"dim": "-dim", "lr": "-lr", "epochs": "-epoch", "threads": "-thread", "arity M": "-arity",
+            "seed": "-seed", "min_count": "-minCount", "word_ngrams": "-wordNgrams", "bucket": "-bucket"}
+
+
+def _as_option(error: Exception) -> str:
+    """The classifier's message with its setting named as the command line names it."""
+    from .fast_classifier import SettingError
+
+    if isinstance(error, SettingError) and error.setting in _OPTIONS:
+        return error.named(_OPTIONS[error.setting])
+    message = str(error)
+    for name, option in _OPTIONS.items():
+        if message.startswith(name + " "):
+            return option + message[len(name):]
+    return message
+
+
+def _check_output(option: str, target: Path) -> None:
+    """_UsageError unless ``target`` can be written: not a folder, in a folder that exists and
+    takes a new file (tried with a temporary file: permissions, a read-only file system and the
+    like all show). Checked before training, which may take hours, not after it."""
+    if target.is_dir():
+        raise _UsageError(f"-output {option}: {target} is a folder; give a file prefix (e.g. -output "
+                          f"{Path(option) / 'model'})")
+    folder = target.parent
+    if not folder.is_dir():
+        raise _UsageError(f"-output {option}: directory {folder} does not exist")
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=f".{target.name}.", suffix=".check"):
+            pass
+    except OSError as error:
+        raise _UsageError(f"-output {option}: cannot write in {folder} ({error.strerror or error}); "
+                          "choose a writable folder") from None
 
 
 def _supervised_parser() -> _Parser:
@@ -72,8 +116,24 @@ def _supervised_parser() -> _Parser:
     return parser
 
 
+def _interruptible(command: str, run: Any, argv: list[str]) -> int:
+    """``run(argv)``, with Ctrl-C one line on stderr and exit status 130 (128 + SIGINT, what a
+    shell reports for a command stopped by Ctrl-C) instead of a traceback."""
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        written = "; no model file was written" if command == "supervised" else ""
+        return _fail(command, f"interrupted{written}", status=130)
+
+
 def supervised(argv: list[str]) -> int:
-    """``python -m hsm supervised -input FILE -output PREFIX [options]``: train, write PREFIX.bin."""
+    """``python -m hsm supervised -input FILE -output PREFIX [options]``: train, write PREFIX.bin.
+    Ctrl-C stops training within a fraction of a second (exit status 130); the model file is
+    written only once training is done, atomically, so a previous one stays as it was."""
+    return _interruptible("supervised", _supervised, argv)
+
+
+def _supervised(argv: list[str]) -> int:
     from .fast_classifier import FastBowClassifier
 
     parser = _supervised_parser()
@@ -89,26 +149,45 @@ def supervised(argv: list[str]) -> int:
         for name in ("wordNgrams", "minCount", "bucket"):
             if getattr(args, name) < 1:
                 raise _UsageError(f"-{name} must be >= 1, got {getattr(args, name)}")
+        if args.seed < 0:
+            raise _UsageError(f"-seed must be >= 0, got {args.seed}")
         # the classifier checks the other values (a ValueError naming the setting)
         classifier = FastBowClassifier(dim=args.dim, output=output, arity=arity or args.arity, lr=args.lr,
                                        epochs=args.epoch, threads=args.thread, seed=args.seed)
         if args.input != "-" and not Path(args.input).is_file():
             raise _UsageError(f"-input {args.input}: no such file")
         target = Path(args.output + ".bin")
-        if not target.parent.is_dir():
-            raise _UsageError(f"-output {args.output}: directory {target.parent} does not exist")
-    except (_UsageError, ValueError, TypeError) as error:
+        _check_output(args.output, target)
+    except _UsageError as error:
         return _fail("supervised", str(error))
+    except (ValueError, TypeError) as error:
+        return _fail("supervised", _as_option(error))
+    from .fast_classifier import SettingError
+
     start = time.perf_counter()
     try:
         classifier.fit_file(args.input, word_ngrams=args.wordNgrams, min_count=args.minCount, bucket=args.bucket,
                             label=args.label)
+    except KeyboardInterrupt:
+        return _fail("supervised", f"interrupted; {target} was not written", status=130)
+    except SettingError as error:
+        return _fail("supervised", f"{args.input}: {_as_option(error)}")
     except (ValueError, FileNotFoundError) as error:
         return _fail("supervised", f"{args.input}: {error}")
     except FloatingPointError as error:
         return _fail("supervised", f"{error} (lower -lr)", status=1)
     seconds = time.perf_counter() - start
-    classifier.save(target)
+    try:
+        classifier.save(target)  # atomic: a failure leaves any previous file as it was
+    except KeyboardInterrupt:
+        return _fail("supervised", f"interrupted; {target} was not written", status=130)
+    except (OSError, RuntimeError) as error:  # RuntimeError: torch's zip writer on a file system that filled up
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            detail = "the disk is full: free some space"
+        else:
+            detail = (getattr(error, "strerror", None) or str(error) or type(error).__name__).splitlines()[0]
+        return _fail("supervised", f"cannot write {target} ({detail}); any previous {target.name} is unchanged",
+                     status=1)
     if args.verbose > 0:
         dictionary = classifier.dictionary
         # fastText's Dictionary::readFromFile lines, then what was trained and written
@@ -161,13 +240,20 @@ def _help(command: str, argv: list[str]) -> bool:
               "  <model>      model file (what supervised -output PREFIX wrote: PREFIX.bin)\n"
               "  <test-data>  test data file in fastText's format (if -, read from stdin)\n"
               "  <k>          (optional; 1 by default) predict top k labels\n"
-              "  <th>         (optional; 0.0 by default) probability threshold")
+              "  <th>         (optional; 0.0 by default) probability threshold"
+              + ("\n\nA line's labels are a set: a label written twice on a line counts once in R@k."
+                 if command == "test" else ""))
         return True
     return False
 
 
 def test(argv: list[str]) -> int:
-    """``python -m hsm test <model> <test-data> [<k>] [<th>]``: N, P@k and R@k, as fastText prints them."""
+    """``python -m hsm test <model> <test-data> [<k>] [<th>]``: N, P@k and R@k, as fastText prints
+    them; a line's gold labels are a set (one written twice counts once)."""
+    return _interruptible("test", _test, argv)
+
+
+def _test(argv: list[str]) -> int:
     if _help("test", argv):
         return 0
     try:
@@ -203,18 +289,33 @@ def _predict(command: str, argv: list[str], probabilities: bool) -> int:
     else:
         text = "".join(" ".join(label for label, _ in row) + "\n" for row in rows)
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        _write_bytes_as_read(text)
     except BrokenPipeError:  # `... | head`: the reader has what it wanted
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - so that the interpreter's final flush is quiet
     return 0
 
 
+def _write_bytes_as_read(text: str) -> None:
+    """``text`` on standard output as the bytes it was read from: the files are decoded as UTF-8
+    with ``surrogateescape`` (:func:`hsm.fasttext_format.read_lines`), so encoding the same way
+    gives every label back byte for byte (fastText prints its bytes as they are); the terminal's
+    own encoding, strict UTF-8 or another, would fail on a label that is not valid UTF-8."""
+    data = text.encode("utf-8", "surrogateescape")
+    binary = getattr(sys.stdout, "buffer", None)
+    if binary is None:  # a text-only stream (a StringIO): the text as it is
+        sys.stdout.write(text)
+    else:
+        sys.stdout.flush()  # whatever was written as text first stays first
+        binary.write(data)
+        binary.flush()
+    sys.stdout.flush()
+
+
 def predict(argv: list[str]) -> int:
     """``python -m hsm predict <model> <test-data> [<k>] [<th>]``: the top k labels of every line."""
-    return _predict("predict", argv, probabilities=False)
+    return _interruptible("predict", lambda args: _predict("predict", args, probabilities=False), argv)
 
 
 def predict_prob(argv: list[str]) -> int:
     """``python -m hsm predict-prob <model> <test-data> [<k>] [<th>]``: the labels with their probabilities."""
-    return _predict("predict-prob", argv, probabilities=True)
+    return _interruptible("predict-prob", lambda args: _predict("predict-prob", args, probabilities=True), argv)

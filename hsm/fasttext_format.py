@@ -16,7 +16,10 @@ fastText's own hash (32-bit FNV-1a of the bytes, then ``h = h * 116049371 + h_ne
 ``bucket``. Lines without a (known) label are skipped for training and testing and predicted
 like the others.
 
-One difference, for memory: fastText allocates all ``bucket`` rows (2 million by default, 800 MB
+Two differences from fastText. A UTF-8 byte-order mark at the very start of a file (Windows
+editors write one) is skipped, as Python's ``utf-8-sig`` does: fastText reads it as part of the
+first token, so the first line's label becomes the unknown word ``\ufeff__label__x``. And, for
+memory: fastText allocates all ``bucket`` rows (2 million by default, 800 MB
 at d = 100) and leaves the ones no training n-gram hashes to at their random initialisation; here
 only the buckets that occur in the training file get a row, so a test n-gram whose bucket never
 occurred in training is dropped instead of adding its untrained random row.
@@ -54,8 +57,10 @@ def fasttext_hash(token: str) -> int:
 
 def read_lines(path: str | Path) -> list[str]:
     """The lines of a text file (``"-"``: standard input), without their newlines; a last line
-    without a newline counts, the empty string after a final newline does not. Undecodable
-    bytes are kept (``surrogateescape``), so labels print back as they were written."""
+    without a newline counts, the empty string after a final newline does not. A leading UTF-8
+    byte-order mark is dropped (``utf-8-sig``): it is a marker of the encoding, not text, and
+    left in place it would glue itself to the first token. Undecodable bytes are kept
+    (``surrogateescape``), so labels print back as they were written."""
     if str(path) == "-":
         data = sys.stdin.buffer.read()
     else:
@@ -63,7 +68,7 @@ def read_lines(path: str | Path) -> list[str]:
         if not file.is_file():
             raise FileNotFoundError(f"{path}: no such file")
         data = file.read_bytes()
-    lines = data.decode("utf-8", "surrogateescape").split("\n")
+    lines = data.decode("utf-8-sig", "surrogateescape").split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return lines
@@ -155,7 +160,8 @@ class FastTextDictionary:
     def build(cls, lines: Sequence[str], word_ngrams: int = 1, bucket: int = 2_000_000, min_count: int = 1,
               label_prefix: str = "__label__") -> "FastTextDictionary":
         """The dictionary of a training file's ``lines`` (fastText's ``Dictionary::readFromFile``);
-        ValueError when no line has a label or fewer than 2 labels occur."""
+        ValueError when no line has a label or fewer than 2 labels occur, and
+        :class:`hsm.fast_classifier.SettingError` when ``min_count`` leaves no word."""
         words, labels, tokens = Counter(), Counter(), 0
         for line in lines:
             pieces = _tokens(line)
@@ -170,6 +176,11 @@ class FastTextDictionary:
             raise ValueError(f"the file has one label ({next(iter(labels))}); a classifier needs at least 2")
         # most frequent first, ties in order of first appearance (Counter keeps it; sorted is stable)
         kept_words = [w for w, c in sorted(words.items(), key=lambda item: -item[1]) if c >= min_count]
+        if not kept_words:  # even </s>, on every line, is rarer: no example would have an input
+            from .fast_classifier import SettingError
+
+            raise SettingError("min_count", f"{{name}} {min_count} leaves no word (the most frequent, {EOS}, "
+                                            f"occurs {words[EOS]} times); lower {{name}}")
         kept_labels = sorted(labels.items(), key=lambda item: -item[1])
         dictionary = cls(kept_words, [label for label, _ in kept_labels], [c for _, c in kept_labels],
                          word_ngrams=word_ngrams, bucket=bucket, min_count=min_count, label_prefix=label_prefix,

@@ -756,8 +756,19 @@ class _Worker:
         self.start.release()
 
     def wait(self) -> None:
-        self.done.acquire()
+        # a KeyboardInterrupt can arrive while the lock is awaited: keep waiting for the task
+        # (one kernel step), then raise it; raised at once, it would leave the task running and
+        # its release behind, which the next wait would take for the end of the next task
+        interrupted: BaseException | None = None
+        while True:
+            try:
+                self.done.acquire()
+                break
+            except BaseException as error:  # noqa: BLE001 - re-raised once the worker is idle
+                interrupted = interrupted or error
         error, self.error = self.error, None
+        if interrupted is not None:
+            raise interrupted
         if error is not None:
             raise error
 

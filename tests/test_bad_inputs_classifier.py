@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from hsm.experiments import classification as C
-from hsm.fast_classifier import FastBowClassifier, unique_label_sets
+from hsm.fast_classifier import FastBowClassifier, SettingError, unique_label_sets
 from hsm.tree import Tree
 
 RNG = np.random.default_rng(0)
@@ -79,7 +79,8 @@ def test_sizes_given_explicitly_are_taken_unless_they_cannot_fit_in_memory():
     clf = FastBowClassifier(dim=4, output="flat", epochs=1, threads=1).fit(DOCS, labels, num_words=5000,
                                                                              num_labels=3000)
     assert clf.num_words == 5000 and clf.num_labels == 3000
-    with pytest.raises(ValueError, match=r"needs at least .* GiB, more than this machine's"):
+    with pytest.raises(SettingError, match=r"needs about .* GiB to train, more than the .* GiB of memory available: "
+                                           r"lower dim, or check the number of words and labels"):
         FastBowClassifier(dim=64, output="flat", epochs=1).fit(DOCS, labels, num_words=10**12)
 
 
