@@ -240,7 +240,7 @@ def _as_labels(labels: Any, count: int, name: str = "labels") -> tuple[np.ndarra
             raise ValueError(f"{name}[{int(np.argmax(np.diff(offsets) == 0))}] is an empty label set")
         if offsets.size - 1 != count:
             raise ValueError(f"{offsets.size - 1} {name} for {count} documents")
-        return values, offsets
+        return unique_label_sets(values, offsets)
     if isinstance(labels, (str, bytes)):
         raise TypeError(f"{name} must be an int array or a list of int arrays, got a string")
     array = None
@@ -1096,11 +1096,12 @@ class FastBowClassifier:
         except SettingError:  # a sound file too large for the memory available: said as such
             raise
         except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as error:
-            detail = str(error).splitlines()[0] if str(error) else type(error).__name__
+            detail = " ".join(str(error).split()) or type(error).__name__  # load_state_dict's are several lines
             if isinstance(error, KeyError):
                 detail = f"no {error} entry"
-            raise ModelFileError(f"{path}: damaged model file{by} ({detail[:200]}): retrain the model, or use the hsm "
-                                 "version that wrote it") from None
+            detail = detail if len(detail) <= 200 else detail[:197] + "..."
+            raise ModelFileError(f"{path}: damaged model file{by.replace(' (', ', ').rstrip(')')} ({detail}): retrain "
+                                 "the model, or use the hsm version that wrote it") from None
 
     @classmethod
     def _from_state(cls, state: dict[str, Any]) -> "FastBowClassifier":

@@ -109,3 +109,43 @@ def test_lm_experiment_refuses_a_huge_arity_in_one_line(tmp_path, monkeypatch, c
     code = cli.main(["lm-ptb", "--scale", "quick", "-o", "arity=1000000", "--out", str(tmp_path / "x.json")])
     err = capsys.readouterr().err
     assert code == 2 and "a complete 1000000-ary tree of depth 3" in err and len(err.strip().splitlines()) == 1
+
+
+_PEAK_SCRIPT = """
+import json, resource, sys
+import numpy as np
+from hsm import FastBowClassifier
+from hsm.fast_classifier import model_bytes
+
+def resident():
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * resource.getpagesize()
+
+rng = np.random.default_rng(0)
+docs = [rng.integers(0, 3000, size=rng.integers(3, 20)) for _ in range(2000)]
+labels = [[int(d[0]) % 40] for d in docs]
+dim, output, arity, threads = json.loads(sys.argv[1])
+FastBowClassifier(dim=4, output=output, arity=arity, epochs=1, threads=threads).fit(docs, labels)  # compiled
+base = resident()
+FastBowClassifier(dim=dim, output=output, arity=arity, epochs=2, rebuilds=5, threads=threads).fit(docs, labels)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps([peak - base, model_bytes(3000, 40, dim, arity, output, threads)]))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc (Linux)")
+@pytest.mark.parametrize("dim, output, arity, threads", [(3000, "flat", 5, 1), (6000, "learned", 3, 2),
+                                                         (6000, "huffman", 2, 1)])
+def test_the_memory_estimate_covers_the_peak_of_a_real_fit(dim, output, arity, threads):
+    """model_bytes, the estimate fit refuses a too large model with, is above the peak memory a
+    fit takes (measured in a fresh process: its peak resident memory over what it held before)."""
+    import json
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, json.dumps([dim, output, arity, threads])],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HSM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    peak, estimate = json.loads(done.stdout.strip().splitlines()[-1])
+    assert peak > 4 * 3000 * dim  # the embeddings alone: the measurement sees the model
+    assert estimate >= peak, (estimate, peak)

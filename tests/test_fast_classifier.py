@@ -426,3 +426,30 @@ def test_fixed_depth_model_saves_and_loads(tmp_path):
     loaded = FastBowClassifier.load(clf.save(tmp_path / "model.bin"))
     assert loaded.depth == "fixed" and loaded.tree == clf.tree and loaded.tree.depth_limit == 2
     np.testing.assert_array_equal(loaded.predict(docs, k=2).labels, clf.predict(docs, k=2).labels)
+
+
+# ---------------------------------------------------------------------------------------------- memory
+@pytest.mark.parametrize("output", ["flat", "learned"])
+def test_predict_in_blocks_is_predict_in_one_go(output, monkeypatch):
+    """Documents go through predict in blocks (memory does not grow with n x d); each row's
+    labels and log-probabilities are the ones of a single pass."""
+    import hsm.fast_classifier as fc
+
+    docs, labels = _problem(num_docs=300, seed=3)
+    clf = FastBowClassifier(dim=8, output=output, arity=3, lr=0.3, epochs=2, threads=1).fit(docs, labels)
+    whole = clf.predict(docs, k=3)
+    monkeypatch.setattr(fc, "PREDICT_BLOCK", 8 * 7)  # 7 rows a block
+    blocks = clf.predict(docs, k=3)
+    np.testing.assert_array_equal(blocks.labels, whole.labels)
+    np.testing.assert_allclose(blocks.log_probs, whole.log_probs, rtol=1e-6, atol=1e-6)
+
+
+def test_the_embeddings_are_drawn_in_blocks_as_in_one_draw(monkeypatch):
+    """The initialisation draws V x d in blocks of rows (no float64 copy of the table): the values
+    are the single draw's, so a seed gives the model it always gave."""
+    import hsm.fast_classifier as fc
+
+    monkeypatch.setattr(fc, "INIT_BLOCK", 5 * 7 + 3)  # blocks of 5 rows of d = 7
+    clf = FastBowClassifier(dim=7, output="flat", seed=11).init_model(23, np.ones(4))
+    expected = np.random.default_rng(11).uniform(-1 / 7, 1 / 7, (23, 7)).astype(np.float32)
+    np.testing.assert_array_equal(clf.model.embedding.weight.detach().numpy(), expected)

@@ -1,11 +1,15 @@
-"""hsm.fast_trainer: the rebuild plans of the compiled bag-of-words trainer (the training itself is
-checked against PyTorch in tests/test_fast_classifier.py)."""
+"""hsm.fast_trainer: the rebuild plans of the compiled bag-of-words trainer, and its kernel steps
+(the same numbers in steps as in one call; an interrupt between two steps stops training). The
+training itself is checked against PyTorch in tests/test_fast_classifier.py."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hsm.fast_classifier import FastBowClassifier
 from hsm.fast_trainer import FitHistory, first_half_plan, output_arrays, statistics_arrays, token_plan
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
 from hsm.tree import Tree
@@ -56,3 +60,106 @@ def test_operands_views_of_the_layer() -> None:
     assert flat[0].shape == (1, 20) and flat[3].shape == (5, 1)
     assert [a.size for a in statistics_arrays(None)] == [0, 0, 0]
     assert FitHistory().rebuilds == []
+
+
+# ---------------------------------------------------------------------------------------------- kernel steps
+RNG = np.random.default_rng(4)
+DOCS = [RNG.integers(0, 80, size=RNG.integers(1, 12)) for _ in range(300)]
+LABELS = [[int(d[0]) % 9] if i % 4 else [int(d[0]) % 9, int(d[-1]) % 9] for i, d in enumerate(DOCS)]
+
+
+@pytest.mark.parametrize("settings", [
+    {"output": "flat"},
+    {"output": "huffman", "arity": 2},
+    {"output": "learned", "arity": 3, "rebuilds": 7},
+    {"output": "learned", "arity": 3, "rebuilds": 4, "schedule": "every_tokens", "rebuild_tokens": 90,
+     "statistics": "released"},
+])
+def test_kernel_steps_change_nothing(settings, monkeypatch) -> None:
+    """Cutting every thread's share into steps (so that Ctrl-C is seen) gives, on one thread, the
+    very numbers of one call per share: same updates, same order, same rates, same rebuilds."""
+    from hsm import fast_trainer
+
+    fits = []
+    for step_work in (10**18, 1, 2_000):  # one call per chunk; one example per step; a few per step
+        monkeypatch.setattr(fast_trainer, "STEP_WORK", step_work)
+        clf = FastBowClassifier(dim=6, lr=0.4, epochs=3, threads=1, seed=2, **settings)
+        fits.append(clf.fit(DOCS, LABELS, record_losses=True))
+    reference = fits[0]
+    for clf in fits[1:]:
+        assert torch.equal(clf.model.embedding.weight, reference.model.embedding.weight)
+        for mine, theirs in zip(clf.layer.state_dict().values(), reference.layer.state_dict().values()):
+            assert torch.equal(mine, theirs) if isinstance(mine, torch.Tensor) else mine == theirs
+        for mine, theirs in zip(clf.history.example_losses, reference.history.example_losses):
+            np.testing.assert_array_equal(mine, theirs)
+        assert [r.step for r in clf.history.rebuilds] == [r.step for r in reference.history.rebuilds]
+
+
+def test_kernel_steps_on_two_threads_train_as_well(monkeypatch) -> None:
+    """Hogwild on two threads is not deterministic; in steps it still learns the same task."""
+    from hsm import fast_trainer
+
+    labels = [int(d[0]) % 9 for d in DOCS]
+    scores = []
+    for step_work in (10**18, 1):
+        monkeypatch.setattr(fast_trainer, "STEP_WORK", step_work)
+        clf = FastBowClassifier(dim=16, output="flat", lr=0.5, epochs=10, threads=2, seed=1).fit(DOCS, labels)
+        scores.append(clf.test(DOCS, labels)["precision_at_1"])
+    assert min(scores) > 0.9 and abs(scores[0] - scores[1]) < 0.05
+
+
+def test_an_interrupt_between_steps_stops_fit_and_keeps_the_saved_model(tmp_path, monkeypatch) -> None:
+    """A KeyboardInterrupt raised between two kernel steps ends fit there (not at the end of the
+    epoch); a model saved earlier is untouched."""
+    from hsm import fast_trainer
+
+    saved = FastBowClassifier(dim=6, output="huffman", arity=3, epochs=1, threads=1).fit(DOCS, LABELS)
+    saved.save(tmp_path / "m.bin")
+    before = (tmp_path / "m.bin").read_bytes()
+    kernel, calls = fast_trainer._sgd_examples, []
+
+    def interrupt_at_the_fourth_step(*args):
+        calls.append(args[2].size)
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return kernel(*args)
+
+    monkeypatch.setattr(fast_trainer, "_sgd_examples", interrupt_at_the_fourth_step)
+    monkeypatch.setattr(fast_trainer, "STEP_WORK", 1)
+    with pytest.raises(KeyboardInterrupt):
+        FastBowClassifier(dim=6, output="huffman", arity=3, epochs=5, threads=1).fit(DOCS, LABELS)
+    assert calls == [1, 1, 1, 1]  # 1,500 examples to go: it stopped at the fourth
+    assert (tmp_path / "m.bin").read_bytes() == before
+    assert torch.equal(FastBowClassifier.load(tmp_path / "m.bin").model.embedding.weight, saved.model.embedding.weight)
+
+
+def test_an_interrupt_while_waiting_for_a_thread_leaves_the_pool_idle(monkeypatch) -> None:
+    """Ctrl-C while the calling thread waits for the other Hogwild thread: the wait goes on until
+    that thread's step is done, then the interrupt is raised, so no worker is left running (a
+    worker still running would hand its end to the next fit's wait, which would then return early)."""
+    import signal
+    import threading
+    import time
+
+    from hsm import fast_trainer, kernels
+
+    kernel, fired = fast_trainer._sgd_examples, []
+    main = threading.main_thread().ident
+
+    def slow_step_on_the_worker(*args):
+        result = kernel(*args)
+        if threading.current_thread() is not threading.main_thread() and not fired:
+            fired.append(True)
+            time.sleep(0.3)  # the calling thread is waiting for this step by now
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.3)  # and is interrupted while this step still runs
+        return result
+
+    monkeypatch.setattr(fast_trainer, "_sgd_examples", slow_step_on_the_worker)
+    labels = [int(d[0]) % 9 for d in DOCS]
+    with pytest.raises(KeyboardInterrupt):
+        FastBowClassifier(dim=16, output="flat", lr=0.5, epochs=10, threads=2, seed=1).fit(DOCS, labels)
+    assert fired and all(worker.job is None for worker in kernels._WORKERS)
+    monkeypatch.undo()
+    clf = FastBowClassifier(dim=16, output="flat", lr=0.5, epochs=10, threads=2, seed=1).fit(DOCS, labels)
+    assert clf.test(DOCS, labels)["precision_at_1"] > 0.9

@@ -238,3 +238,242 @@ def test_refit_on_arrays_forgets_the_file_dictionary(files):
         classifier.predict_file(files["test"])
     with pytest.raises(RuntimeError, match="not trained on a file"):
         FastBowClassifier(dim=4, epochs=1, threads=1, arity=2).fit([[0, 1], [2, 3]], [0, 1]).test_file(files["test"])
+
+
+# ============================================================================ faults and bad input
+def _train(capsys, train: Path, prefix: Path, *extra) -> tuple[int, str]:
+    code, _, err = run(capsys, "supervised", "-input", train, "-output", prefix, "-dim", 4, "-epoch", 1,
+                       "-thread", 1, "-verbose", 0, *extra)
+    return code, err
+
+
+def _one_line(err: str) -> str:
+    assert len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+@pytest.fixture()
+def no_training(monkeypatch):
+    """Makes any training an error: the checks under test must come before it."""
+    def fail(*args, **kwargs):
+        raise AssertionError("training started before the bad input was reported")
+
+    monkeypatch.setattr(FastBowClassifier, "fit_file", fail)
+
+
+def test_output_onto_a_folder_is_refused_before_training(files, capsys, tmp_path, no_training):
+    (tmp_path / "m.bin").mkdir()
+    code, err = _train(capsys, files["train"], tmp_path / "m")
+    assert code == 2 and "is a folder" in _one_line(err)
+    assert (tmp_path / "m.bin").is_dir()
+
+
+def test_output_in_an_unwritable_folder_is_refused_before_training(files, capsys, tmp_path, monkeypatch, no_training):
+    """A folder that refuses a new file (permissions, a read-only file system): one line before
+    training. The refusal is simulated where it cannot be produced (as root, every folder is writable)."""
+    import tempfile
+
+    from hsm import fasttext_cli
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(fasttext_cli.tempfile, "NamedTemporaryFile", refuse)
+    code, err = _train(capsys, files["train"], tmp_path / "m")
+    assert code == 2 and "cannot write in" in _one_line(err) and "Permission denied" in err
+    monkeypatch.setattr(fasttext_cli.tempfile, "NamedTemporaryFile", tempfile.NamedTemporaryFile)
+    if os.geteuid() != 0:  # the real thing, where permissions apply
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o555)
+        try:
+            code, err = _train(capsys, files["train"], folder / "m")
+            assert code == 2 and "cannot write in" in _one_line(err)
+        finally:
+            folder.chmod(0o755)
+
+
+def _disk_full_on_save(monkeypatch) -> None:
+    """torch.save writes 64 KiB and then finds the disk full (what a full disk did to m.bin)."""
+    import errno
+
+    def full(obj, handle, *args, **kwargs):
+        handle.write(b"\0" * 65536)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", full)
+
+
+def test_a_full_disk_leaves_the_previous_model_file_intact(files, capsys, tmp_path, monkeypatch):
+    prefix = tmp_path / "m"
+    assert _train(capsys, files["train"], prefix)[0] == 0
+    good = (tmp_path / "m.bin").read_bytes()
+    expected = run(capsys, "test", tmp_path / "m.bin", files["test"])[1]
+    _disk_full_on_save(monkeypatch)
+    code, err = _train(capsys, files["train"], prefix, "-seed", 5)
+    assert code == 1 and "the disk is full" in _one_line(err) and "unchanged" in err
+    with pytest.raises(OSError, match="disk is full"):  # the Python API: the same file, the same rule
+        FastBowClassifier.load(tmp_path / "m.bin").save(tmp_path / "m.bin")
+    monkeypatch.undo()
+    assert (tmp_path / "m.bin").read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bin"]  # no temporary left behind
+    assert run(capsys, "test", tmp_path / "m.bin", files["test"])[1] == expected
+
+
+def test_concurrent_saves_to_one_file_leave_a_readable_model(files, tmp_path):
+    """Two writers of the same file: the reader gets one whole model, never a mix."""
+    import threading
+
+    models = [FastBowClassifier(dim=4, output="flat", epochs=1, threads=1, seed=s).fit_file(files["train"])
+              for s in (0, 1)]
+    target = tmp_path / "m.bin"
+
+    def write(model):
+        for _ in range(5):
+            model.save(target)
+
+    threads = [threading.Thread(target=write, args=(m,)) for m in models]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    loaded = FastBowClassifier.load(target).model.embedding.weight
+    assert any(torch.equal(loaded, m.model.embedding.weight) for m in models)
+    assert [p.name for p in tmp_path.iterdir()] == ["m.bin"]
+
+
+def test_a_repeated_gold_label_counts_once_on_both_paths(capsys, tmp_path):
+    """A line's labels are a set: '__label__a __label__a' is one gold label, for test_file, the
+    command line and FastBowClassifier.test alike (R@1 1.0, not 0.5)."""
+    train = tmp_path / "train.txt"
+    train.write_text("".join(f"__label__a __label__a apple pie {i % 3}\n__label__b bread loaf {i % 3}\n"
+                             for i in range(40)), encoding="utf-8")
+    model = FastBowClassifier(dim=8, output="flat", lr=0.5, epochs=5, threads=1).fit_file(train)
+    model.save(tmp_path / "m.bin")
+    result = model.test_file(train)
+    assert result == {"examples": 80, "precision_at_1": 1.0, "recall_at_1": 1.0}
+    data = model.dictionary.encode(read_lines(train))
+    assert model.test(data.docs, data.labels) == result
+    code, out, _ = run(capsys, "test", tmp_path / "m.bin", train)
+    assert code == 0 and out == "N\t80\nP@1\t1\nR@1\t1\n"
+    code, out, _ = run(capsys, "test", "-h")
+    assert "counts once" in out
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_label(capsys, tmp_path):
+    lines = synthetic_lines(60, 2)
+    plain, marked = tmp_path / "plain.txt", tmp_path / "marked.txt"
+    plain.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    marked.write_bytes(b"\xef\xbb\xbf" + plain.read_bytes())
+    assert read_lines(marked) == read_lines(plain) == lines
+    dictionary = FastTextDictionary.build(read_lines(marked))
+    assert all(not label.startswith("\ufeff") for label in dictionary.labels + dictionary.words)
+    model = FastBowClassifier(dim=4, output="flat", epochs=2, threads=1).fit_file(marked)
+    reference = FastBowClassifier(dim=4, output="flat", epochs=2, threads=1).fit_file(plain)
+    assert torch.equal(model.model.embedding.weight, reference.model.embedding.weight)
+    assert model.test_file(marked) == model.test_file(plain)  # the first line counts, with its label
+    model.save(tmp_path / "m.bin")
+    assert run(capsys, "predict", tmp_path / "m.bin", marked)[1] == run(capsys, "predict", tmp_path / "m.bin", plain)[1]
+
+
+def test_predict_writes_undecodable_labels_back_on_a_strict_utf8_stdout(tmp_path):
+    """Labels that are not valid UTF-8 (a Latin-1 file) print as the bytes the file had, even
+    where standard output is strict UTF-8 (no UnicodeEncodeError)."""
+    import subprocess
+    import sys
+
+    train = tmp_path / "latin1.txt"
+    train.write_bytes(b"".join(b"__label__caf\xe9 coffee cup %d\n__label__th\xe9 tea pot %d\n" % (i % 4, i % 4)
+                               for i in range(30)))
+    FastBowClassifier(dim=8, output="flat", lr=0.5, epochs=5, threads=1).fit_file(train).save(tmp_path / "m.bin")
+    environment = {**os.environ, "PYTHONIOENCODING": "utf-8:strict", "HSM_THREADS": "1"}
+    for command in ("predict", "predict-prob"):
+        done = subprocess.run([sys.executable, "-m", "hsm", command, str(tmp_path / "m.bin"), str(train), "2"],
+                              capture_output=True, env=environment, timeout=300)
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert len(lines) == 60 and lines[0].split()[0] == b"__label__caf\xe9"
+        assert {b"__label__caf\xe9", b"__label__th\xe9"} <= set(lines[1].split())
+
+
+def _damage(path: Path, change) -> Path:
+    state = torch.load(path, weights_only=True)
+    change(state)
+    damaged = path.with_name(f"damaged-{abs(hash(repr(change))) % 10**6}.bin")
+    torch.save(state, damaged)
+    return damaged
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda s: s.update(version=2, hsm_version="9.9"), r"format version 2 \(written by hsm 9.9\) is not readable"),
+    (lambda s: s["settings"].update(dim="wide"), r"damaged model file .*dim"),
+    (lambda s: s["settings"].update(colour=3), r"damaged model file .*colour"),
+    (lambda s: s.pop("layer"), r"damaged model file .*no 'layer' entry"),
+    (lambda s: s.update(num_words=3), r"damaged model file .*embeddings"),
+    (lambda s: s["settings"].update(arity=3), r"damaged model file"),
+    (lambda s: s["dictionary"].update(labels=["__label__x"]), r"damaged model file .*dictionary"),
+    (lambda s: s["model"]["embedding.weight"].fill_(float("nan")), r"damaged model file .*NaN"),
+])
+def test_a_model_of_another_version_or_damaged_is_one_line(files, capsys, tmp_path, change, message):
+    prefix = tmp_path / "m"
+    assert _train(capsys, files["train"], prefix, "-loss", "huffman", "-arity", 2)[0] == 0
+    damaged = _damage(tmp_path / "m.bin", change)
+    from hsm.fast_classifier import ModelFileError
+
+    with pytest.raises(ModelFileError, match=message):
+        FastBowClassifier.load(damaged)
+    for command in ("test", "predict"):
+        code, out, err = run(capsys, command, damaged, files["test"])
+        line = _one_line(err)
+        assert code == 2 and out == "" and re.search(message, line) and str(damaged) in line
+        assert "retrain the model, or use the hsm version that wrote it" in line
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["-minCount", "100000"], "-minCount 100000 leaves no word (the most frequent, </s>, occurs 401 times); "
+                              "lower -minCount"),
+    (["-seed", "-1"], "-seed must be >= 0, got -1"),
+    (["-epoch", "0"], "-epoch must be >= 1, got 0"),
+    (["-dim", "1000000000000"], "needs about"),
+])
+def test_setting_errors_name_the_option(files, capsys, tmp_path, extra, message):
+    code, err = _train(capsys, files["train"], tmp_path / "m", *extra)
+    assert code == 2 and message in _one_line(err)
+    assert not (tmp_path / "m.bin").exists()
+
+
+def test_setting_errors_name_the_setting_in_python():
+    from hsm.fast_classifier import SettingError
+
+    with pytest.raises(SettingError, match="min_count 5 leaves no word .* lower min_count"):
+        FastTextDictionary.build(["__label__a x", "__label__b y"], min_count=5)
+    with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
+        FastBowClassifier(seed=-1)
+    with pytest.raises(SettingError, match="lower dim") as caught:
+        FastBowClassifier(dim=10**12, output="flat", epochs=1).fit([[0, 1], [1, 2]], [0, 1])
+    assert caught.value.named("-dim").endswith("lower -dim, or check the number of words and labels")
+
+
+def test_ctrl_c_stops_training_at_once_and_keeps_the_previous_model(files, capsys, tmp_path, monkeypatch):
+    """A KeyboardInterrupt between two kernel steps ends supervised with one line and status 130,
+    after that step (not at the end of the epoch), and m.bin is the previous model."""
+    from hsm import fast_trainer
+
+    assert _train(capsys, files["train"], tmp_path / "m")[0] == 0
+    good = (tmp_path / "m.bin").read_bytes()
+    kernel, calls = fast_trainer._sgd_examples, []
+
+    def interrupted_at_the_third_step(*args):
+        calls.append(args[2].size)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return kernel(*args)
+
+    monkeypatch.setattr(fast_trainer, "_sgd_examples", interrupted_at_the_third_step)
+    monkeypatch.setattr(fast_trainer, "STEP_WORK", 1)  # one example a step: 400 steps an epoch
+    code, out, err = run(capsys, "supervised", "-input", files["train"], "-output", tmp_path / "m", "-dim", 4,
+                         "-epoch", 3, "-thread", 1, "-seed", 9)
+    assert code == 130 and out == "" and "interrupted" in _one_line(err)
+    assert len(calls) == 3 and calls == [1, 1, 1]
+    assert (tmp_path / "m.bin").read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bin"]
