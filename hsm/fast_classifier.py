@@ -383,22 +383,27 @@ PREDICT_BLOCK = 1 << 24
 INIT_BLOCK = 1 << 20
 
 
-def model_bytes(num_words: int, num_labels: int, dim: int, arity: int, output: str, threads: int = 1) -> int:
+def model_bytes(num_words: int, num_labels: int, dim: int, arity: int, output: str, threads: int = 1,
+                fixed_depth: bool = False) -> int:
     """An upper estimate of the memory that building and training a model of these sizes takes
     beyond what the data take: the float32 embeddings (V x d), the initialisation's float64
-    block (:data:`INIT_BLOCK`), the output weights and biases (K x d for flat; N x M x d for a
-    tree of N <= K / (M - 1) + 2 nodes), the tree's tables and Algorithm 1's statistics (K x depth
-    x M, with a copy at each rebuild), and every thread's buffers (the kernel's ``h`` and
-    gradient, d each). Plain SGD keeps no optimiser state and the kernels update the tensors in
-    place (no gradient copies). Measured on real runs, the peak grows by this much less 1-2 MB;
-    a test checks it stays above."""
-    block = min(num_words * dim, INIT_BLOCK)
+    block (:data:`INIT_BLOCK`, at least one row), the output weights and biases (K x d for flat;
+    N x M x d for a tree: N <= K / (M - 1) + 2 nodes for a Huffman tree, which Algorithm 2 keeps,
+    the complete tree's (M^D - 1) / (M - 1) for ``fixed_depth``), the tree's tables and
+    Algorithm 1's statistics (K x depth x M, with a copy at each rebuild), and every thread's
+    buffers (the kernel's ``h`` and gradient, d each). Plain SGD keeps no optimiser state and the
+    kernels update the tensors in place (no gradient copies). A test checks the estimate against
+    the peak memory of real runs, which it exceeds by its headroom less 1-2 MB."""
+    block = min(num_words, max(1, INIT_BLOCK // dim)) * dim
+    depth = 1
     if output == "flat":
         slots, nodes = num_labels, 1
     else:
-        nodes = num_labels // max(arity - 1, 1) + 2
+        while arity**depth < num_labels:
+            depth += 1
+        nodes = (arity**depth - 1) // (arity - 1) if fixed_depth else num_labels // max(arity - 1, 1) + 2
         slots = nodes * arity
-    depth = 1 if output == "flat" else max(1, math.ceil(math.log(max(num_labels, 2)) / math.log(arity))) + 2
+        depth += 2  # a Huffman tree of skewed counts is deeper than the complete tree
     total = 4 * dim * num_words + 8 * block + 4 * dim * slots + 4 * slots
     total += 8 * num_words + 8 * (num_labels + 2 * arity) * depth * 6 + 8 * nodes * arity * 3  # ids, paths, tables
     if output == "learned":
@@ -749,7 +754,8 @@ class FastBowClassifier:
                              f"children; use arity <= {counts.size}")
         # refused before allocating: an out-of-memory kill has no message (and may hit another process)
         threads = self.threads or torch.get_num_threads()
-        need = model_bytes(num_words, counts.size, self.dim, self.arity, self.output, threads)
+        need = model_bytes(num_words, counts.size, self.dim, self.arity, self.output, threads,
+                           fixed_depth=self.depth == "fixed")
         have = _available_memory()
         if have is not None and need > have:
             raise SettingError("dim", f"a model of {num_words:,} words and {counts.size:,} labels at {{name}} "

@@ -112,33 +112,40 @@ def test_lm_experiment_refuses_a_huge_arity_in_one_line(tmp_path, monkeypatch, c
 
 
 _PEAK_SCRIPT = """
-import json, resource, sys
+import json, sys
 import numpy as np
 from hsm import FastBowClassifier
 from hsm.fast_classifier import model_bytes
 
-def resident():
-    with open("/proc/self/statm") as handle:
-        return int(handle.read().split()[1]) * resource.getpagesize()
+def status(field):
+    with open("/proc/self/status") as handle:
+        return next(int(line.split()[1]) * 1024 for line in handle if line.startswith(field + ":"))
 
 rng = np.random.default_rng(0)
 docs = [rng.integers(0, 3000, size=rng.integers(3, 20)) for _ in range(2000)]
 labels = [[int(d[0]) % 40] for d in docs]
 dim, output, arity, threads = json.loads(sys.argv[1])
 FastBowClassifier(dim=4, output=output, arity=arity, epochs=1, threads=threads).fit(docs, labels)  # compiled
-base = resident()
+try:
+    with open("/proc/self/clear_refs", "w") as handle:
+        handle.write("5")  # the peak (VmHWM) restarts from the resident memory now: the warm-up's is forgotten
+except OSError:
+    print("null")
+    sys.exit(0)
+base = status("VmRSS")
 FastBowClassifier(dim=dim, output=output, arity=arity, epochs=2, rebuilds=5, threads=threads).fit(docs, labels)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = status("VmHWM")
 print(json.dumps([peak - base, model_bytes(3000, 40, dim, arity, output, threads)]))
 """
 
 
-@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="reads the resident memory from /proc (Linux)")
+@pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(), reason="reads the peak memory from /proc (Linux)")
 @pytest.mark.parametrize("dim, output, arity, threads", [(3000, "flat", 5, 1), (6000, "learned", 3, 2),
                                                          (6000, "huffman", 2, 1)])
 def test_the_memory_estimate_covers_the_peak_of_a_real_fit(dim, output, arity, threads):
     """model_bytes, the estimate fit refuses a too large model with, is above the peak memory a
-    fit takes (measured in a fresh process: its peak resident memory over what it held before)."""
+    fit takes (measured in a fresh process: its peak resident memory, reset after a warm-up fit
+    that compiles the kernels, over what it held before the fit)."""
     import json
     import subprocess
     import sys
@@ -146,6 +153,9 @@ def test_the_memory_estimate_covers_the_peak_of_a_real_fit(dim, output, arity, t
     done = subprocess.run([sys.executable, "-c", _PEAK_SCRIPT, json.dumps([dim, output, arity, threads])],
                           capture_output=True, text=True, timeout=600, env={**os.environ, "HSM_THREADS": "1"})
     assert done.returncode == 0, done.stderr
-    peak, estimate = json.loads(done.stdout.strip().splitlines()[-1])
+    measured = json.loads(done.stdout.strip().splitlines()[-1])
+    if measured is None:
+        pytest.skip("this kernel does not let a process reset its peak memory (/proc/self/clear_refs)")
+    peak, estimate = measured
     assert peak > 4 * 3000 * dim  # the embeddings alone: the measurement sees the model
     assert estimate >= peak, (estimate, peak)

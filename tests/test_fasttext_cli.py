@@ -406,13 +406,13 @@ def _damage(path: Path, change) -> Path:
 
 @pytest.mark.parametrize("change, message", [
     (lambda s: s.update(version=2, hsm_version="9.9"), r"format version 2 \(written by hsm 9.9\) is not readable"),
-    (lambda s: s["settings"].update(dim="wide"), r"damaged model file .*dim"),
-    (lambda s: s["settings"].update(colour=3), r"damaged model file .*colour"),
-    (lambda s: s.pop("layer"), r"damaged model file .*no 'layer' entry"),
-    (lambda s: s.update(num_words=3), r"damaged model file .*embeddings"),
-    (lambda s: s["settings"].update(arity=3), r"damaged model file"),
-    (lambda s: s["dictionary"].update(labels=["__label__x"]), r"damaged model file .*dictionary"),
-    (lambda s: s["model"]["embedding.weight"].fill_(float("nan")), r"damaged model file .*NaN"),
+    (lambda s: s["settings"].update(dim="wide"), r"damaged model file, .*dim"),
+    (lambda s: s["settings"].update(colour=3), r"damaged model file, .*colour"),
+    (lambda s: s.pop("layer"), r"damaged model file, .*no 'layer' entry"),
+    (lambda s: s.update(num_words=3), r"damaged model file, .*embeddings"),
+    (lambda s: s["settings"].update(arity=3), r"damaged model file, written by hsm"),
+    (lambda s: s["dictionary"].update(labels=["__label__x"]), r"damaged model file, .*dictionary"),
+    (lambda s: s["model"]["embedding.weight"].fill_(float("nan")), r"damaged model file, .*NaN"),
 ])
 def test_a_model_of_another_version_or_damaged_is_one_line(files, capsys, tmp_path, change, message):
     prefix = tmp_path / "m"
