@@ -167,3 +167,34 @@ def test_the_taxonomy_verdict_names_a_table_whose_documents_were_cut_short(tmp_p
     row = report._taxonomy_row(tmp_path)
     assert "20NG documents cut at 256 tokens (60 % of the training tokens)" in row.why
     assert "R8 documents" not in row.why and "not run at full size" not in row.why
+
+
+def test_every_verdict_prints_the_rule_that_decided_it() -> None:
+    rows = report.verdicts()
+    assert all(row.rule for row in rows), [row.claim for row in rows if not row.rule]
+    rules = report.verdict_rules_markdown(rows)
+    assert rules.count("\n- ") == len(rows) - 1 and all(row.rule in rules for row in rows)
+
+
+@pytest.mark.parametrize("change, word", [(-1.0, "reproduced"), (+1.0, "contradicted")])
+def test_the_larger_d_verdict_follows_the_gain_at_d_200(change: float, word: str) -> None:
+    gains = {data: {(50, m): np.array([2.0, 3.0]) for m in (5, 20)} for data in ("a", "b")}
+    for data in gains:
+        for m in (5, 20):
+            gains[data][(200, m)] = gains[data][(50, m)] + change
+    assert report._larger_d_row(gains).verdict == word
+    gains["b"][(200, 5)] = gains["b"][(50, 5)] - change  # one setting the other way: neither rule holds
+    assert report._larger_d_row(gains).verdict == "close"
+
+
+def test_the_speed_up_is_judged_only_when_both_layers_ran_on_one_gpu() -> None:
+    rows = {row.claim: row for row in report.verdicts()}
+    speed = next(row for claim, row in rows.items() if "trains nearly 3" in claim)
+    assert speed.verdict == "not run here" and "one GPU" in speed.rule  # the committed timing ran on a CPU
+
+
+def test_paper_comparisons_hold_the_seed_spread_where_seeds_ran() -> None:
+    rows = {row.label: row for row in report.paper_comparisons()}
+    assert len(rows["PTB: random tree"].seeds) >= 3 and not rows["PTB: learned tree"].seeds
+    assert all(len(row.seeds) == 3 for label, row in rows.items() if row.measure == "macro-F1")
+    assert all(min(row.seeds) <= row.ours <= max(row.seeds) for row in rows.values() if row.seeds)
