@@ -3,6 +3,7 @@
 * The docstrings of ``hsm`` write their parameters as ``name: what it is`` under a numpy-style
   ``Parameters`` heading; napoleon reads ``name : type``, so this rewrites each such line as
   ``name`` followed by its description before napoleon runs.
+* Summaries in autosummary tables do not end at the full stop of "eq." or "Alg.".
 * Every object is documented once, in the module that defines it; a reference to the name a
   package re-exports it under (``hsm.Tree``, ``hsm.data.load_ptb``,
   ``hsm.HierarchicalSoftmax.predict``) resolves to that entry.
@@ -126,7 +127,17 @@ def resolve_reexport(app: Any, env: Any, node: Any, contnode: Any) -> Any:
     return contnode if found_in_code else None
 
 
+#: abbreviations the docstrings use before a number ("eq. 5", "Alg. 2"): autosummary must not end a
+#: summary's first sentence at their full stop ("... labels (eq.")
+_ABBREVIATIONS = ("eq.", "Eq.", "eqs.", "Eqs.", "Alg.", "Algs.", "cf.", "vs.", "approx.", "resp.", "No.", "Fig.",
+                  "Sec.", "§.")
+
+
 def setup(app: Any) -> dict[str, Any]:
+    from sphinx.ext import autosummary
+
+    # a module-level tuple that extract_summary reads on every call
+    autosummary.WELL_KNOWN_ABBREVIATIONS = tuple(dict.fromkeys(autosummary.WELL_KNOWN_ABBREVIATIONS + _ABBREVIATIONS))
     app.connect("autodoc-process-docstring", numpy_parameters, priority=400)  # before napoleon (500)
     app.connect("missing-reference", resolve_reexport)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
