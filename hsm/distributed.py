@@ -144,6 +144,8 @@ class DistributedTreeLearner(TreeLearner):
     parameters. Same arguments as :class:`hsm.TreeLearner`, plus ``group`` (default: the world).
     """
 
+    _synchronises_ranks = True  # the plain TreeLearner refuses a group of several processes
+
     def __init__(self, layer: HierarchicalSoftmax, reassign_every: int, group: Any = None, **kwargs: Any) -> None:
         super().__init__(layer, reassign_every, **kwargs)
         self.group = group

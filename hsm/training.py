@@ -50,6 +50,13 @@ class ReassignRecord:
     objective_by_depth: dict[int, float] = field(default_factory=dict)  #: mass-weighted mean J_n before the rebuild
 
 
+def _process_group_size() -> int:
+    """The number of processes of the default ``torch.distributed`` group; 1 outside one."""
+    if not torch.distributed.is_available() or not torch.distributed.is_initialized():
+        return 1
+    return torch.distributed.get_world_size()
+
+
 class TreeLearner:
     """Learn the tree of a :class:`HierarchicalSoftmax` during training (Algorithm 1).
 
@@ -62,21 +69,41 @@ class TreeLearner:
         ``"eq10"`` (eq. 10). ``wrt="logp"|"p"`` is its deprecated old name (a DeprecationWarning).
     algorithm: ``"depth"`` (Algorithm 3), ``"well_formed"`` (Algorithm 2) or ``"auto"``
         (Algorithm 3 for fixed-depth trees, else Algorithm 2).
-    decay, prior, prior_mode: see :mod:`hsm.statistics`.
+    decay: the factor that multiplies the node statistics at every re-assignment. The default 1
+        never forgets them, what the language-model chapters found best (on PTB and Gutenberg;
+        0.5 and resetting did worse). :class:`NodeStatistics` built directly keeps its own
+        default of 0.5, on which the experiments that build it rely.
+    prior, prior_mode: see :mod:`hsm.statistics`.
+    freeze_after: freeze the tree (:meth:`freeze`) when the step count reaches this, after the
+        re-assignment due at that step; None (default): learn until :meth:`freeze` is called.
     statistics: a ready :class:`NodeStatistics` (or subclass) to use instead of building one.
     record_objective: record the mean J_n per depth before every rebuild (True), never (False),
         or every n-th rebuild (an int); at K = 250k it costs about as much as the rebuild itself.
     reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 moves to a new place.
 
-    Raises TypeError for a non-integer ``reassign_every`` or a layer that is not a
-    :class:`HierarchicalSoftmax`, ValueError for ``reassign_every < 1``, an unknown ``score`` or
-    ``algorithm``, and (from :class:`NodeStatistics`) ``decay`` outside [0, 1] or ``prior`` not
-    finite and > 0.
+    The schedule that pays is learn, freeze, fine-tune: learn the tree for part of the training
+    (the language-model chapters: most of it, with many steps between rebuilds), then freeze it
+    and keep training the model on the final tree, which pays back what every moved label cost::
+
+        learner = TreeLearner(layer, reassign_every=steps_per_epoch // 20,
+                              freeze_after=learn_epochs * steps_per_epoch)
+        # or call learner.freeze() yourself after the learning epochs
+
+    Raises TypeError for a non-integer ``reassign_every`` or ``freeze_after``, or a layer that is
+    not a :class:`HierarchicalSoftmax`; ValueError for ``reassign_every < 1``, ``freeze_after <
+    1``, an unknown ``score`` or ``algorithm``, and (from :class:`NodeStatistics`) ``decay``
+    outside [0, 1] or ``prior`` not finite and > 0; RuntimeError inside an initialised
+    ``torch.distributed`` process group of several processes, where each rank would learn its own
+    tree from its own shard (use :class:`hsm.distributed.DistributedTreeLearner` there).
 
     Checkpoints: save ``layer.state_dict()`` (parameters *and* tree) and ``learner.state_dict()``
     (tree, statistics, step count, history); loading both into a fresh layer and learner, built on
     any tree of the same shape, resumes Algorithm 1 exactly (tests/test_bad_inputs_layers.py).
     """
+
+    #: whether the class keeps the ranks of a process group on one tree; a plain TreeLearner
+    #: learns from its own process's batches only, so several processes would fork the model
+    _synchronises_ranks = False
 
     def __init__(
         self,
@@ -84,18 +111,26 @@ class TreeLearner:
         reassign_every: int,
         score: RankingScore | None = None,
         algorithm: Literal["auto", "depth", "well_formed"] = "auto",
-        decay: float = 0.5,
+        decay: float = 1.0,
         prior: float = 1.0,
         reset_moved_nodes: bool = True,
         prior_mode: str = "current_child",
         statistics: NodeStatistics | None = None,
         record_objective: bool | int = True,
         wrt: str | None = None,
+        freeze_after: int | None = None,
     ) -> None:
         if not isinstance(layer, HierarchicalSoftmax):
             raise TypeError("TreeLearner needs an hsm.HierarchicalSoftmax layer")
+        if not self._synchronises_ranks:
+            world = _process_group_size()
+            if world > 1:
+                raise RuntimeError(f"TreeLearner would learn a different tree in each of the {world} processes of "
+                                   "the torch.distributed group: use hsm.distributed.DistributedTreeLearner")
         if check_integer(reassign_every, "reassign_every") < 1:
             raise ValueError(f"reassign_every must be >= 1, got {reassign_every}")
+        if freeze_after is not None and check_integer(freeze_after, "freeze_after") < 1:
+            raise ValueError(f"freeze_after must be None or >= 1, got {freeze_after}")
         score = _score_name(score, wrt, default="eq12")
         if not isinstance(record_objective, (bool, np.bool_, int, np.integer)):
             raise TypeError(f"record_objective must be True, False or an int >= 0, got {record_objective!r}")
@@ -122,16 +157,21 @@ class TreeLearner:
         self.statistics = statistics if statistics is not None else NodeStatistics(
             layer.tree, prior=prior, decay=decay, device=layer.weight.device, prior_mode=prior_mode)
         layer.statistics = self.statistics
+        self.freeze_after = None if freeze_after is None else int(freeze_after)
         self.steps = 0
         self.frozen = False
         self.history: list[ReassignRecord] = []
 
     def step(self) -> Reassignment | None:
-        """Count one optimiser step; run AssignLabels when one is due."""
+        """Count one optimiser step; run AssignLabels when one is due, then freeze the tree if the
+        count has reached ``freeze_after`` (only at that step: an :meth:`unfreeze` later holds)."""
         self.steps += 1
+        result = None
         if not self.frozen and self.steps % self.reassign_every == 0:
-            return self.reassign()
-        return None
+            result = self.reassign()
+        if self.steps == self.freeze_after and not self.frozen:
+            self.freeze()
+        return result
 
     def objective_by_depth(self) -> dict[int, float]:
         """Mass-weighted mean J_n (eq. 6, continuous estimate) of the nodes at each depth."""

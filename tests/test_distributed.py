@@ -85,9 +85,19 @@ def _worker(rank, world, init_file, out_dir):
     try:
         results = {name: _train(tree, rank, world) for name, tree in _scenarios().items()}
         results["reload"] = _train(_scenarios()["depth"], rank, world, reload_at=RELOAD_AT)
+        results["plain_learner"] = _plain_learner_error()
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def _plain_learner_error():
+    """What constructing the single-process TreeLearner says inside the group (None: nothing)."""
+    try:
+        TreeLearner(HierarchicalSoftmax(4, Tree.random(9, 3, 2)), 3)
+    except RuntimeError as error:
+        return str(error)
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -135,3 +145,20 @@ def test_ranks_loading_another_tree_between_synchronisations_match_one_process(t
     assert got["trees"] == single["trees"]
     assert got["final_tree"] == single["final_tree"]
     torch.testing.assert_close(got["weight"], single["weight"])
+
+
+def test_plain_tree_learner_refuses_a_group_of_several_processes(two_rank_results):
+    # each rank would rebuild the tree from its own shard's statistics: the model would fork
+    for rank in two_rank_results:
+        message = rank["plain_learner"]
+        assert message is not None and "\n" not in message
+        assert "2 processes" in message and "hsm.distributed.DistributedTreeLearner" in message
+
+
+def test_plain_tree_learner_accepts_a_group_of_one_process(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        learner = TreeLearner(HierarchicalSoftmax(4, Tree.random(9, 3, 2)), 3)
+    finally:
+        dist.destroy_process_group()
+    assert learner.steps == 0 and not dist.is_initialized()

@@ -1,5 +1,7 @@
 """Algorithm 1 (TreeLearner) and the training loops."""
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
+from hsm.statistics import NodeStatistics
 from hsm.synthetic import grouping_agreement, planted_hierarchy
 from hsm.training import TreeLearner, evaluate, train_epoch
 from hsm.tree import Tree
@@ -63,6 +66,82 @@ def test_freeze_stops_reassignment():
     assert learner.step() is None and layer.statistics is None
     learner.unfreeze()
     assert learner.step() is not None
+
+
+def _feed(layer, steps, learner, seed=0):
+    """``steps`` forward passes in training mode (the statistics' input), each counted by the learner."""
+    generator = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        h = torch.randn(8, layer.in_features, generator=generator)
+        layer(h, torch.randint(0, layer.num_labels, (8,), generator=generator))
+        learner.step()
+
+
+def test_tree_learner_never_decays_the_statistics_by_default():
+    # the book's advice (decay=1); NodeStatistics built directly keeps its own default of 0.5
+    layer = HierarchicalSoftmax(4, Tree.random(9, 3, 2))
+    learner = TreeLearner(layer, reassign_every=2)
+    assert learner.statistics.decay == 1.0
+    _feed(layer, 4, learner)
+    assert len(learner.history) == 2
+    assert float(learner.statistics.label_counts.sum()) == pytest.approx(4 * 8)  # every example still counted
+    halved = TreeLearner(HierarchicalSoftmax(4, Tree.random(9, 3, 2)), reassign_every=2, decay=0.5)
+    _feed(halved.layer, 4, halved)
+    assert float(halved.statistics.label_counts.sum()) == pytest.approx((2 * 8 * 0.5 + 2 * 8) * 0.5)
+    assert NodeStatistics(Tree.random(9, 3, 2)).decay == 0.5
+
+
+MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+@pytest.mark.skipif(not (MIRROR / "trec").exists(), reason="data mirror not available")
+def test_taxonomy_experiment_keeps_the_decay_of_its_committed_runs(monkeypatch):
+    # its committed results were made with the statistics decay of 0.5, TreeLearner's old default
+    from hsm.experiments import taxonomy
+
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    cfg, dataset, pretrained = taxonomy._prepare("quick", "trec", dict(
+        train_limit="60", test_limit="40", max_tokens="8", max_vocab="300"))
+    valid = dataset.validation_split(cfg["valid_fraction"], seed=0)
+    learner = taxonomy._build("learned", dataset, valid, cfg, 0, pretrained, torch.device("cpu"))[-2]
+    assert isinstance(learner, TreeLearner) and learner.statistics.decay == 0.5
+
+
+@settings(max_examples=25, deadline=None)
+@given(reassign_every=st.integers(1, 5), freeze_after=st.integers(1, 12), extra=st.integers(0, 6))
+def test_freeze_after_learns_for_that_many_steps_then_freezes(reassign_every, freeze_after, extra):
+    layer = HierarchicalSoftmax(4, Tree.random(9, 3, 2))
+    learner = TreeLearner(layer, reassign_every=reassign_every, freeze_after=freeze_after)
+    _feed(layer, freeze_after - 1, learner)
+    assert not learner.frozen and layer.statistics is learner.statistics
+    _feed(layer, 1 + extra, learner, seed=1)
+    # the rebuild due at the freezing step still runs; none after it
+    assert learner.frozen and layer.statistics is None
+    assert [r.step for r in learner.history] == list(range(reassign_every, freeze_after + 1, reassign_every))
+    assert learner.state_dict()["frozen"] is True
+
+
+def test_freeze_after_freezes_once_and_respects_a_later_unfreeze():
+    layer = HierarchicalSoftmax(4, Tree.random(9, 3, 2))
+    learner = TreeLearner(layer, reassign_every=1, freeze_after=2)
+    _feed(layer, 2, learner)
+    assert learner.frozen
+    learner.unfreeze()
+    _feed(layer, 3, learner)
+    assert not learner.frozen and len(learner.history) == 5
+    never = TreeLearner(HierarchicalSoftmax(4, Tree.random(9, 3, 2)), reassign_every=1)
+    assert never.freeze_after is None
+    _feed(never.layer, 5, never)
+    assert not never.frozen
+
+
+@pytest.mark.parametrize("value, error, match", [(0, ValueError, "freeze_after must be None or >= 1, got 0"),
+                                                 (-3, ValueError, "freeze_after must be None or >= 1"),
+                                                 (2.5, TypeError, "freeze_after"),
+                                                 ("10", TypeError, "freeze_after")])
+def test_freeze_after_must_be_a_positive_integer(value, error, match):
+    with pytest.raises(error, match=match):
+        TreeLearner(HierarchicalSoftmax(4, Tree.random(9, 3, 2)), 3, freeze_after=value)
 
 
 def test_nan_loss_is_reported_with_its_step():

@@ -341,7 +341,8 @@ def _build(kind: str, data, valid, cfg: dict[str, Any], seed: int, pretrained, d
     steps_per_epoch = math.ceil(len(train_y) / cfg["batch_size"])
     learner = None
     if kind == "learned":
-        learner = TreeLearner(layer, reassign_every=max(steps_per_epoch // cfg["reassign_per_epoch"], 1), algorithm="depth")
+        learner = TreeLearner(layer, reassign_every=max(steps_per_epoch // cfg["reassign_per_epoch"], 1), algorithm="depth",
+                              decay=0.5)  # the committed runs used the statistics decay of 0.5
     return vocab, train_x, train_y, model, layer, optimizer, learner, coverage
 
 
