@@ -592,7 +592,7 @@ def algorithm1_overhead(vocab: int = 250_000, arity: int = 65, depth: int = 3, d
         layer(inputs[counter[0] % 4], targets[counter[0] % _POOL]).loss.backward()
         optimizer.step()
 
-    learner = TreeLearner(layer, reassign_every=10**12)
+    learner = TreeLearner(layer, reassign_every=10**12, decay=0.5)  # the statistics of the committed timings
     # interleave steps without and with the statistics (the learner detached / attached), so that
     # a change in the machine's load hits both alike
     fixed, with_stats = [], []
