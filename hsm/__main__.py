@@ -1,4 +1,5 @@
-"""Command line: ``python -m hsm {data,run,bench,reproduce,supervised,test,predict,predict-prob} ...``.
+"""Command line: ``python -m hsm <command> ...`` (also installed as ``hsm``); ``python -m hsm
+<command> --help`` describes each command.
 
 ``supervised``, ``test``, ``predict`` and ``predict-prob`` are fastText's commands, on hsm's
 classifier (:mod:`hsm.fasttext_cli`)."""
@@ -7,6 +8,8 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+
+from hsm._help import plain
 
 # sub-command -> module exposing ``main(argv: list[str]) -> int`` ("module:function" for another name)
 _COMMANDS = {
@@ -18,13 +21,17 @@ _COMMANDS = {
     "test": ("hsm.fasttext_cli:test", "print N, P@k, R@k of a model on a fastText file"),
     "predict": ("hsm.fasttext_cli:predict", "print the k most likely labels of every line of a file"),
     "predict-prob": ("hsm.fasttext_cli:predict_prob", "predict, with the labels' probabilities"),
+    "warmup": ("hsm._warmup", "compile and cache the numba kernels now instead of in the first training step"),
 }
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = argparse.ArgumentParser(prog="python -m hsm", description=__doc__)
-    parser.add_argument("command", choices=sorted(_COMMANDS), help="; ".join(f"{k}: {v[1]}" for k, v in _COMMANDS.items()))
+    width = max(map(len, _COMMANDS))
+    commands = "\n".join(f"  {name:<{width}}  {summary}" for name, (_, summary) in _COMMANDS.items())
+    parser = argparse.ArgumentParser(prog="python -m hsm", description=plain(__doc__), epilog=f"commands:\n{commands}",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=list(_COMMANDS), metavar="command", help="one of the commands below")
     if not argv or argv[0] in ("-h", "--help"):
         parser.print_help()
         return 0 if argv else 2

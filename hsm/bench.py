@@ -59,6 +59,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
+from hsm._help import plain
+
 __all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "BenchConfig", "adaptive_cutoffs", "machine_limits",
            "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
@@ -735,7 +737,7 @@ _QUICK = dict(vocab=[500, 2_000], dim=16, batch=8, repeats=3, budget=1.0)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hsm bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hsm bench", description=plain(__doc__.split("\n\n")[0]))
     parser.add_argument("--vocab", type=_count(2), nargs="+", default=None,
                         help=f"vocabulary sizes (default {_FULL['vocab']}; --quick: {_QUICK['vocab']})")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)

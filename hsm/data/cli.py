@@ -22,6 +22,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hsm._help import plain
 from hsm.data.errors import DataError
 from hsm.data.registry import DATASETS, SOURCES
 
@@ -166,7 +167,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m hsm data", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m hsm data", description=plain(__doc__),
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
     listing = commands.add_parser("list", help="list the data sets")

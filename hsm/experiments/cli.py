@@ -19,6 +19,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from hsm._help import plain
 from hsm.config import env_threads
 from hsm.data.errors import DataError
 from hsm.results import DiskFullError, check_code_committed, recording_invocation
@@ -30,7 +31,7 @@ _RESERVED = {"scale", "device", "out", "force", "allow_dirty"}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hsm run", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hsm run", description=plain(__doc__.split("\n\n")[0]))
     parser.add_argument("name", nargs="?", help="experiment name; omit (or 'list') to list them")
     parser.add_argument("--scale", choices=["quick", "full"], default=None,
                         help="quick (CI-sized slice) or full (the paper's scale); default: $HSM_SCALE or quick")

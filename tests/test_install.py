@@ -1,0 +1,96 @@
+"""What a user installing the package meets first: its metadata (distribution name, SPDX
+licence), the README's install lines, the warmup command and plain-text ``--help``."""
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from packaging.requirements import Requirement
+
+from hsm import __main__ as cli
+from hsm._help import plain
+
+ROOT = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+README = (ROOT / "README.md").read_text()
+
+
+def test_distribution_name_is_not_the_unrelated_pypi_package():
+    """``hsm`` on PyPI is another project: pip would fetch it for ``pip install hsm``."""
+    name = PROJECT["project"]["name"]
+    assert name != "hsm" and name.startswith("hsm-")
+    assert name in README
+
+
+def test_licence_is_an_spdx_expression_with_its_file():
+    project = PROJECT["project"]
+    assert project["license"] == "MIT"
+    assert project["license-files"] == ["LICENSE"]
+    text = (ROOT / "LICENSE").read_text()
+    assert text.startswith("MIT License") and "the hsm authors" in text
+    (setuptools,) = [Requirement(r) for r in PROJECT["build-system"]["requires"] if Requirement(r).name == "setuptools"]
+    assert not setuptools.specifier.contains("76.9"), "SPDX license strings need setuptools >= 77"
+
+
+def test_readme_install_lines_name_existing_extras_and_the_cpu_torch():
+    section = README[README.index("## Use it in your own project"):]
+    section = section[: section.index("\n## ", 1)]
+    pin = next(line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("torch=="))
+    assert f"pip install {pin} --index-url https://download.pytorch.org/whl/cpu" in section
+    extras = set(re.findall(r"\[(\w+)\]", section))
+    assert extras and extras <= set(PROJECT["project"]["optional-dependencies"])
+    assert "python -m hsm warmup" in section
+
+
+def _help_of(command: list[str], capsys) -> str:
+    """argparse's commands exit after the help; fastText's print it and return 0."""
+    try:
+        status = cli.main([*command, "--help"])
+    except SystemExit as exit_:
+        status = exit_.code
+    assert status in (0, None)
+    return capsys.readouterr().out
+
+
+MARKUP = re.compile(r"``|:(func|class|mod|meth|attr|data|exc|obj|ref|doc):`|^\s*\.\. |::$", re.M)
+
+
+@pytest.mark.parametrize("command", sorted(cli._COMMANDS))
+def test_every_command_help_is_plain_text(command, capsys):
+    text = _help_of([command], capsys)
+    assert "usage:" in text
+    assert not MARKUP.search(text), MARKUP.search(text)
+
+
+def test_top_level_help_lists_every_command(capsys):
+    assert cli.main(["--help"]) == 0
+    text = capsys.readouterr().out
+    assert not MARKUP.search(text)
+    for command, (_, summary) in cli._COMMANDS.items():
+        assert re.search(rf"^  {re.escape(command)} +{re.escape(summary)}$", text, flags=re.M), command
+
+
+@pytest.mark.parametrize("source, shown", [
+    ("``python -m hsm run``: list", "python -m hsm run: list"),
+    ("see :func:`hsm.results.output_root`.", "see hsm.results.output_root."),
+    ("a :class:`~hsm.tree.Tree`", "a Tree"),
+    ("the :func:`writer <hsm.results.atomic_write>` and :py:meth:`x.y`", "the writer and x.y"),
+    ("Quick start::\n\n    import hsm", "Quick start:\n\n    import hsm"),
+    ("Before.\n\n.. code-block:: bash\n   :linenos:\n\n   make test", "Before.\n\n\n   make test"),
+    ("the `default` role and ``two\nlines``", "the default role and two\nlines"),
+    (None, ""),
+])
+def test_plain_removes_the_markup(source, shown):
+    assert plain(source) == shown
+
+
+@given(st.text(alphabet=st.characters(blacklist_characters="`:.", blacklist_categories=("Cs",))))
+def test_plain_leaves_text_without_markup_alone(text):
+    assert plain(text) == text.strip("\n")
+
+
+def test_warmup_runs_every_compiled_path(capsys):
+    assert cli.main(["warmup"]) == 0
+    assert "numba kernels compiled and cached" in capsys.readouterr().out
