@@ -865,7 +865,7 @@ def _taxonomy_row(root: Path) -> Verdict | None:
         how += f"; the taxonomy is ahead on every seed of {', '.join(ahead)}" if ahead else ""
     return Verdict(
         "A two-level softmax over the data's own taxonomy beats the flat softmax",
-        f"Schuurmans & Frasincar: +{min(paper_margins):.1f} to +{max(paper_margins):.1f} macro-F1, one run per table",
+        f"Schuurmans & Frasincar: +{min(paper_margins):.1f} to +{max(paper_margins):.1f} macro-F1, one number per table",
         f"{every.min():+.1f} to {every.max():+.1f} ({', '.join(names)}; {min(d.size for d in diffs)} seeds each)", word,
         how + ("; 20 Newsgroups not run at full size (it needs days of CPU)" if "20NG" not in names else "")
         + "".join(f"; {what}" for what in cut_short),
