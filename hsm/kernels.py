@@ -18,6 +18,10 @@ examples (the root: all B) has its ``[M, d]`` block read once and its gradient w
   softmax: ``d log p / d logit_m = onehot(child)_m - softmax_m`` per pair;
 * :func:`top1_search`: the exact most likely label per example (greedy descent for a bound, then a
   depth-first branch and bound, ICML §11.1), one example at a time;
+* :func:`topk_search`: the exact k most likely labels per example, best first (a queue of open
+  nodes and labels keyed by path log-probability; each node evaluated at most once);
+* :func:`all_log_probs`: the log-probabilities of all K labels, each node's log-softmax computed
+  once per example and accumulated down the tree (O(N M d) per example, not O(K L M d));
 * :func:`adagrad_rows`: the row-sparse Adagrad update (one pass over the touched rows);
   :func:`adagrad_dense` the same update for a dense gradient (one pass instead of torch's four);
 * :func:`lbl_forward`, :func:`lbl_backward`, :func:`sum_rows_by_id`: the log-bilinear language
@@ -55,7 +59,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-__all__ = ["batch_plan", "path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "adagrad_rows",
+__all__ = ["batch_plan", "path_pairs", "group_pairs", "path_forward", "path_backward", "top1_search", "topk_search",
+           "parents_first", "all_log_probs", "run_topk_search", "run_all_log_probs", "adagrad_rows",
            "adagrad_dense", "accumulate_statistics",
            "lbl_forward", "lbl_backward", "sum_rows_by_id", "run_lbl_forward", "run_lbl_backward",
            "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows",
@@ -514,6 +519,13 @@ def _node_log_softmax(h, b, weight, bias, penalty, n, arity, out):  # pragma: no
         for k in range(dim):
             acc += weight[n, base + k] * h[b, k]
         out[m] = acc
+    return _log_softmax_in_place(out, bias, penalty, n, arity)
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def _log_softmax_in_place(out, bias, penalty, n, arity):  # pragma: no cover - compiled
+    """Node ``n``'s log-softmax over its M logits ``out`` (bias and slot penalty added here), in
+    place; returns the log normaliser."""
     top = _add_offsets_and_max(out, bias, penalty, n, arity)
     total = np.float32(0.0)
     for m in range(arity):
@@ -609,6 +621,189 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
         labels[b] = best_label
         values[b] = np.nan if overflow else best
         visited[b] = count
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _comes_first(value_a, code_a, value_b, code_b):  # pragma: no cover - compiled
+    """Order of :func:`topk_search`'s queue (``code`` >= 0: a label; ``-(n + 1)``: inner node n):
+    the larger path log-probability first; at equal values an inner node before a label (its
+    subtree may hold a label of that same value and a smaller id), labels by increasing id and
+    inner nodes by increasing node id, so ties come out as a stable sort by label id gives them."""
+    if value_a != value_b:
+        return value_a > value_b
+    if (code_a < 0) != (code_b < 0):
+        return code_a < 0
+    if code_a < 0:
+        return code_a > code_b
+    return code_a < code_b
+
+
+@numba.njit(cache=True, nogil=True)
+def _queue_push(values, codes, size, value, code):  # pragma: no cover - compiled
+    """Add (value, code) to the binary heap ``values, codes [:size]``; returns the new size."""
+    i = size
+    while i > 0:
+        parent = (i - 1) // 2
+        if not _comes_first(value, code, values[parent], codes[parent]):
+            break
+        values[i] = values[parent]
+        codes[i] = codes[parent]
+        i = parent
+    values[i] = value
+    codes[i] = code
+    return size + 1
+
+
+@numba.njit(cache=True, nogil=True)
+def _queue_pop(values, codes, size):  # pragma: no cover - compiled
+    """Remove the first entry (index 0) of the binary heap ``values, codes [:size]``; returns the
+    new size (the caller reads the entry before)."""
+    size -= 1
+    value, code = values[size], codes[size]
+    i = 0
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        if child + 1 < size and _comes_first(values[child + 1], codes[child + 1], values[child], codes[child]):
+            child += 1
+        if not _comes_first(values[child], codes[child], value, code):
+            break
+        values[i] = values[child]
+        codes[i] = codes[child]
+        i = child
+    if size > 0:
+        values[i] = value
+        codes[i] = code
+    return size
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def topk_search(h, weight, bias, penalty, child_node, child_label, values, labels, visited,
+                cursor):  # pragma: no cover - compiled
+    """Exact k most likely labels of every row (k = ``values.shape[1]``), best first: a best-first
+    branch and bound over the tree.
+
+    A queue holds the row's open entries (inner nodes and labels) keyed by their path
+    log-probability; the best is taken out; a label taken out is the next most likely one (every
+    entry still queued, and every label below a queued node, has a path log-probability at most
+    its own: a node's path probability bounds every label below it), and a node taken out is
+    evaluated (its log-softmax, M dot products of length d) and its children queued. The search
+    stops after k labels, so it evaluates exactly the nodes whose path log-probability is above
+    the k-th label's (ties aside), the fewest any exact search can: each node once, no cache needed.
+
+    ``child_node`` / ``child_label`` [N, M] as in :func:`top1_search`. Writes ``values`` [B, k]
+    (NaN on the whole row when a node the search evaluated had logits that overflow), ``labels``
+    [B, k], best first, ties by increasing label id, and ``visited`` [B] (nodes evaluated). Rows are
+    claimed from ``cursor`` as in :func:`top1_search`."""
+    arity = child_node.shape[1]
+    k = values.shape[1]
+    capacity = child_node.shape[0] * arity + 1  # each evaluated node adds at most M entries
+    queue_value = np.empty(capacity, dtype=h.dtype)
+    queue_code = np.empty(capacity, dtype=np.int64)
+    lp = np.empty(arity, dtype=h.dtype)
+    neg_inf = np.float32(-np.inf)
+    while True:
+        b = _claim(cursor)
+        if b >= h.shape[0]:
+            break
+        size = _queue_push(queue_value, queue_code, 0, np.float32(0.0), -1)  # the root, node 0
+        found = 0
+        count = 0
+        overflow = False
+        while found < k and size > 0:
+            score, code = queue_value[0], queue_code[0]
+            size = _queue_pop(queue_value, queue_code, size)
+            if code >= 0:
+                values[b, found] = score
+                labels[b, found] = code
+                found += 1
+                continue
+            n = -code - 1
+            count += 1
+            if not np.isfinite(_node_log_softmax(h, b, weight, bias, penalty, n, arity, lp)):
+                overflow = True
+                break
+            for m in range(arity):
+                v = score + lp[m]
+                if v == neg_inf:  # an empty slot
+                    continue
+                if child_label[n, m] >= 0:
+                    size = _queue_push(queue_value, queue_code, size, v, child_label[n, m])
+                elif child_node[n, m] >= 0:
+                    size = _queue_push(queue_value, queue_code, size, v, -child_node[n, m] - 1)
+        for r in range(found, k):
+            values[b, r] = neg_inf
+            labels[b, r] = -1
+        if overflow:
+            for r in range(k):
+                values[b, r] = np.nan
+        visited[b] = count
+
+
+@numba.njit(cache=True)
+def parents_first(child_node):  # pragma: no cover - compiled
+    """The nodes reachable from the root (node 0) through ``child_node`` [N, M] (-1: no node),
+    in breadth-first order: every node after its parent."""
+    order = np.empty(child_node.shape[0], dtype=np.int64)
+    order[0] = 0
+    count = 1
+    i = 0
+    while i < count:
+        n = order[i]
+        for m in range(child_node.shape[1]):
+            c = child_node[n, m]
+            if c >= 0:
+                order[count] = c
+                count += 1
+        i += 1
+    return order[:count].copy()
+
+
+@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+def all_log_probs(h, weight, bias, penalty, child_node, child_label, order, chunk, out,
+                  cursor):  # pragma: no cover - compiled
+    """``log p(y | h_b)`` of every label y (eq. 5 for all K at once), O(N M d) per row.
+
+    Rows are taken ``chunk`` at a time from ``cursor``; a chunk's logits for every node are one
+    matrix product (``[chunk, d] x [d, N*M]``, BLAS); then per row the nodes are visited parents
+    first (``order``, :func:`parents_first`): each node's log-softmax is computed once and added to
+    its path log-probability, which is handed to its child nodes and written for its labels. The
+    sums run root first, as the reference sums a path's steps. ``out`` [B, K] (every real label is
+    one leaf, so every entry is written); a row with a node whose logits overflow is all NaN. The
+    chunks do not depend on the thread count, so neither do the results."""
+    nodes, arity = child_node.shape[0], child_node.shape[1]
+    dim = h.shape[1]
+    batch = h.shape[0]
+    flat = weight.reshape(nodes * arity, dim)
+    logits = np.empty((chunk, nodes * arity), dtype=h.dtype)
+    prefix = np.empty(nodes, dtype=h.dtype)
+    chunks = (batch + chunk - 1) // chunk
+    while True:
+        c = _claim(cursor)
+        if c >= chunks:
+            break
+        lo = c * chunk
+        hi = min(batch, lo + chunk)
+        np.dot(h[lo:hi], flat.T, logits[: hi - lo])
+        for b in range(lo, hi):
+            row = logits[b - lo]
+            prefix[0] = 0.0
+            finite = True
+            for i in range(order.shape[0]):
+                n = order[i]
+                lp = row[n * arity:(n + 1) * arity]
+                if not np.isfinite(_log_softmax_in_place(lp, bias, penalty, n, arity)):
+                    finite = False
+                base = prefix[n]
+                for m in range(arity):
+                    if child_label[n, m] >= 0:
+                        out[b, child_label[n, m]] = base + lp[m]
+                    elif child_node[n, m] >= 0:
+                        prefix[child_node[n, m]] = base + lp[m]
+            if not finite:
+                for y in range(out.shape[1]):
+                    out[b, y] = np.nan
 
 
 @numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
@@ -961,6 +1156,42 @@ def run_top1_search(h, weight, bias, penalty, child_node, child_label, max_depth
 
     _run_claiming(lambda: top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited, cursor), threads)
     return labels, values, visited
+
+
+def run_topk_search(h, weight, bias, penalty, child_node, child_label, k: int,
+                    max_depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`topk_search` for every row (B >= 1), rows claimed by the threads; returns
+    ``(values [B, k], labels [B, k], visited [B])``. ValueError for ``k`` < 1."""
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    batch = h.shape[0]
+    values = np.empty((batch, k), dtype=h.dtype)
+    labels = np.empty((batch, k), dtype=np.int64)
+    visited = np.empty(batch, dtype=np.int64)
+    # a confident model evaluates about one node per level plus a few per extra label
+    threads = _threads_for(float(max_depth + k - 1) * child_node.shape[1] * h.shape[1] * batch, batch)
+    cursor = np.zeros(1, dtype=np.int64)
+    _run_claiming(lambda: topk_search(h, weight, bias, penalty, child_node, child_label, values, labels, visited,
+                                      cursor), threads)
+    return values, labels, visited
+
+
+#: floats of node logits a thread of :func:`run_all_log_probs` holds at once (8 MB): the row chunk
+ALL_LOG_PROBS_SCRATCH = 1 << 21
+
+
+def run_all_log_probs(h, weight, bias, penalty, child_node, child_label, num_labels: int) -> np.ndarray:
+    """:func:`all_log_probs` for every row (B >= 1), row chunks claimed by the threads: ``[B, K]``."""
+    batch, dim = h.shape
+    nodes, arity = child_node.shape
+    chunk = int(max(1, min(64, ALL_LOG_PROBS_SCRATCH // (nodes * arity))))
+    out = np.empty((batch, num_labels), dtype=h.dtype)
+    threads = _threads_for(float(batch) * nodes * arity * dim, -(-batch // chunk))
+    cursor = np.zeros(1, dtype=np.int64)
+    order = parents_first(child_node)
+    _run_claiming(lambda: all_log_probs(h, weight, bias, penalty, child_node, child_label, order, chunk, out, cursor),
+                  threads)
+    return out
 
 
 #: rows per product in :func:`lbl_forward` (the same on any number of threads)

@@ -12,14 +12,23 @@ log-probability is below the best label found so far is exact (branch and bound,
 
 These are the PyTorch implementations (any device, any dtype); the float32 CPU top-1 runs in the
 compiled :func:`hsm.kernels.top1_search` (the same greedy bound, then depth first, one example at a
-time). Every function takes the layer and evaluates nodes through its grouped node softmax
-(:func:`hsm.backend.pair_log_softmax`).
+time), and the float32 CPU top-k for k >= 2 in the compiled best-first search
+:func:`hsm.kernels.topk_search` (a priority queue of open nodes and labels keyed by their path
+log-probability: labels come out best first, and only the nodes above the k-th label are
+evaluated). The PyTorch functions take the layer and evaluate nodes through its grouped node
+softmax (:func:`hsm.backend.pair_log_softmax`).
+
+:func:`all_log_probs` is the search that prunes nothing: every label's log-probability, in the
+compiled :func:`hsm.kernels.all_log_probs` (each node's log-softmax once per example, accumulated
+down the tree), for :meth:`hsm.HierarchicalSoftmax.log_prob` where the kernels apply.
 
 Why three searches and not one: the top-1 search reuses its greedy descent's node distributions
 (a node is evaluated, and counted in ``nodes visited``, once), while :func:`exact_topk` counts the
 beam search's evaluations and its own (the committed classification results report that count);
 folding either into the other would change the counts the benchmark and the results report. The
-compiled top-1 cannot call PyTorch code from its nogil loop.
+compiled top-1 cannot call PyTorch code from its nogil loop. For the same reason a top-1 asked of
+:func:`exact_topk` keeps the PyTorch search (the classification results report its count); from
+k = 2 the compiled search's count is the nodes it evaluated, each once.
 """
 from __future__ import annotations
 
@@ -30,10 +39,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from . import kernels
+from ._checks import check_logits_finite
+
 if TYPE_CHECKING:  # the layer module imports this one
     from .layers import HierarchicalSoftmax
 
-__all__ = ["beam_search", "exact_topk", "merge_topk", "top1_search"]
+__all__ = ["all_log_probs", "beam_search", "exact_topk", "merge_topk", "top1_search"]
 
 
 def merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -154,7 +166,20 @@ def exact_topk(layer: "HierarchicalSoftmax", input: Tensor, k: int, beam: int) -
     search of width ``beam`` (>= k) gives k labels and a bound; then the tree is explored level by
     level, keeping a node only while its path log-probability is above the current k-th best label.
     ``nodes_visited`` counts the beam search's evaluations and the exploration's (a node evaluated
-    by both counts twice)."""
+    by both counts twice).
+
+    From k = 2 on float32 CPU tensors (where the layer uses the compiled kernels) the search is
+    :func:`hsm.kernels.topk_search` instead (best first, ``beam`` unused): the same labels and
+    values (to float32 rounding; equal values ordered by label id), ``nodes_visited`` the nodes it
+    evaluated. A row whose node logits overflow raises :class:`hsm.NonFiniteInputError` on both."""
+    if k >= 2 and input.shape[0] > 0:
+        operands = _kernel_operands(layer, input)
+        if operands is not None:
+            tables = layer._tables
+            values, labels, visited = kernels.run_topk_search(*operands, tables.child_node, tables.child_label, k,
+                                                              tables.paths[0].shape[1])
+            check_logits_finite(np.flatnonzero(np.isnan(values).any(axis=1)), input.shape[0], input.dtype)
+            return torch.from_numpy(values), torch.from_numpy(labels), torch.from_numpy(visited)
     values, indices, visited = beam_search(layer, input, k, beam)
     batch = input.shape[0]
     example = torch.arange(batch, device=input.device)
@@ -169,6 +194,38 @@ def exact_topk(layer: "HierarchicalSoftmax", input: Tensor, k: int, beam: int) -
         keep = inner & (candidate > values[example, -1][:, None])
         example, node, score = example_of[keep], child_nodes[keep], candidate[keep]
     return values, indices, visited
+
+
+def all_log_probs(layer: "HierarchicalSoftmax", input: Tensor) -> Tensor | None:
+    """``log p(y | input[b])`` of every label [B, K] in the compiled kernels
+    (:func:`hsm.kernels.all_log_probs`: each node's log-softmax once per row, summed down the tree,
+    O(N M d) per row), or None where they do not apply: not float32 CPU tensors, or an autograd
+    graph is needed (grad mode on and the input or the weights require grad; the kernels give no
+    gradient), and the caller computes it in PyTorch. ``input`` [B, d], already checked. Raises
+    :class:`hsm.NonFiniteInputError` naming the rows whose node logits overflow."""
+    from .backend import _needs_graph
+
+    operands = _kernel_operands(layer, input)
+    if operands is None or _needs_graph(layer, input):
+        return None
+    if input.shape[0] == 0:
+        return input.new_empty((0, layer.num_labels))
+    tables = layer._tables
+    out = kernels.run_all_log_probs(*operands, tables.child_node, tables.child_label, layer.num_labels)
+    check_logits_finite(np.flatnonzero(np.isnan(out[:, 0])), input.shape[0], input.dtype)
+    return torch.from_numpy(out)
+
+
+def _kernel_operands(layer: "HierarchicalSoftmax", input: Tensor) -> tuple[np.ndarray, ...] | None:
+    """``(h, weight, bias, penalty)`` as the compiled kernels take them, or None where the layer
+    does not use the kernels for ``input`` (:meth:`hsm.HierarchicalSoftmax._backend`)."""
+    from .backend import KERNELS
+
+    if layer._backend(input) is not KERNELS:
+        return None
+    as_np = lambda tensor: tensor.detach().contiguous().numpy()  # noqa: E731
+    return (as_np(input), as_np(layer.weight), KERNELS.operand(layer, layer.bias),
+            KERNELS.operand(layer, layer.slot_penalty))
 
 
 def _expand(layer: "HierarchicalSoftmax", input: Tensor, example: Tensor, node: Tensor,
