@@ -339,6 +339,12 @@ class _SparseHogwildTrainer(HogwildTrainer):
     def _inputs(self) -> tuple[bool, np.ndarray]:
         return False, np.zeros((0, 0), dtype=np.float32)  # no embedding: x is the representation
 
+    def _step_examples(self, lengths: np.ndarray, num_docs: int) -> int:
+        """The sparse kernel runs each thread's whole share in one call (:meth:`_run_chunk`), so
+        the step is the whole epoch; the base class sizes its steps from the dense layer, which
+        this classifier does not have."""
+        return max(1, int(num_docs))
+
     def _run_chunk(self, values, offsets, order, targets, mean, embedding, schedule_code, done, total, collect,
                    losses, threads, epoch, position) -> None:
         size = order.size
