@@ -69,6 +69,17 @@ def warm_up() -> None:
         classifier.fit(docs, targets, num_words=50, num_labels=6)
         classifier.predict(docs, k=2)
 
+    # the classifier on sparse features (a linear model per node)
+    import scipy.sparse as sp
+
+    from hsm.sparse_tree import SparseTreeClassifier
+
+    features = sp.random(40, 30, density=0.2, format="csr", random_state=0, dtype=np.float32)
+    for output in ("flat", "learned"):
+        sparse_classifier = SparseTreeClassifier(output=output, arity=2, epochs=1, threads=1)
+        sparse_classifier.fit(features, targets, num_labels=6)
+        sparse_classifier.predict(features, k=2)
+
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m hsm warmup", description=plain(__doc__),
