@@ -1,7 +1,8 @@
 """fastText's command line, on :class:`hsm.FastBowClassifier`::
 
     python -m hsm supervised -input train.txt -output model [-dim 100 -lr 0.1 -epoch 5 -wordNgrams 1
-                             -thread N -loss {softmax,hs,huffman,learned} -arity 5 -seed 0 ...]
+                             -thread N -loss {softmax,hs,huffman,learned} -arity 5
+                             -lrSchedule {linear,constant-then-linear} -seed 0 ...]
     python -m hsm test model.bin test.txt [k] [th]
     python -m hsm predict model.bin test.txt [k] [th]
     python -m hsm predict-prob model.bin test.txt [k] [th]
@@ -13,12 +14,20 @@ file, :meth:`hsm.FastBowClassifier.save`, not readable by fastText); ``test`` pr
 ``predict-prob`` each with its probability. The options and their defaults are fastText's
 supervised ones where fastText has the option; ``-loss`` adds the tree outputs (``hs`` is
 fastText's binary Huffman tree, ``huffman`` the M-ary one, ``learned`` the tree learned by
-Algorithm 1 from it), with ``-arity`` M. A bad option or value is one line on standard error
+Algorithm 1 from it), with ``-arity`` M. Every loss trains as fastText does at the same options:
+the rate decays linearly from ``-lr`` to 0 over all updates (``-lrSchedule linear``) and the
+output layer has no bias; ``-lrSchedule constant-then-linear`` is the paper's schedule for
+learning a tree (ICML §11.1: the rate stays at ``-lr`` for the first half of training, while
+Algorithm 1 rebuilds the tree, then decays linearly to 0), which
+:class:`hsm.FastBowClassifier` uses by default for ``output="learned"``. A bad option or value is one line on standard error
 and exit status 2, said before training where it can be known then (the ``-output`` folder
 must be writable); a model file that cannot be written (a full disk) is one line and exit
 status 1, the previous file left as it was; Ctrl-C is one line and exit status 130.
 
-On purpose unlike fastText: a UTF-8 byte-order mark opening a file is skipped; ``test`` counts a
+On purpose unlike fastText (the README lists all): every word vector is drawn uniformly in
+[-1/dim, 1/dim] whatever ``-thread`` (fastText draws only ``-thread``/10 of its input matrix
+below 10 threads and leaves the rest at zero, so it learns slower with fewer threads); the rate's
+progress is counted in examples (fastText's in tokens); a UTF-8 byte-order mark opening a file is skipped; ``test`` counts a
 gold label written twice on a line once (a line's labels are a set); ``predict`` writes labels
 back byte for byte as the file had them, whatever the terminal's encoding.
 """
@@ -39,6 +48,9 @@ __all__ = ["predict", "predict_prob", "supervised", "test"]
 #: -loss -> (FastBowClassifier output, arity or None for -arity's)
 _LOSSES = {"softmax": ("flat", None), "hs": ("huffman", 2), "huffman": ("huffman", None),
            "learned": ("learned", None)}
+
+#: -lrSchedule -> FastBowClassifier's lr_schedule
+_SCHEDULES = {"linear": "linear", "constant-then-linear": "constant_then_linear"}
 
 
 class _UsageError(Exception):
@@ -110,6 +122,10 @@ def _supervised_parser() -> _Parser:
         help="output: softmax (flat), hs (binary Huffman tree, fastText's), huffman (M-ary Huffman "
              "tree), learned (tree learned by Algorithm 1 from the Huffman tree) (softmax)")
     add("-arity", type=int, default=5, help="children per node M for -loss huffman and learned (5)")
+    add("-lrSchedule", choices=list(_SCHEDULES), default="linear",
+        help="learning rate over training: linear (fastText's: from -lr down to 0 over all updates) or "
+             "constant-then-linear (the paper's for -loss learned: -lr for the first half, while the tree "
+             "is learned, then down to 0; what FastBowClassifier does for output='learned') (linear)")
     add("-label", default="__label__", help="labels prefix (__label__)")
     add("-seed", type=int, default=0, help="seed of the initialisation and the example order (0)")
     add("-verbose", type=int, default=2, help="0: print nothing on stderr (2)")
@@ -151,9 +167,12 @@ def _supervised(argv: list[str]) -> int:
                 raise _UsageError(f"-{name} must be >= 1, got {getattr(args, name)}")
         if args.seed < 0:
             raise _UsageError(f"-seed must be >= 0, got {args.seed}")
-        # the classifier checks the other values (a ValueError naming the setting)
+        # the classifier checks the other values (a ValueError naming the setting). fastText's
+        # output matrix has no bias: with one, a small -lr learns the label frequencies long
+        # before the words, and on balanced labels the bias follows the last few examples' labels
         classifier = FastBowClassifier(dim=args.dim, output=output, arity=arity or args.arity, lr=args.lr,
-                                       epochs=args.epoch, threads=args.thread, seed=args.seed)
+                                       epochs=args.epoch, threads=args.thread, seed=args.seed, bias=False,
+                                       lr_schedule=_SCHEDULES[args.lrSchedule])
         if args.input != "-" and not Path(args.input).is_file():
             raise _UsageError(f"-input {args.input}: no such file")
         target = Path(args.output + ".bin")

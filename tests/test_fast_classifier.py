@@ -111,6 +111,54 @@ def test_one_epoch_matches_pytorch_per_example_sgd(output, reduce):
     assert clf.history.epoch_loss[0] == pytest.approx(reference[0].mean(), abs=1e-5)
 
 
+def _fasttext_softmax_steps(wi, num_labels, docs, labels, order, lr):
+    """fastText's supervised training with ``-loss softmax``, written out (``Model::update``,
+    ``SoftmaxLoss::forward``): the output matrix starts at zero; per example, the hidden vector is
+    the mean of the input rows, ``alpha_i = lr_t (1[i = y] - p_i)`` for every label, the gradient
+    gets ``alpha_i wo_i`` (the row before its own update), ``wo_i += alpha_i hidden``, then every
+    input word (a repeated word once per occurrence) gets the gradient over the line's length.
+    The rate decays linearly, ``lr (1 - t / T)``, t counted in examples. Returns (wi, wo)."""
+    wi = wi.astype(np.float64).copy()
+    wo = np.zeros((num_labels, wi.shape[1]))
+    for t, i in enumerate(order):
+        rate = lr * (1.0 - t / len(order))
+        doc = np.asarray(docs[i])
+        hidden = wi[doc].mean(0)
+        output = wo @ hidden
+        output = np.exp(output - output.max())
+        output /= output.sum()
+        grad = np.zeros(wi.shape[1])
+        for label in range(num_labels):
+            alpha = rate * (float(label == labels[i]) - output[label])
+            grad += alpha * wo[label]
+            wo[label] += alpha * hidden
+        grad *= 1.0 / doc.size
+        for word in doc:
+            wi[word] += grad
+    return wi, wo
+
+
+def test_flat_softmax_update_is_fasttexts():
+    """At the command line's settings for ``-loss softmax`` (no bias, linear rate, the mean of
+    the word vectors), a few steps give fastText's input and output matrices, step by step as
+    fastText computes them; the initialisation is fastText's (uniform in [-1/d, 1/d], output zero)."""
+    docs = [np.array([0, 1, 2]), np.array([3, 3, 4]), np.array([1, 5]), np.array([2, 4, 0, 5])]
+    labels = np.array([0, 2, 1, 2])
+    dim, lr, epochs = 4, 0.8, 2
+    clf = FastBowClassifier(dim=dim, output="flat", lr=lr, epochs=epochs, threads=1, bias=False,
+                            lr_schedule="linear", shuffle=False, seed=4)
+    clf.init_model(6, np.bincount(labels, minlength=3))
+    start = clf.model.embedding.weight.detach().numpy().copy()
+    assert np.abs(start).max() <= 1.0 / dim and clf.layer.linear.bias is None
+    assert not clf.layer.linear.weight.detach().numpy().any()
+    clf.fit(docs, labels, warm_start=True)
+    order = np.tile(np.arange(len(docs)), epochs)
+    wi, wo = _fasttext_softmax_steps(start, 3, docs, labels, order, lr)
+    np.testing.assert_allclose(clf.model.embedding.weight.detach().numpy(), wi, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(clf.layer.linear.weight.detach().numpy(), wo, rtol=1e-5, atol=1e-6)
+    assert np.abs(wo).max() > 0.1 and np.abs(wi - start).max() > 1e-3  # the steps did move both matrices
+
+
 @pytest.mark.parametrize("decay, depth", [(1.0, "free"), (0.5, "free"), (1.0, "fixed")])
 def test_learned_tree_statistics_and_parameters_match_tree_learner(decay, depth):
     """Algorithm 1 (statistics in the kernel, Algorithm 2, or Algorithm 3 for a fixed depth, between

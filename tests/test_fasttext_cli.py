@@ -70,7 +70,8 @@ def test_command_line_and_python_api_agree(files, capsys, loss, ngrams):
     assert code == 0, err
     assert out == "" and "Number of labels: 5" in err and Path(f"{prefix}.bin").is_file()
 
-    api = FastBowClassifier(dim=8, output=output, arity=arity, lr=0.3, epochs=3, threads=1, seed=7)
+    api = FastBowClassifier(dim=8, output=output, arity=arity, lr=0.3, epochs=3, threads=1, seed=7, bias=False,
+                            lr_schedule="linear")
     api.fit_file(files["train"], word_ngrams=ngrams, bucket=5000)
     saved = FastBowClassifier.load(f"{prefix}.bin")
     assert torch.equal(saved.model.embedding.weight, api.model.embedding.weight)
@@ -88,6 +89,33 @@ def test_command_line_and_python_api_agree(files, capsys, loss, ngrams):
         assert out.splitlines() == [" ".join(f"{label} {p:.6g}" for label, p in row) for row in rows]
         code, out, _ = run(capsys, "predict", f"{prefix}.bin", files["test"], k)
         assert out.splitlines() == [" ".join(label for label, _ in row) for row in rows]
+
+
+@pytest.mark.parametrize("loss", ["softmax", "learned"])
+@pytest.mark.parametrize("flag, schedule", [(None, "linear"), ("linear", "linear"),
+                                            ("constant-then-linear", "constant_then_linear")])
+def test_lr_schedule_flag_reaches_the_classifier(files, capsys, loss, flag, schedule):
+    """-lrSchedule is fastText's linear decay unless asked otherwise, for every loss (-loss
+    learned included: the paper's constant-then-linear schedule only with the flag), and the
+    classifier trains without a bias, as fastText's output matrix has none."""
+    prefix = files["root"] / f"schedule-{loss}-{flag}"
+    argv = ["supervised", "-input", files["train"], "-output", prefix, "-dim", 4, "-epoch", 1, "-thread", 1,
+            "-loss", loss]
+    if flag is not None:
+        argv += ["-lrSchedule", flag]
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    saved = FastBowClassifier.load(f"{prefix}.bin")
+    assert saved.lr_schedule == schedule and saved.bias is False
+    assert not [name for name in saved.layer.state_dict() if "bias" in name]
+
+
+def test_lr_schedule_flag_is_in_the_help_and_checked(files, capsys):
+    code, out, _ = run(capsys, "supervised", "-h")
+    assert code == 0 and "-lrSchedule {linear,constant-then-linear}" in out and "the paper's" in out
+    code, _, err = run(capsys, "supervised", "-input", files["train"], "-output", files["root"] / "x",
+                       "-lrSchedule", "constant")
+    assert code == 2 and "invalid choice: 'constant'" in err and len(err.strip().splitlines()) == 1
 
 
 def test_fasttext_semantics_of_test_and_predict(files, capsys):
@@ -196,7 +224,8 @@ def test_cooking_slice(capsys, tmp_path):
                        "-epoch", 3, "-loss", "learned", "-arity", 5, "-thread", 1)
     assert code == 0 and "Number of labels:" in err
     code, out, _ = run(capsys, "test", tmp_path / "m.bin", test, 5)
-    api = FastBowClassifier(dim=20, output="learned", arity=5, lr=0.5, epochs=3, threads=1).fit_file(train)
+    api = FastBowClassifier(dim=20, output="learned", arity=5, lr=0.5, epochs=3, threads=1, bias=False,
+                            lr_schedule="linear").fit_file(train)
     result = api.test_file(test, 5)
     assert re.fullmatch(r"N\t\d+\nP@5\t[0-9.e-]+\nR@5\t[0-9.e-]+\n", out)
     assert out.splitlines() == [f"N\t{result['examples']}", f"P@5\t{result['precision_at_5']:.3g}",
