@@ -23,9 +23,13 @@ Quick start::
     import torch, hsm
     tree = hsm.Tree.random(num_labels=10_000, arity=25, depth=3, seed=0)
     layer = hsm.HierarchicalSoftmax(in_features=200, tree=tree)
-    learner = hsm.TreeLearner(layer, reassign_every=500)   # Algorithm 1
+    # Algorithm 1: learn the tree (statistics never decayed, decay=1), then freeze it and fine-tune
+    learner = hsm.TreeLearner(layer, reassign_every=500, freeze_after=learning_steps)
     out = layer(h, target)          # out.output = log p(target | h), out.loss = mean NLL
     out.loss.backward(); optimizer.step(); learner.step()
+
+Under ``torch.distributed`` with several processes, use
+:class:`hsm.distributed.DistributedTreeLearner` (:mod:`hsm.distributed`).
 """
 from .assign import (
     AssignmentDeadlock,
