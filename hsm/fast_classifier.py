@@ -622,8 +622,12 @@ class FastBowClassifier:
     threads: Hogwild threads (default ``torch.get_num_threads()``); 1 is deterministic.
     reduce: ``"mean"`` of the embeddings (fastText, the released code) or ``"sum"`` (ICML text).
     lr_schedule: ``"linear"`` (``lr (1 - progress)``, fastText), ``"constant_then_linear"``
-        (``lr min(1, 2 (1 - progress))``, the fork's learned-tree schedule) or ``"auto"`` (the
-        latter for ``output="learned"``, else the former).
+        (``lr min(1, 2 (1 - progress))``, the paper's and the fork's learned-tree schedule: the
+        rate stays at ``lr`` while the tree is learned, in the first half) or ``"auto"`` (the
+        latter for ``output="learned"``, else the former; the book's experiments rely on it).
+        ``python -m hsm supervised`` uses ``"linear"`` for every loss unless ``-lrSchedule`` says
+        otherwise: at fastText's large tutorial rates (``-lr 1.0``) half of training at the full
+        rate loses precision.
     rebuilds: AssignLabels calls (ICML §11.1: 50; the fork's ``-lomUpdates``).
     schedule: when they happen: ``"first_half"`` or ``"every_tokens"`` (module docstring).
     rebuild_tokens: tokens between two checks for ``"every_tokens"`` (fastText's ``lrUpdateRate``).
@@ -641,7 +645,10 @@ class FastBowClassifier:
         smallest depth D with ``M**D >= K``, filled with the labels in order of frequency
         (:meth:`hsm.Tree.balanced`), and rebuilds use Algorithm 3 of the ICML supplement, which keeps
         every label at depth D: a bound on the nodes a test-time descent evaluates.
-    bias: a bias per child slot (our layers have one; fastText's output matrix has none).
+    bias: a bias per child slot (our layers have one; fastText's output matrix has none, nor has
+        ``python -m hsm supervised``'s: at a small ``lr`` on balanced labels the bias, moved by
+        ``alpha`` per example against the weights' ``alpha h`` with ``|h| ~ 1/d``, follows the
+        last examples' labels and hides what the words have learned).
     shuffle: visit the examples in a new random order every epoch (``train_bow``); False keeps
         the given order (fastText reads its file in order: shuffle the file once yourself).
     seed: seeds the embeddings' initialisation, the orders and the labels drawn for
