@@ -18,8 +18,8 @@ Algorithm 1 from it), with ``-arity`` M. Every loss trains as fastText does at t
 the rate decays linearly from ``-lr`` to 0 over all updates (``-lrSchedule linear``) and the
 output layer has no bias; ``-lrSchedule constant-then-linear`` is the paper's schedule for
 learning a tree (ICML §11.1: the rate stays at ``-lr`` for the first half of training, while
-Algorithm 1 rebuilds the tree, then decays linearly to 0), which
-:class:`hsm.FastBowClassifier` uses by default for ``output="learned"``. A bad option or value is one line on standard error
+Algorithm 1 rebuilds the tree, then decays linearly to 0), which :class:`hsm.FastBowClassifier`
+uses by default for ``output="learned"``. A bad option or value is one line on standard error
 and exit status 2, said before training where it can be known then (the ``-output`` folder
 must be writable); a model file that cannot be written (a full disk) is one line and exit
 status 1, the previous file left as it was; Ctrl-C is one line and exit status 130.
@@ -27,9 +27,10 @@ status 1, the previous file left as it was; Ctrl-C is one line and exit status 1
 On purpose unlike fastText (the README lists all): every word vector is drawn uniformly in
 [-1/dim, 1/dim] whatever ``-thread`` (fastText draws only ``-thread``/10 of its input matrix
 below 10 threads and leaves the rest at zero, so it learns slower with fewer threads); the rate's
-progress is counted in examples (fastText's in tokens); a UTF-8 byte-order mark opening a file is skipped; ``test`` counts a
-gold label written twice on a line once (a line's labels are a set); ``predict`` writes labels
-back byte for byte as the file had them, whatever the terminal's encoding.
+progress is counted in examples (fastText's in tokens); a UTF-8 byte-order mark opening a file
+is skipped; ``test`` counts a gold label written twice on a line once (a line's labels are a
+set); ``predict`` writes labels back byte for byte as the file had them, whatever the
+terminal's encoding.
 """
 from __future__ import annotations
 
