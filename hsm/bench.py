@@ -20,13 +20,21 @@ the fastest configurations of Grave et al.'s shape we measured, :data:`ADAPTIVE_
 is the same with the smaller tail clusters 2k/10k/50k/200k of the first committed runs), ``tree-d2`` / ``tree-d3``
 (:class:`hsm.HierarchicalSoftmax` on a random
 fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``; on CPU in float32 the compiled kernels
-of :mod:`hsm.kernels`), ``torch-d3`` (the same layer with ``use_kernels = False``: pairs grouped
+of :mod:`hsm.kernels`), ``learned-d3`` (the same layer with a :class:`hsm.TreeLearner` attached: a
+learned tree's step, Algorithm 1's statistics included, the re-assignments not: see ``--algorithm1``), ``torch-d3`` (the same layer with ``use_kernels = False``: pairs grouped
 by node in PyTorch ops, the path a GPU takes), and ``naive-d3`` (the same tree through
 :meth:`HierarchicalSoftmax.forward_reference` with a dense gradient: per-example weight copies,
 what a straightforward PyTorch tree does).
 
 Every time is the median of repeated runs (``--repeats``, fewer when one run is slow:
-``--budget``), cycling through 16 different batches so the node blocks are not all cached.
+``--budget``), cycling through 16 different batches so the node blocks are not all cached. On a
+GPU each run is a block of calls timed between two ``torch.cuda.synchronize`` (never one per
+call: that would time the launch latency), and the measurements run in this process (the peak
+memory of each is ``torch.cuda.max_memory_allocated`` after a reset), since a fresh process per
+measurement would spend seconds starting CUDA. ``--batch`` and ``--precision`` take several
+values: every (V, B, precision, method) is a row, compared with the flat row of the same V, B and
+precision. A precision a layer cannot run in (an error in its first call) is recorded as
+``skipped`` with the reason, and the other rows go on.
 Each measurement runs in a fresh process with ``THP_MEM_ALLOC_ENABLE=1`` (torch backs CPU
 tensors of 2 MB or more with transparent huge pages; ``--no-thp`` turns it off): every method
 allocates multi-MB temporaries per batch, and without it each costs thousands of page faults.
@@ -61,11 +69,14 @@ import torch
 
 from hsm._help import plain
 
-__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "BenchConfig", "adaptive_cutoffs", "machine_limits",
+__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "PRECISIONS", "BenchConfig", "adaptive_cutoffs", "machine_limits",
            "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
 
-METHODS = ("flat", "adaptive", "tree-d2", "tree-d3", "torch-d3", "naive-d3", "adaptive-x5")
+METHODS = ("flat", "adaptive", "tree-d2", "tree-d3", "learned-d3", "torch-d3", "naive-d3", "adaptive-x5")
+#: how the layers compute: ``float32``; ``tf32`` (``torch.set_float32_matmul_precision("high")``: float32
+#: matmuls on TF32 tensor cores on a GPU, no change on a CPU); ``bf16`` (``torch.autocast`` to bfloat16)
+PRECISIONS = ("float32", "tf32", "bf16")
 METRICS = ("train", "train_sgd", "train_adagrad", "logprob", "predict")
 _POOL = 16  # distinct batches cycled through by every timing loop
 
@@ -201,7 +212,7 @@ def cost_model(method: str, num_labels: int, dim: int, batch: int, arity: int | 
     Optimiser steps add a read and write of every updated parameter (and of Adagrad's state)."""
     f32 = 4.0
     out: dict[str, dict[str, float]] = {}
-    if method.startswith(("tree", "torch", "naive")):
+    if method.startswith(("tree", "learned", "torch", "naive")):
         block = arity * dim * f32
         fwd_bytes = unique_nodes * block
         fwd_flops = 2.0 * pairs * arity * dim
@@ -245,10 +256,17 @@ class MedianTimes(NamedTuple):
     cpu_ms: float
 
 
+#: calls per timed block on a GPU (one synchronisation per block, not per call)
+_GPU_BLOCK = 10
+
+
 def _median_times(fn: Callable[[], Any], repeats: int, budget_s: float, device: torch.device,
                   warmup: int = 2) -> MedianTimes:
     """Median wall and process CPU time of ``fn`` in ms; fewer repeats (at least 3) when one call
-    is slow."""
+    is slow. On a GPU each repeat is a block of :data:`_GPU_BLOCK` calls between two
+    synchronisations (the kernels of consecutive calls queue as they would in training), divided
+    by the block's length."""
+    block = _GPU_BLOCK if device.type == "cuda" else 1
     for _ in range(warmup):
         fn()
     _sync(device)
@@ -257,11 +275,12 @@ def _median_times(fn: Callable[[], Any], repeats: int, budget_s: float, device: 
     while len(times) < repeats and (len(times) < 3 or spent < budget_s):
         cpu_start = time.process_time()
         start = time.perf_counter()
-        fn()
+        for _ in range(block):
+            fn()
         _sync(device)
         elapsed = time.perf_counter() - start
-        cpu_times.append(time.process_time() - cpu_start)
-        times.append(elapsed)
+        cpu_times.append((time.process_time() - cpu_start) / block)
+        times.append(elapsed / block)
         spent += elapsed
     return MedianTimes(wall_ms=statistics.median(times) * 1e3, cpu_ms=statistics.median(cpu_times) * 1e3)
 
@@ -280,17 +299,52 @@ def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: i
     depth = int(method.rsplit("-d", 1)[1])
     arity = tree_arity(num_labels, depth)
     tree = Tree.random(num_labels, arity, depth, seed=seed)
-    layer = HierarchicalSoftmax(dim, tree, sparse=method.startswith(("tree", "torch"))).to(device)
+    layer = HierarchicalSoftmax(dim, tree, sparse=method.startswith(("tree", "torch", "learned"))).to(device)
     layer.use_kernels = not method.startswith("torch")
+    if method.startswith("learned"):
+        from .training import TreeLearner
+
+        # attached, the learner's statistics are collected in every training forward; it never
+        # re-assigns here (the re-assignment's cost is --algorithm1's)
+        layer._bench_learner = TreeLearner(layer, reassign_every=10**12)
     return layer, tree
 
 
 def run_one(config: dict[str, Any]) -> dict[str, Any]:
-    """Time one (V, method) in this process; returns the row of the table (see module doc)."""
+    """Time one (V, B, precision, method) in this process; returns the row of the table (see
+    module doc). A precision other than float32 that the layer cannot run in gives a row with
+    ``skipped`` (the reason) and no times."""
     method, num_labels, dim, batch = config["method"], config["vocab"], config["dim"], config["batch"]
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
+    precision = config.get("precision", "float32")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose from {PRECISIONS}")
     device = torch.device(config.get("device", "cpu"))
+    matmul_precision = torch.get_float32_matmul_precision()
+    if precision == "tf32":
+        torch.set_float32_matmul_precision("high")
+    try:
+        if precision == "bf16":
+            with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                return _time_one(config, device)
+        return _time_one(config, device)
+    except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
+        if precision == "float32":
+            raise
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        return {"vocab": num_labels, "method": method, "dim": dim, "batch": batch, "precision": precision,
+                "device": str(device), "threads": torch.get_num_threads(), "skipped": reason,
+                "ms": {}, "cpu_ms": {}, "peak_mb": None}
+    finally:
+        torch.set_float32_matmul_precision(matmul_precision)
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _time_one(config: dict[str, Any], device: torch.device) -> dict[str, Any]:
+    """:func:`run_one`'s measurement, in the precision the caller set up."""
+    method, num_labels, dim, batch = config["method"], config["vocab"], config["dim"], config["batch"]
     rss_start = _rss_mb()
     steal_start, wall_start = _stolen_seconds(), time.perf_counter()
     if device.type == "cuda":
@@ -318,6 +372,7 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
     repeats, budget = config.get("repeats", 20), config.get("budget_s", 20.0)
     metrics = [m for m in config.get("metrics", METRICS) if m in METRICS]
     row: dict[str, Any] = {"vocab": num_labels, "method": method, "dim": dim, "batch": batch,
+                           "precision": config.get("precision", "float32"),
                            "threads": torch.get_num_threads(), "device": str(device)}
     if tree is not None:
         row.update(arity=tree.arity, depth=tree.depth_limit, nodes=tree.num_nodes)
@@ -427,26 +482,36 @@ def _median_of_trials(trials: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("ms", "cpu_ms"):
         row[key] = {m: statistics.median(t[key][m] for t in trials) for m in trials[0][key]}
     row["ms_trials"] = {m: [t["ms"][m] for t in trials] for m in trials[0]["ms"]}
-    row["peak_mb"] = max(t["peak_mb"] for t in trials)
+    peaks = [t["peak_mb"] for t in trials if t["peak_mb"] is not None]
+    row["peak_mb"] = max(peaks) if peaks else None
     if all("steal_fraction" in t for t in trials):
         row["steal_trials"] = [t["steal_fraction"] for t in trials]
         row["steal_fraction"] = statistics.median(row["steal_trials"])
     return row
 
 
-def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch: int, repeats: int,
+def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch: int | Sequence[int], repeats: int,
                   budget_s: float, device: str = "cpu", isolate: bool = True, predict_scale: float = 10.0,
                   thp: bool = True, trials: int = 1,
-                  metrics: Sequence[str] = METRICS, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """All (V, method) rows plus the machine limits, floors and ratios against ``flat``.
+                  metrics: Sequence[str] = METRICS, progress: Callable[[str], None] | None = None,
+                  precisions: Sequence[str] = ("float32",)) -> dict[str, Any]:
+    """All (V, B, precision, method) rows plus the machine limits, floors and ratios against
+    ``flat`` (and ``adaptive``) at the same V, B and precision.
 
-    ``trials`` > 1 repeats every measurement in that many processes, round after round (so a
-    slow spell of the machine hits every method alike), and keeps the median."""
+    ``batch`` is one size or several. ``trials`` > 1 repeats every measurement in that many
+    processes, round after round (so a slow spell of the machine hits every method alike), and
+    keeps the median."""
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}")
-    for name, value in (("dim", dim), ("batch", batch), ("repeats", repeats)):
+    batches = [batch] if isinstance(batch, int) else list(batch)
+    for name, value in (("dim", dim), ("repeats", repeats), *(("batch", b) for b in batches)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if not batches:
+        raise ValueError("batch must be one or more sizes >= 1, got none")
+    unknown = [p for p in precisions if p not in PRECISIONS]
+    if unknown or not precisions:
+        raise ValueError(f"precisions must be one or more of {PRECISIONS}, got {list(precisions)}")
     if not vocabs or any(int(v) < 2 for v in vocabs):
         raise ValueError(f"vocabs must be one or more sizes >= 2, got {list(vocabs)}")
     if not (isinstance(budget_s, (int, float)) and math.isfinite(budget_s) and budget_s > 0):
@@ -457,21 +522,25 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
     limits = machine_limits(device)
     if device == "cpu" and isolate:
         limits.update(page_fault_probe())
-    configs = [{"method": method, "vocab": int(vocab), "dim": dim, "batch": batch, "repeats": repeats,
+    configs = [{"method": method, "vocab": int(vocab), "dim": dim, "batch": b, "repeats": repeats,
                 "budget_s": budget_s, "device": device, "threads": torch.get_num_threads(),
-                "predict_scale": predict_scale, "metrics": list(metrics), "thp": thp}
-               for vocab in vocabs for method in methods]
+                "predict_scale": predict_scale, "metrics": list(metrics), "thp": thp, "precision": precision}
+               for vocab in vocabs for b in batches for precision in precisions for method in methods]
     measured: list[list[dict[str, Any]]] = [[] for _ in configs]
     for trial in range(trials):
         for config, runs in zip(configs, measured):
             runs.append(_run_isolated(config) if isolate else run_one(config))
-            if progress is not None and trials > 1:
-                progress(f"trial {trial + 1}/{trials}: " + _row_line(runs[-1]))
+            if progress is not None:  # as each is measured: a run cut short still shows what it measured
+                progress((f"trial {trial + 1}/{trials}: " if trials > 1 else "") + _row_line(runs[-1]))
     rows = []
     for config, runs in zip(configs, measured):
         method, vocab = config["method"], config["vocab"]
         row = _median_of_trials(runs) if len(runs) > 1 else runs[0]
-        costs = cost_model(method, vocab, dim, batch, row.get("arity"), row.get("unique_nodes", 0.0),
+        if row.get("skipped"):
+            row.update(floor_ms={}, floor_fraction={}, bytes={}, flops={})
+            rows.append(row)
+            continue
+        costs = cost_model(method, vocab, dim, config["batch"], row.get("arity"), row.get("unique_nodes", 0.0),
                            row.get("pairs", 0.0), row.get("parameters", 0))
         row["floor_ms"], row["floor_fraction"], row["bytes"], row["flops"] = {}, {}, {}, {}
         for metric, value in row["ms"].items():
@@ -482,11 +551,11 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
             row["floor_fraction"][metric] = floor / value if value > 0 else float("nan")
             row["bytes"][metric], row["flops"][metric] = cost["bytes"], cost["flops"]
         rows.append(row)
-        if progress is not None:
-            progress(_row_line(row))
     for row in rows:
-        flat = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "flat"), None)
-        adaptive = next((r for r in rows if r["vocab"] == row["vocab"] and r["method"] == "adaptive"), None)
+        same = [r for r in rows if (r["vocab"], r["batch"], r.get("precision")) == (row["vocab"], row["batch"],
+                                                                                  row.get("precision"))]
+        flat = next((r for r in same if r["method"] == "flat"), None)
+        adaptive = next((r for r in same if r["method"] == "adaptive"), None)
         # train_sgd_torch / train_adagrad_torch (tree only) are compared with the baselines' steps
         base = lambda m: m.replace("_torch", "")  # noqa: E731
         row["speedup_vs_flat"] = {m: flat["ms"][base(m)] / v for m, v in row["ms"].items()
@@ -496,12 +565,20 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
     return {"limits": limits, "rows": rows}
 
 
+def _row_key(row: dict[str, Any]) -> list[str]:
+    """The first cells of a table line: V, B, precision, method."""
+    return [f"{row['vocab']:>9,d}", f"{row['batch']:>5d}", f"{row.get('precision', 'float32'):<7}",
+            f"{row['method']:<10}"]
+
+
 def _row_line(row: dict[str, Any]) -> str:
-    cells = [f"{row['vocab']:>9,d}", f"{row['method']:<9}"]
+    cells = _row_key(row)
+    if row.get("skipped"):
+        return " ".join(cells + [f"skipped: {row['skipped']}"])
     for metric in METRICS:
         value = row["ms"].get(metric)
         cells.append(f"{value:10.3f}" if value is not None else f"{'-':>10}")
-    cells.append(f"{row['peak_mb']:8.0f}")
+    cells.append(f"{row['peak_mb']:8.0f}" if row["peak_mb"] is not None else f"{'-':>8}")
     if row.get("steal_fraction") is not None:
         cells.append(f"(steal {row['steal_fraction']:.0%})")
     return " ".join(cells)
@@ -513,11 +590,12 @@ def format_table(result: dict[str, Any]) -> str:
     lines = [f"machine: copy bandwidth {limits['bandwidth_gbs']:.1f} GB/s, matmul {limits['matmul_gflops']:.0f} GFLOP/s, "
              f"{torch.get_num_threads()} threads",
              "ms per batch (median)",
-             f"{'V':>9} {'method':<9} " + " ".join(f"{m:>10}" for m in METRICS) + f" {'peak MB':>8}"]
+             f"{'V':>9} {'B':>5} {'prec.':<7} {'method':<10} " + " ".join(f"{m:>10}" for m in METRICS)
+             + f" {'peak MB':>8}"]
     lines += [_row_line(row) for row in result["rows"]]
     lines.append("speed-up over flat (x)  [over adaptive]")
     for row in result["rows"]:
-        cells = [f"{row['vocab']:>9,d}", f"{row['method']:<9}"]
+        cells = _row_key(row)
         for metric in METRICS:
             ratio = row["speedup_vs_flat"].get(metric)
             cells.append(f"{ratio:10.1f}" if ratio is not None else f"{'-':>10}")
@@ -527,7 +605,7 @@ def format_table(result: dict[str, Any]) -> str:
         lines.append(" ".join(cells))
     lines.append("floor ms (bytes / bandwidth or flops / peak) and achieved fraction of it")
     for row in result["rows"]:
-        cells = [f"{row['vocab']:>9,d}", f"{row['method']:<9}"]
+        cells = _row_key(row)
         for metric in METRICS:
             floor, frac = row["floor_ms"].get(metric), row["floor_fraction"].get(metric)
             cells.append(f"{floor:6.2f}/{frac:4.0%}" if floor is not None else f"{'-':>11}")
@@ -536,11 +614,17 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def to_records(result: dict[str, Any]) -> list[dict[str, Any]]:
-    """One record per (V, method, metric): value = ms per batch (median), with the rest beside it."""
+    """One record per (V, B, precision, method, metric): value = ms per batch (median), with the
+    rest beside it; a row that was skipped is one record of kind ``skipped`` (value 0) with its
+    reason."""
     from .results import make_record
 
     records = []
     for row in result["rows"]:
+        if row.get("skipped"):
+            records.append(make_record(None, 0, kind="skipped", **{k: v for k, v in row.items()
+                                                                  if k not in ("ms", "cpu_ms", "peak_mb")}))
+            continue
         common = {k: v for k, v in row.items() if k not in ("ms", "cpu_ms", "floor_ms", "floor_fraction", "bytes",
                                                           "flops", "speedup_vs_flat", "speedup_vs_adaptive",
                                                           "ms_trials")}
@@ -732,8 +816,8 @@ def _positive_float(text: str) -> float:
 
 
 #: sizes of a full run, and of ``--quick`` (each used only where the option is not given)
-_FULL = dict(vocab=[10_000, 100_000, 250_000, 1_000_000], dim=200, batch=128, repeats=20, budget=20.0)
-_QUICK = dict(vocab=[500, 2_000], dim=16, batch=8, repeats=3, budget=1.0)
+_FULL = dict(vocab=[10_000, 100_000, 250_000, 1_000_000], dim=200, batch=[128], repeats=20, budget=20.0)
+_QUICK = dict(vocab=[500, 2_000], dim=16, batch=[8], repeats=3, budget=1.0)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -743,7 +827,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--metrics", nargs="+", default=list(METRICS), choices=METRICS)
     parser.add_argument("--dim", type=_count(1), default=None, help="input dimension (default 200; --quick: 16)")
-    parser.add_argument("--batch", type=_count(1), default=None, help="batch size (default 128; --quick: 8)")
+    parser.add_argument("--batch", type=_count(1), nargs="+", default=None,
+                        help="batch sizes (default 128; --quick: 8); --algorithm1 and --profile use the first")
+    parser.add_argument("--precision", nargs="+", default=["float32"], choices=PRECISIONS,
+                        help="float32; tf32 (float32 matmuls on TF32 tensor cores, GPU only); bf16 (autocast); "
+                             "a precision a layer cannot run in is recorded as skipped (default float32)")
     parser.add_argument("--repeats", type=_count(1), default=None,
                         help="timed runs per measurement (median; default 20, --quick: 3)")
     parser.add_argument("--trials", type=_count(1), default=1,
@@ -755,7 +843,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu", help="torch device (cpu, cuda, ...), checked before any work")
     parser.add_argument("--predict-scale", type=_positive_float, default=10.0,
                         help="multiply the tree's weights by this before timing predict (a confident model)")
-    parser.add_argument("--no-isolate", action="store_true", help="run every measurement in this process")
+    parser.add_argument("--no-isolate", action="store_true",
+                        help="run every measurement in this process (always so on a GPU and with --quick)")
     parser.add_argument("--no-thp", action="store_true",
                         help="do not set THP_MEM_ALLOC_ENABLE=1 (huge pages for CPU tensors) in the measuring processes")
     parser.add_argument("--quick", action="store_true",
@@ -822,13 +911,13 @@ def _measure(args: argparse.Namespace, scale: str) -> int:
     for name, value in (_QUICK if args.quick else _FULL).items():
         if getattr(args, name) is None:
             setattr(args, name, value)
-    if args.quick:
-        args.no_isolate = True
+    if args.quick or args.device != "cpu":
+        args.no_isolate = True  # a GPU's peak memory is reset per measurement; a process would spend seconds on CUDA
     start = time.perf_counter()
     if args.profile:
         sizes = dict(vocab=2_000, dim=16, batch=16, steps=3) if args.quick else dict(
-            vocab=args.vocab[0], dim=args.dim, batch=args.batch)
-        sizes.update({name: args.vocab[0] if name == "vocab" else getattr(args, name)
+            vocab=args.vocab[0], dim=args.dim, batch=args.batch[0])
+        sizes.update({name: getattr(args, name)[0] if name in ("vocab", "batch") else getattr(args, name)
                       for name in given & {"vocab", "dim", "batch"}})
         rows = profile_train_step(**sizes)
         for row in rows:
@@ -844,8 +933,9 @@ def _measure(args: argparse.Namespace, scale: str) -> int:
         return 0
     if args.algorithm1:
         sizes = dict(vocab=3_000, arity=15, depth=3, dim=16, batch=32, steps=5, repeats=1, well_formed_vocab=2_000,
-                     well_formed_arity=5) if args.quick else dict(dim=args.dim, batch=args.batch, steps=200)
-        sizes.update({name: getattr(args, name) for name in given & {"dim", "batch", "repeats"}})
+                     well_formed_arity=5) if args.quick else dict(dim=args.dim, batch=args.batch[0], steps=200)
+        sizes.update({name: getattr(args, name)[0] if name == "batch" else getattr(args, name)
+                      for name in given & {"dim", "batch", "repeats"}})
         if "vocab" in given:
             sizes.update(vocab=args.vocab[0], arity=tree_arity(args.vocab[0], sizes.get("depth", 3)))
         result = algorithm1_overhead(**sizes)
@@ -861,7 +951,7 @@ def _measure(args: argparse.Namespace, scale: str) -> int:
         return 0
     result = run_benchmark(args.vocab, args.methods, args.dim, args.batch, args.repeats, args.budget,
                            device=args.device, isolate=not args.no_isolate, predict_scale=args.predict_scale,
-                           thp=not args.no_thp, trials=args.trials,
+                           thp=not args.no_thp, trials=args.trials, precisions=args.precision,
                            metrics=args.metrics, progress=lambda line: print(line, flush=True))
     print(format_table(result))
     if args.json:

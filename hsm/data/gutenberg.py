@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 import warnings
@@ -708,3 +709,120 @@ def _build_lm(selection, max_books, vocab_size, lowercase, progress, split="book
         stats[f"{part}_oov_rate"] = n_unk / n_tokens if n_tokens else 0.0
     stats["train_coverage"] = 1.0 - stats["train_oov_rate"]
     return arrays, vocab, counts, stats
+
+
+# ------------------------------------------------------------------------------------------ prebuilt corpus
+
+#: Environment variable naming a folder written by :func:`export_lm_corpus`: the LM experiments then load the
+#: Gutenberg corpus from it (:func:`load_prebuilt_lm`) instead of building it from the archive.
+PREBUILT_ENV = "HSM_PREBUILT_CORPUS"
+#: Version of the prebuilt folder's layout; a loader refuses another one.
+PREBUILT_FORMAT = 1
+_PREBUILT_SPLITS = ("train", "valid", "test")
+
+
+def _prebuilt_settings(max_books: int | None, vocab_size: int, lowercase: bool, variant: dict[str, int]
+                       ) -> dict[str, object]:
+    """What makes two corpora the same: the settings of :func:`load_gutenberg`, the pipeline version and the
+    archive's checksum (a constant of the code, so it is checked without the archive at hand)."""
+    archive = SOURCES["gutenberg"].file("gutenberg/gutenberg-books.tar.xz")
+    return {"max_books": max_books, "vocab_size": vocab_size, "lowercase": lowercase, "variant": dict(variant),
+            "pipeline_version": PIPELINE_VERSION, "archive_sha256": archive.sha256}
+
+
+def export_lm_corpus(directory: Path, max_books: int | None = None, vocab_size: int = 250_000, *,
+                     lowercase: bool = False, split: str = "books", split_seed: int | None = None,
+                     chunk_tokens: int = CHUNK_TOKENS, min_count: int = 1, preset: int = 9,
+                     progress: bool = False) -> dict[str, int]:
+    """Write the corpus of :func:`load_gutenberg` (same arguments) to ``directory`` so that it can be used where
+    the 61 MB archive cannot go: each split's token ids as little-endian uint32, xz-compressed
+    (``train.u32.xz``, ``valid.u32.xz``, ``test.u32.xz``), the vocabulary (``vocab.txt.xz``, one word a line, in
+    id order) and ``corpus.json`` (the settings, the corpus' stats and name, and the sha256 of every file before
+    compression), written last. The training counts are not stored: they are the training ids' bincount.
+
+    Each file is written atomically; returns the size in bytes of every file written. ``preset`` is the xz
+    level (9: smallest, about a minute per 100 MB of ids on one core)."""
+    import lzma
+
+    from hsm.data.fetch import atomic_write
+
+    corpus = load_gutenberg(max_books, vocab_size, lowercase=lowercase, progress=progress, split=split,
+                            split_seed=split_seed, chunk_tokens=chunk_tokens, min_count=min_count)
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    payloads = {f"{name}.u32.xz": getattr(corpus, name).numpy().astype("<u4").tobytes() for name in _PREBUILT_SPLITS}
+    payloads["vocab.txt.xz"] = "\n".join(corpus.vocab).encode("utf-8")
+    sizes: dict[str, int] = {}
+    for name, raw in payloads.items():
+        packed = lzma.compress(raw, format=lzma.FORMAT_XZ, preset=preset)
+        atomic_write(directory / name, lambda tmp, packed=packed: tmp.write_bytes(packed))
+        sizes[name] = len(packed)
+    meta = {"format": PREBUILT_FORMAT, "name": corpus.name,
+            "settings": _prebuilt_settings(max_books, vocab_size, lowercase,
+                                           _variant(split, split_seed, chunk_tokens, min_count)),
+            "tokens": {name: int(getattr(corpus, name).numel()) for name in _PREBUILT_SPLITS},
+            "sha256": {name: hashlib.sha256(raw).hexdigest() for name, raw in payloads.items()},
+            "stats": corpus.stats}
+    text = json.dumps(meta, indent=1, ensure_ascii=False)
+    atomic_write(directory / "corpus.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    sizes["corpus.json"] = len(text.encode("utf-8"))
+    return sizes
+
+
+def load_prebuilt_lm(directory: Path, max_books: int | None = None, vocab_size: int = 250_000,
+                     context: int | None = None, *, lowercase: bool = False, split: str = "books",
+                     split_seed: int | None = None, chunk_tokens: int = CHUNK_TOKENS, min_count: int = 1) -> LMCorpus:
+    """The corpus :func:`export_lm_corpus` wrote to ``directory``: the same :class:`LMCorpus` that
+    :func:`load_gutenberg` gives with these arguments, without the archive or the manifest.
+
+    Raises ValueError when the folder was exported with other settings (naming both), and
+    :class:`~hsm.data.errors.CorruptArchiveError` for a missing, undecodable or altered file (its sha256 is
+    checked), each naming the fix."""
+    import lzma
+
+    directory = Path(directory)
+    meta_path = directory / "corpus.json"
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise CorruptArchiveError(f"{meta_path} is missing. Fix: export the corpus with `python -m hsm data export "
+                                  f"gutenberg {directory}`") from None
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise CorruptArchiveError(f"{meta_path} cannot be read ({exc}). Fix: export the corpus again") from None
+    if not isinstance(meta, dict) or meta.get("format") != PREBUILT_FORMAT:
+        raise CorruptArchiveError(f"{meta_path} is not a prebuilt corpus of format {PREBUILT_FORMAT}. Fix: export "
+                                  f"the corpus again with this version")
+    wanted = _prebuilt_settings(max_books, vocab_size, lowercase, _variant(split, split_seed, chunk_tokens, min_count))
+    if meta.get("settings") != wanted:
+        have = meta.get("settings") or {}
+        diff = ", ".join(f"{k}={have.get(k)!r} (wanted {v!r})" for k, v in wanted.items() if have.get(k) != v)
+        raise ValueError(f"prebuilt corpus {directory} differs from the requested one: {diff}. Fix: export it with "
+                         f"these settings, or unset {PREBUILT_ENV}")
+
+    def read(name: str) -> bytes:
+        path = directory / name
+        try:
+            raw = lzma.decompress(path.read_bytes())
+        except FileNotFoundError:
+            raise CorruptArchiveError(f"{path} is missing. Fix: copy every file of the exported folder") from None
+        except (OSError, lzma.LZMAError) as exc:
+            raise CorruptArchiveError(f"{path} cannot be decompressed ({exc}). Fix: copy it again") from None
+        if hashlib.sha256(raw).hexdigest() != meta["sha256"].get(name):
+            raise CorruptArchiveError(f"{path} does not match the sha256 in corpus.json. Fix: copy it again")
+        return raw
+
+    vocab = read("vocab.txt.xz").decode("utf-8").split("\n")
+    splits = {name: torch.from_numpy(np.frombuffer(read(f"{name}.u32.xz"), dtype="<u4").astype(np.int64))
+              for name in _PREBUILT_SPLITS}
+    high = max(int(ids.max()) if ids.numel() else -1 for ids in splits.values())
+    if high >= len(vocab):
+        raise CorruptArchiveError(f"{directory} holds token id {high} but its vocabulary has {len(vocab)} words. "
+                                  f"Fix: export the corpus again")
+    counts = np.bincount(splits["train"].numpy(), minlength=len(vocab)).astype(np.int64)
+    return LMCorpus(name=meta["name"], vocab=vocab, counts=counts, context=context, stats=meta["stats"], **splits)
+
+
+def prebuilt_directory() -> Path | None:
+    """The folder named by :data:`PREBUILT_ENV`, or None when it is unset or empty."""
+    value = os.environ.get(PREBUILT_ENV)
+    return Path(value).expanduser() if value else None

@@ -84,11 +84,16 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
     """Run one registered experiment: train its output layers, write its records (claims only
     when the data are the paper's: full vocabulary, all tokens), save its learned trees.
 
-    Everything is checked before training starts (ValueError): the scale, the device, the
-    options, and that ``out`` does not hold a larger-scale result (unless ``force``)."""
+    Besides the :class:`LMScale` fields, ``runs`` picks the rows to train and
+    ``checkpoint_minutes`` the training time between two checkpoints within an epoch (default:
+    ``HSM_CHECKPOINT_SECONDS``, else 5 minutes), so that an epoch longer than one sitting resumes
+    where it stopped. Everything is checked before training starts (ValueError): the scale, the
+    device, the options, and that ``out`` does not hold a larger-scale result (unless ``force``)."""
     start = time.perf_counter()
     options = dict(options)
     runs = options.pop("runs", None)
+    minutes = options.pop("checkpoint_minutes", None)
+    checkpoint_seconds = None if minutes is None else 60 * option_float("checkpoint_minutes", minutes, positive=True)
     if runs is not None:
         # a table too long for one sitting, split into parts (each its own result file, --out);
         # "selection" alone picks the learning rate and trains nothing
@@ -101,7 +106,8 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
     sc = _scale_for(name, scale, options)
     device = check_device(device)
     check_replace(_out_path(out, DEFAULT_OUT[name]), scale, force)
-    table = run_table(name, sc, outputs, device, schedules=schedules(sc) if schedules else None)
+    table = run_table(name, sc, outputs, device, schedules=schedules(sc) if schedules else None,
+                      checkpoint_seconds=checkpoint_seconds)
     if sc.dataset == "ptb":
         paper_data = sc.vocab_size is None and sc.train_tokens is None
     else:
@@ -119,7 +125,15 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
     records = _records(table, sc, claim_prefix if scale == "full" and paper_data else None, claim_kind, scale,
                        trees, _out_path(out, DEFAULT_OUT[name]).stem)
     return _write(name, out, DEFAULT_OUT[name], records, sc, scale, device, time.perf_counter() - start, trees,
-                  options, training_seconds, extra_config={"runs": list(outputs)}, force=force)
+                  options, training_seconds, extra_config={"runs": list(outputs), **_corpus_source(sc)}, force=force)
+
+
+def _corpus_source(sc: LMScale) -> dict[str, str]:
+    """Where a Gutenberg table's corpus came from when not from the archive (for the provenance)."""
+    from hsm.data.gutenberg import prebuilt_directory
+
+    prebuilt = prebuilt_directory() if sc.dataset == "gutenberg" else None
+    return {"prebuilt_corpus": str(prebuilt)} if prebuilt is not None else {}
 
 
 def _ptb_schedules(sc: LMScale) -> list[tuple[str, int]]:

@@ -80,9 +80,15 @@ def load_lm_corpus(dataset: str, *, max_books: int | None = None, vocab_size: in
             corpus = cap_vocabulary(corpus, vocab_size)
     elif dataset == "gutenberg":
         from hsm.data import load_gutenberg
+        from hsm.data.gutenberg import load_prebuilt_lm, prebuilt_directory
 
-        corpus = load_gutenberg(max_books=max_books, vocab_size=vocab_size or 250_000, progress=False,
-                                **gutenberg_split)
+        prebuilt = prebuilt_directory()
+        if prebuilt is not None:  # a machine without the archive: the exported corpus, checked to be the same
+            corpus = load_prebuilt_lm(prebuilt, max_books=max_books, vocab_size=vocab_size or 250_000,
+                                      **gutenberg_split)
+        else:
+            corpus = load_gutenberg(max_books=max_books, vocab_size=vocab_size or 250_000, progress=False,
+                                    **gutenberg_split)
     else:
         raise ValueError(f"dataset must be 'ptb' or 'gutenberg', got {dataset!r}")
     if train_tokens is not None or eval_tokens is not None:

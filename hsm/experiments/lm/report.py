@@ -101,8 +101,12 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
             records.append(make_record("arxiv2016.speedup.gutenberg" if claim_prefix else None,
                                        flat.train_ms_per_batch / learned.train_ms_per_batch,
                                        measure="train_speedup", **speed))
-    records.append(make_record(None, float(table["selection"].get("tree_lr", math.nan)), measure="selection",
-                               selection=table["selection"], **common))
+    # the value is the tree's chosen rate; a table part without a tree (the flat row alone) gives
+    # its own layer's, and value_is says which
+    selection = table["selection"]
+    chosen = next((key for key in ("tree_lr", "flat_lr", "adaptive_lr") if key in selection), None)
+    records.append(make_record(None, float(selection[chosen]) if chosen else 0.0, measure="selection",
+                               value_is=chosen, selection=selection, **common))
     return records
 
 

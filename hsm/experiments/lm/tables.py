@@ -82,12 +82,16 @@ def run_table(
     log: Callable[[str], None] | None = None,
     schedules: Sequence[tuple[str, int]] | None = None,
     keep_models: bool = False,
+    checkpoint_seconds: float | None = None,
 ) -> dict[str, Any]:
     """Train every output layer of a table at scale ``sc``; return the runs and selections.
 
     ``schedules`` adds learned-tree runs ``(label, learn_epochs)`` (arXiv Fig. 3). ``keep_models``:
     the random-tree and learned-tree runs keep their trained model in the run folder
-    (``RunFiles.model``)."""
+    (``RunFiles.model``). ``checkpoint_seconds``: training time between two checkpoints within an
+    epoch (:func:`~hsm.experiments.lm.training.train_lm`'s default when None). The tree's learning
+    rate is searched only when a tree is trained (or ``outputs`` is empty: the selection alone), so
+    that the flat row alone costs only its own trials."""
     log = log or (lambda message: print(message, flush=True))
     corpus = _table_corpus(sc, device)
     V = corpus.vocab_size
@@ -100,21 +104,23 @@ def run_table(
     first_tree = random_trees[0] if 0 in random_trees else Tree.random(V, sc.arity, 3, seed=0, label_names=corpus.vocab)
     runs: dict[str, Any] = {}
     selection: dict[str, Any] = {}
-    tree_lr, trials = _select_lr(corpus, base, first_tree, sc, device, run_dir, log)
-    selection["tree_lr"], selection["tree_trials"] = tree_lr, trials
+    if not outputs or schedules or any(kind in outputs for kind in ("random", "clustering", "learned")):
+        tree_lr, trials = _select_lr(corpus, base, first_tree, sc, device, run_dir, log)
+        selection["tree_lr"], selection["tree_trials"] = tree_lr, trials
     if "flat" in outputs:
         flat_lr, trials = _select_lr(corpus, replace(base, output="flat"), None, sc, device, run_dir, log)
         selection["flat_lr"], selection["flat_trials"] = flat_lr, trials
         runs["flat"] = train_lm(corpus, replace(base, output="flat", lr=flat_lr), device=device,
-                                checkpoint_dir=run_dir, log=log)
+                                checkpoint_dir=run_dir, log=log, checkpoint_seconds=checkpoint_seconds)
     if "adaptive" in outputs:
         adaptive_lr, trials = _select_lr(corpus, replace(base, output="adaptive"), None, sc, device, run_dir, log)
         selection["adaptive_lr"], selection["adaptive_trials"] = adaptive_lr, trials
         runs["adaptive"] = train_lm(corpus, replace(base, output="adaptive", lr=adaptive_lr), device=device,
-                                    checkpoint_dir=run_dir, log=log)
+                                    checkpoint_dir=run_dir, log=log, checkpoint_seconds=checkpoint_seconds)
     if "random" in outputs:
         candidates = [train_lm(corpus, replace(base, output="random", lr=tree_lr, tree_seed=s), tree=t, device=device,
-                               checkpoint_dir=run_dir, log=log, keep_model=keep_models)
+                               checkpoint_dir=run_dir, log=log,
+                               checkpoint_seconds=checkpoint_seconds, keep_model=keep_models)
                       for s, t in random_trees.items()]
         best = min(range(len(candidates)), key=lambda i: candidates[i].valid_perplexity)
         runs["random"] = candidates[best]
@@ -129,15 +135,18 @@ def run_table(
         variant = clustering_variant(sc)
         runs["clustering"] = train_lm(corpus, replace(base, output="clustering", lr=tree_lr, fixed_tree=variant),
                                       tree=tree,
-                                      device=device, checkpoint_dir=run_dir, log=log)
+                                      device=device, checkpoint_dir=run_dir, log=log,
+                                      checkpoint_seconds=checkpoint_seconds)
     if "learned" in outputs:
         runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, decay=sc.decay),
                                    tree=first_tree, device=device, checkpoint_dir=run_dir, log=log,
+                                   checkpoint_seconds=checkpoint_seconds,
                                    keep_model=keep_models)
     for label, learn_epochs in schedules or ():
         runs[label] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, learn_epochs=learn_epochs,
                                                decay=sc.decay),
-                               tree=first_tree, device=device, checkpoint_dir=run_dir, log=log)
+                               tree=first_tree, device=device, checkpoint_dir=run_dir, log=log,
+                               checkpoint_seconds=checkpoint_seconds)
     return {"corpus": corpus, "runs": runs, "selection": selection}
 
 

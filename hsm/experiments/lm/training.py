@@ -115,23 +115,27 @@ def _make_output(cfg: LMRunConfig, vocab_size: int, tree: Tree | None,
 @torch.no_grad()
 def _evaluate(model: torch.nn.Module, output: torch.nn.Module, contexts: torch.Tensor, targets: torch.Tensor,
               batch_size: int, device: torch.device, timed: bool = False) -> tuple[float, float]:
-    """(perplexity, ms per batch) of a split: exp of the mean NLL per token."""
+    """(perplexity, ms per batch) of a split: exp of the mean NLL per token.
+
+    The log-likelihoods are summed on the device and read once at the end; timed, the batches
+    after the first five (warm-up) run as one block between two waits for the device, so the ms
+    per batch is that block's wall time over its batches, not a sum of per-batch waits."""
     model.eval()
     output.eval()
-    nll, times = 0.0, []
-    for start in range(0, len(targets), batch_size):
-        x = contexts[start:start + batch_size]
-        y = targets[start:start + batch_size]
-        if timed:
+    starts = range(0, len(targets), batch_size)
+    warm = min(5, len(starts) - 1)
+    nll = torch.zeros((), dtype=torch.float64, device=device)
+    t0 = None
+    for i, start in enumerate(starts):
+        if timed and i == warm:
             _sync(device)
             t0 = time.perf_counter()
-        logp = output(model(x), y).output
-        if timed:
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-        nll -= float(logp.sum())
-    ms = 1000 * float(np.mean(times[min(5, len(times) - 1):])) if times else math.nan
-    return math.exp(nll / len(targets)), ms
+        x = contexts[start:start + batch_size]
+        y = targets[start:start + batch_size]
+        nll -= output(model(x), y).output.detach().sum()
+    _sync(device)
+    ms = 1000 * (time.perf_counter() - t0) / (len(starts) - warm) if t0 is not None else math.nan
+    return math.exp(float(nll) / len(targets)), ms
 
 
 def _load_finished(done_path: Path) -> LMRunResult | None:
@@ -222,13 +226,46 @@ class RunFiles:
             self.checkpoint.unlink()
 
 
+#: training steps between two reads of the summed loss (see :meth:`_Training.train_epoch`)
+SYNC_STEPS = 200
+
+
+class _LossBlock:
+    """The losses of consecutive training steps, summed on their device (float64) and read back
+    at once, with the wall time of the block."""
+
+    def __init__(self, device: torch.device, first: int) -> None:
+        self.device = device
+        self.sum = torch.zeros((), dtype=torch.float64, device=device)
+        self.restart(first)
+
+    def restart(self, first: int | None = None) -> None:
+        """Start a new block (at step ``first``; None: where the last one stopped)."""
+        if first is not None:
+            self.first = first
+        self.steps = 0
+        self.sum.zero_()
+        self.t0 = time.perf_counter()
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.sum += loss
+        self.steps += 1
+
+    def read(self) -> tuple[float, float]:
+        """(wall seconds since the block started, loss sum): waits for the device."""
+        value = float(self.sum)  # waits for every kernel queued so far
+        _sync(self.device)
+        return time.perf_counter() - self.t0, value
+
+
 class _Training:
     """One run while it trains: the model, its output layer, the optimiser, the tree learner (a
     learned tree, or a fixed tree whose J_n is tracked), the example-order generator and the result
     so far; everything a checkpoint saves (:meth:`state_dict`) and restores (:meth:`restore`)."""
 
-    def __init__(self, corpus: LMCorpus, cfg: LMRunConfig, tree: Tree | None, device: torch.device) -> None:
-        self.cfg, self.device = cfg, device
+    def __init__(self, corpus: LMCorpus, cfg: LMRunConfig, tree: Tree | None, device: torch.device,
+                 warmup: int = 20) -> None:
+        self.cfg, self.device, self.warmup = cfg, device, warmup
         hsm_config.seed_everything(cfg.seed)
         self.model = LogBilinearLM(corpus.vocab_size, cfg.dim, cfg.context, sparse=True).to(device)
         self.output = _make_output(cfg, corpus.vocab_size, tree, corpus.counts).to(device)
@@ -335,7 +372,13 @@ class _Training:
     def train_epoch(self, epoch: int, files: RunFiles | None, checkpoint_seconds: float,
                     log: Callable[[str], None]) -> float:
         """One epoch over the shuffled training windows (from the resumed step, if any); the sum of
-        the step losses. Checkpoints every ``checkpoint_seconds`` of training within the epoch."""
+        the step losses. Checkpoints every ``checkpoint_seconds`` of training within the epoch.
+
+        The steps run without waiting for the device: the losses are summed where they are computed
+        and read back (the divergence check, the step times) only every :data:`SYNC_STEPS` steps, at
+        the end of the warm-up, before a checkpoint and at the epoch's end. On a GPU a per-step read
+        would stall the queue of kernels every step; the step time recorded is each block's wall time
+        spread evenly over its steps."""
         cfg, learner = self.cfg, self.learner
         if learner is not None and not self.tracking and epoch >= cfg.learn_epochs and not learner.frozen:
             learner.freeze()
@@ -347,15 +390,21 @@ class _Training:
             first_step, total, self.resume_order_state = self.resume_step, self.resume_total, None
         order_state = self.generator.get_state()
         order = torch.randperm(self.n_train, generator=self.generator).to(self.device)
+        block = _LossBlock(self.device, first_step)
         last_save = time.perf_counter()
         for step in range(first_step, self.steps_per_epoch):
-            total += self._step(epoch, step, order[step * cfg.batch_size:(step + 1) * cfg.batch_size])
-            if (files is not None and step + 1 < self.steps_per_epoch
-                    and time.perf_counter() - last_save >= checkpoint_seconds):
+            block.add(self._step(epoch, step, order[step * cfg.batch_size:(step + 1) * cfg.batch_size]))
+            save = (files is not None and step + 1 < self.steps_per_epoch
+                    and time.perf_counter() - last_save >= checkpoint_seconds)
+            if (save or step + 1 == self.steps_per_epoch or block.steps >= SYNC_STEPS
+                    or len(self.step_times) + block.steps == self.warmup):
+                total += self._read_block(block, epoch, step + 1)
+            if save:
                 self.result.reassignments = self.reassignment_history()
                 self.result.seconds = time.perf_counter() - self.t_start
                 files.save_checkpoint(self.state_dict(step + 1, total, order_state))
                 last_save = time.perf_counter()
+                block.restart()  # the checkpoint's time is not a step's
                 done = step + 1 - first_step
                 ms = 1000 * float(np.mean(self.step_times[-done:]))
                 log(f"{cfg.output} lr={cfg.lr} epoch {epoch + 1}: step {step + 1:,}/{self.steps_per_epoch:,}, "
@@ -363,13 +412,24 @@ class _Training:
                     f"epoch ends in {(self.steps_per_epoch - step - 1) * ms / 60000:.0f} min (checkpoint saved)")
         return total
 
-    def _step(self, epoch: int, step: int, index: torch.Tensor) -> float:
-        """One optimiser step on the examples ``index`` (timed; the tree learner's statistics and
-        re-assignments included); its loss. FloatingPointError when training diverged."""
-        cfg, learner, device = self.cfg, self.learner, self.device
+    def _read_block(self, block: _LossBlock, epoch: int, end: int) -> float:
+        """Wait for the device, record the block's step times, and return its loss sum;
+        FloatingPointError when a loss in it was not finite."""
+        seconds, value = block.read()
+        self.step_times.extend([seconds / block.steps] * block.steps)
+        if not math.isfinite(value):
+            raise FloatingPointError(f"{self.cfg.output}: loss {value} at epoch {epoch} within steps "
+                                     f"{block.first}-{end - 1} (lr {self.cfg.lr} too large?)")
+        block.restart(end)
+        return value
+
+    def _step(self, epoch: int, step: int, index: torch.Tensor) -> torch.Tensor:
+        """One optimiser step on the examples ``index`` (the tree learner's statistics and
+        re-assignments included); its loss, detached and left on the device (read in blocks by
+        :meth:`train_epoch`). FloatingPointError when the representation diverged, or the loss
+        before a re-assignment (which must not rebuild the tree from non-finite statistics)."""
+        cfg, learner = self.cfg, self.learner
         x, y = self.x_train[index], self.y_train[index]
-        _sync(device)
-        t0 = time.perf_counter()
         self.optimizer.zero_grad(set_to_none=True)
         try:
             loss = self.output(self.model(x), y).loss
@@ -382,6 +442,11 @@ class _Training:
         self.optimizer.step()
         global_step = epoch * self.steps_per_epoch + step + 1
         if learner is not None and not self.tracking:
+            if not learner.frozen and (learner.steps + 1) % learner.reassign_every == 0:
+                value = float(loss.detach())  # a re-assignment waits for the device anyway
+                if not math.isfinite(value):
+                    raise FloatingPointError(f"{cfg.output}: loss {value} at epoch {epoch} step {step} (lr {cfg.lr} "
+                                             "too large?)")
             learner.step()
             if not learner.frozen and global_step >= cfg.learn_epochs * self.steps_per_epoch:
                 learner.freeze()  # a fractional learn_epochs ends the tree learning mid-epoch
@@ -390,13 +455,7 @@ class _Training:
                                  "seconds": 0.0, "objective_by_depth": {
                                      str(k): v for k, v in learner.objective_by_depth().items()}})
             learner.statistics.on_reassign(self.output.tree)  # the same decay as a learned tree's statistics
-        _sync(device)
-        self.step_times.append(time.perf_counter() - t0)
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise FloatingPointError(f"{cfg.output}: loss {value} at epoch {epoch} step {step} (lr {cfg.lr} "
-                                     "too large?)")
-        return value
+        return loss.detach()
 
     def end_epoch(self, epoch: int, total: float, files: RunFiles | None, log: Callable[[str], None]) -> None:
         """Record the epoch (train NLL; valid and test perplexity, the test pass timed after the last
@@ -482,7 +541,7 @@ def train_lm(
                 warnings.warn(f"finished run {files.finished} trained on {finished.device}, not {device}: its "
                               f"ms/batch are {finished.device}'s (recorded per run as trained_on)", stacklevel=2)
             return finished
-    run = _Training(corpus, cfg, tree, device)
+    run = _Training(corpus, cfg, tree, device, warmup)
     state = files.load_checkpoint() if files is not None else None
     if state is not None:
         run.restore(state, log)
