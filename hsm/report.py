@@ -980,3 +980,122 @@ def code_of_results_markdown(codes: Sequence[CodeOfResult]) -> str:
     lines = ["| result file | code |", "|---|---|"]
     lines += [f"| `{c.file}` | {c.words()} |" for c in dirty]
     return text + "\n\n" + "\n".join(lines)
+
+
+def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
+                    note: str | None = None, root: str | os.PathLike[str] | None = None,
+                    width: int = 90) -> str:
+    """Markdown for under a table or figure: the command that regenerates each result file it reads,
+    the file, and what the run cost.
+
+    ``files`` are paths relative to ``results/`` (``root``, default the committed results). The
+    command is the one the file records (:func:`hsm.reproduce.invocation_of`, rebuilt for files
+    older than recorded commands), written to the committed path with ``--out``; a file whose
+    command cannot be rebuilt is named with the experiment that made it. The cost is the training
+    time the provenance records (``config.training_seconds``, which sums the pieces of a run resumed
+    several times) or else the run's wall time, on the CPU that made it, with its thread count when
+    recorded. Every committed file ran on a CPU, so no note says a GPU is needed; ``note`` adds
+    words of the caller's. A command longer than ``width`` characters, or more than one file, is set
+    as a code block (folded away beyond three files) so that it fits the page.
+
+    Raises:
+        ValueError: a file is not a result file under ``root``.
+    """
+    from hsm.reproduce import ReproduceError, command_for, invocation_of
+    from hsm.results import load_results
+
+    def cost_words(seconds: float) -> str:
+        """A duration as the book states costs: whole CPU-minutes up to 90, CPU-hours beyond."""
+        minutes = seconds / 60
+        if minutes < 1:
+            return "under a CPU-minute"
+        if minutes < 90:
+            return f"about {round(minutes)} CPU-minute{'s' if round(minutes) != 1 else ''}"
+        return f"about {minutes / 60:.1f} CPU-hours"
+
+    def wrapped(words: Sequence[str], width: int) -> str:
+        """A shell command split into lines of at most ``width`` characters with ``\\`` continuations;
+        ``-o KEY=VALUE`` and ``--out PATH`` stay on one line each (a unit longer than ``width`` gets a
+        line of its own rather than being cut)."""
+        units: list[str] = []
+        i = 0
+        while i < len(words):
+            if words[i].startswith("-") and i + 1 < len(words) and not words[i + 1].startswith("-"):
+                units.append(f"{words[i]} {words[i + 1]}")
+                i += 2
+            else:
+                units.append(words[i])
+                i += 1
+        lines, current = [], ""
+        for unit in units:
+            if current and len(current) + 1 + len(unit) + 2 > width:
+                lines.append(current + " \\")
+                current = "    " + unit
+            else:
+                current = f"{current} {unit}" if current else unit
+        return "\n".join([*lines, current])
+
+    root_path = Path(root) if root is not None else default_results_root()
+    names = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    if not names:
+        raise ValueError("regenerate_note needs at least one result file: give paths relative to results/")
+    entries = []  # (shown path, command words or None, experiment, seconds, threads)
+    for name in names:
+        path = root_path / name
+        if not path.is_file():
+            raise ValueError(f"{name} is not a result file under {root_path}: give a path relative to results/ "
+                             f"(e.g. lm/ptb.json)")
+        payload = load_results(path)
+        prov = payload.get("provenance") or {}
+        config = prov.get("config") if isinstance(prov.get("config"), Mapping) else {}
+        shown = f"results/{Path(name).as_posix()}"
+        seconds = next((float(v) for v in (config.get("training_seconds"), prov.get("training_seconds"),
+                                           prov.get("wall_time_s")) if isinstance(v, (int, float))), None)
+        threads = prov.get("threads") or config.get("threads")
+        try:
+            invocation = invocation_of(path, payload)
+        except ReproduceError:
+            entries.append((shown, None, config.get("experiment") or "an unrecorded command", seconds, threads))
+            continue
+        threads = threads or (invocation.get("options") or {}).get("threads")
+        words = ["python", "-m", "hsm", *command_for(invocation, Path(shown))[3:]]
+        if "--device" in words and words[words.index("--device") + 1] == "cpu":  # the default
+            del words[words.index("--device"):words.index("--device") + 2]
+        if "--out" in words:  # last, where the eye looks for the file
+            at = words.index("--out")
+            words = [*words[:at], *words[at + 2:], "--out", shown]
+        entries.append((shown, words, invocation.get("experiment"), seconds, threads))
+
+    def cost(seconds: float | None, threads: Any) -> str:
+        parts = [cost_words(seconds)] if seconds is not None else []
+        if threads:
+            parts.append(f"{threads} thread{'s' if str(threads) != '1' else ''}")
+        return ", ".join(parts)
+
+    extra = f" {note.strip()}" if note else ""
+    recorded = [e for e in entries if e[1] is not None]
+    unrecorded = [e for e in entries if e[1] is None]
+    unrecorded_text = " ".join(
+        f"*File:* `{shown}`, made by `{experiment}` (command not recorded"
+        + (f"; {cost(seconds, threads)}" if cost(seconds, threads) else "") + ")."
+        for shown, _, experiment, seconds, threads in unrecorded)
+    if len(recorded) == 1 and len(entries) == 1 and len(" ".join(recorded[0][1])) <= width:
+        shown, words, _, seconds, threads = recorded[0]
+        spent = cost(seconds, threads)
+        return (f"*Regenerate:* `{' '.join(words)}`" + (f" ({spent})" if spent else "")
+                + f". *File:* `{shown}`.{extra}")
+    if not recorded:
+        return unrecorded_text + extra
+    block = "\n".join(
+        f"# {shown}" + (f": {cost(seconds, threads)}" if cost(seconds, threads) else "") + "\n"
+        + wrapped(words, width)
+        for shown, words, _, seconds, threads in recorded)
+    total = [e[3] for e in recorded if e[3] is not None]
+    head = "*Regenerate:*" if len(recorded) == 1 else (
+        f"*Regenerate* the {len(recorded)} files" + (f" ({cost_words(sum(total))} in all)" if total else "") + ":")
+    code = f"```text\n{block}\n```"
+    if len(recorded) > 3:  # a long list of commands folds away under the table
+        code = f"````{{dropdown}} {head.replace('*', '').rstrip(':')}\n{code}\n````"
+        head = ""
+    tail = " ".join(t for t in (unrecorded_text, extra.strip()) if t)
+    return "\n\n".join(t for t in (head, code, tail) if t)

@@ -198,3 +198,49 @@ def test_paper_comparisons_hold_the_seed_spread_where_seeds_ran() -> None:
     assert len(rows["PTB: random tree"].seeds) >= 3 and not rows["PTB: learned tree"].seeds
     assert all(len(row.seeds) == 3 for label, row in rows.items() if row.measure == "macro-F1")
     assert all(min(row.seeds) <= row.ours <= max(row.seeds) for row in rows.values() if row.seeds)
+
+
+def test_regenerate_note_gives_the_recorded_command_file_and_cost():
+    name = "lm/gutenberg-678books-250k-65ary-2ep-learned.json"
+    text = report.regenerate_note(name)
+    payload = json.loads((report.default_results_root() / name).read_text())
+    minutes = round(payload["provenance"]["config"]["training_seconds"] / 60)
+    assert f"about {minutes} CPU-minutes" in text
+    assert f"results/{name}" in text and "GPU" not in text
+    # too long for one line: a code block whose lines fit the page, joined by continuations
+    block = text.split("```text\n")[1].split("\n```")[0]
+    assert all(len(line) <= 90 for line in block.splitlines())
+    command = " ".join(line.rstrip(" \\").strip() for line in block.splitlines() if not line.startswith("#"))
+    assert command.startswith("python -m hsm run lm-gutenberg-65 --scale full")
+    assert "-o runs=learned" in command and command.endswith(f"--out results/{name}")
+
+
+def test_regenerate_note_short_command_is_one_line_with_threads_and_note():
+    text = report.regenerate_note("sampling/fig2.json", note="Seeds 0 to 4.")
+    assert text.startswith("*Regenerate:* `python -m hsm run sampling-fig2 --scale full "
+                           "--out results/sampling/fig2.json` (about ")
+    assert text.endswith("*File:* `results/sampling/fig2.json`. Seeds 0 to 4.") and "\n" not in text
+    threaded = report.regenerate_note("classification/table1-cooking-fast-seed0.json")
+    assert "2 threads" in threaded
+
+
+def test_regenerate_note_without_a_recorded_command_names_the_experiment():
+    from hsm.reproduce import ReproduceError, invocation_of
+
+    path = report.default_results_root() / "lm/timing.json"
+    with pytest.raises(ReproduceError):
+        invocation_of(path, json.loads(path.read_text()))
+    text = report.regenerate_note("lm/timing.json")
+    assert text.startswith("*File:* `results/lm/timing.json`, made by `lm-timing` (command not recorded; about ")
+    assert "python -m hsm" not in text
+
+
+def test_regenerate_note_many_files_fold_into_a_dropdown_and_bad_paths_fail():
+    files = [f"sampling/{n}.json" for n in ("fig1", "fig2", "fig1-C500", "fig2-scale10")]
+    text = report.regenerate_note(files)
+    assert text.startswith("````{dropdown} Regenerate the 4 files (about ") and text.endswith("````")
+    assert all(f"--out results/{f}" in text for f in files)
+    with pytest.raises(ValueError, match="relative to results/"):
+        report.regenerate_note("results/lm/ptb.json")
+    with pytest.raises(ValueError, match="at least one"):
+        report.regenerate_note([])
