@@ -9,7 +9,8 @@ The pieces follow the paper's concepts:
   of ``torch.nn.AdaptiveLogSoftmaxWithLoss`` (:mod:`hsm.layers`; their fast path in :mod:`hsm.backend`
   and :mod:`hsm.kernels`, their searches in :mod:`hsm.search`);
 * :class:`hsm.RowSparseAdagrad` / :class:`hsm.RowSparseSGD`: optimisers for the layer's row-sparse
-  gradients (:mod:`hsm.optim`);
+  gradients (:mod:`hsm.optim`), and :func:`hsm.clip_grad_norm_`, gradient clipping that takes them
+  (:mod:`hsm.clipping`);
 * :class:`hsm.TreeLearner`: Algorithm 1 (the tree learned during training);
 * :class:`hsm.FastBowClassifier`: the bag-of-words classifier of §7.1 trained like fastText
   (compiled per-example Hogwild SGD, flat / Huffman / learned trees; ``fit``, ``predict``, ``test``);
@@ -39,6 +40,7 @@ from .assign import (
     assign_node,
     assign_node_well_formed,
 )
+from .clipping import clip_grad_norm_
 from .fast_classifier import FastBowClassifier, ReleasedStatistics
 from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, NonFiniteInputError, TopK
 from .objective import balance, max_objective, node_objective, node_objective_grad, purity
@@ -71,6 +73,7 @@ __all__ = [
     "assign_node",
     "assign_node_well_formed",
     "balance",
+    "clip_grad_norm_",
     "evaluate",
     "max_objective",
     "node_objective",

@@ -79,7 +79,7 @@ def plan_groups(example: np.ndarray, node: np.ndarray, device: torch.device) -> 
     first[1:] = sorted_nodes[1:] != sorted_nodes[:-1]
     starts = np.flatnonzero(first)
     sizes = np.diff(np.append(starts, count))
-    group_of_pair = np.cumsum(first) - 1  # group of each sorted pair
+    group_of_pair = np.cumsum(first, dtype=np.int64) - 1  # group of each sorted pair (an integer sum: traceable)
     rank = np.arange(count) - starts[group_of_pair]
     # bucket 0: singletons; bucket k >= 1: groups of size in (base**(k-1), base**k]
     exponent = np.ceil(np.log(np.maximum(sizes, 2)) / math.log(_BUCKET_BASE) - 1e-9).astype(np.int64)

@@ -26,11 +26,13 @@ input checks of :mod:`hsm._checks`, for code that imports them from this module)
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
 import warnings
 import zlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -66,6 +68,48 @@ class TopK(NamedTuple):
     values: Tensor  #: [B, k] log-probabilities, best first
     indices: Tensor  #: [B, k] labels
     nodes_visited: Tensor  #: [B] internal nodes evaluated per example (K for the flat softmax)
+
+
+# ------------------------------------------------------------------ torch.compile and torch.autocast
+#
+# torch.compile: the layer plans every batch on the host from the *values* of the targets (numpy
+# and the compiled kernels of hsm.kernels), reads a sum back to refuse NaN rows, and hands its
+# node distributions to Algorithm 1's statistics: data-dependent host work that Dynamo cannot
+# trace (it stops inside numba's dispatcher). So the entry points run outside compilation
+# (``torch.compiler.disable``): ``torch.compile(model)`` compiles the model around the layer, breaks
+# the graph at the layer's call, and the layer runs its eager fast path unchanged (kernels, sparse
+# gradients, statistics); autograd joins the compiled parts and the layer. Opaque custom ops
+# (``torch.library.custom_op``) were the alternative: they need fake implementations whose output
+# sizes depend on the targets' paths, the statistics would become a side channel, and the speed
+# would not change (the layer's work is one kernel call either way).
+#
+# torch.autocast: as autocast does for losses (``nll_loss``, ``log_softmax`` run in float32), an
+# input in the autocast dtype (bf16 from the encoder's matmuls) is converted to the layer's dtype
+# and the layer runs with autocast off: log-likelihoods, gradients and statistics in float32. A
+# deep path sums L log-probabilities whose differences bf16's 8-bit mantissa would blur.
+
+
+def _layer_entry(method: Callable) -> Callable:
+    """Wrap an entry point (``forward``, ``log_prob``, ``predict``, ``topk``) of an output layer
+    for ``torch.compile`` and ``torch.autocast`` (the comment above says why): run outside Dynamo,
+    and under autocast convert an input in the autocast dtype to the layer's dtype and compute with
+    autocast off. Outside autocast the call goes straight to ``method`` (about a microsecond more
+    than calling it directly)."""
+
+    @functools.wraps(method)
+    def wrapper(self, input: Tensor, *args: Any, **kwargs: Any) -> Any:
+        if not isinstance(input, Tensor):
+            return method(self, input, *args, **kwargs)  # the method's own checks name the problem
+        device = input.device.type
+        if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):
+            return method(self, input, *args, **kwargs)
+        dtype = self._compute_dtype()
+        if input.dtype == torch.get_autocast_dtype(device) and dtype.is_floating_point and input.dtype != dtype:
+            input = input.to(dtype)
+        with torch.autocast(device, enabled=False):
+            return method(self, input, *args, **kwargs)
+
+    return torch.compiler.disable(wrapper)
 
 
 # ------------------------------------------------------------------ the tree in the state dict
@@ -246,6 +290,23 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     The tree is part of :meth:`state_dict` (key ``_extra_state``; :class:`_TreeInStateDict`), so a
     layer trained with a :class:`~hsm.TreeLearner` round-trips through ``load_state_dict``.
 
+    PyTorch's tools (tests/test_torch_tools.py):
+
+    * ``torch.compile(model)`` (inductor, ``"aot_eager"``, ``"eager"``): the model is compiled
+      around the layer, whose entry points run outside compilation (``torch.compiler.disable``):
+      it plans each batch on the host from the targets' values, which Dynamo cannot trace, and
+      runs its eager fast path (same values, gradients and statistics). ``fullgraph=True`` and
+      ``torch.export`` therefore refuse a model containing the layer.
+    * ``torch.autocast``: an input in the autocast dtype (bf16) is converted to the layer's dtype
+      and the node softmaxes run with autocast off, as autocast treats losses: ``output``,
+      ``loss`` and ``log_prob`` are float32. TF32 / ``set_float32_matmul_precision`` apply as to
+      any matmul.
+    * ``sparse=True``: clip with :func:`hsm.clip_grad_norm_` (torch's has no sparse norm); step
+      with ``torch.optim.SGD``, ``Adagrad``, ``SparseAdam``, :class:`~hsm.optim.RowSparseAdagrad`
+      or :class:`~hsm.optim.RowSparseSGD` (``Adam`` / ``AdamW`` refuse sparse gradients, and
+      ``SparseAdam`` dense ones); ``DistributedDataParallel`` buckets only dense gradients, so keep
+      the layer outside it and call :func:`hsm.distributed.average_gradients` after ``backward()``.
+
     Input checks (every entry point): TypeError when ``input``'s dtype is not the parameters'
     (as ``nn.Linear``: convert one of them), ValueError for a wrong shape or device and for rows
     holding NaN or inf (named). An empty batch gives empty results (and a NaN mean loss).
@@ -383,6 +444,10 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     #: ``loss`` is the "mean" or the "sum" of the rows' negative log-likelihoods
     reduction: str = "mean"
 
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype the layer computes in (its parameters'): what an autocast input is converted to."""
+        return self.weight.dtype
+
     def _backend(self, input: Tensor) -> OutputBackend:
         """The compiled kernels where they apply (float32 CPU tensors), PyTorch otherwise."""
         if (self.use_kernels and input.device.type == "cpu" and input.dtype == torch.float32
@@ -391,6 +456,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             return KERNELS
         return TORCH
 
+    @_layer_entry
     def forward(self, input: Tensor, target: Tensor) -> HSMOutput:
         """Eq. 5, ``output = log p(target | input)`` per row, and ``loss``, the mean (or, with
         ``reduction="sum"``, the sum) of ``-output``, with ``F.cross_entropy``'s conventions for
@@ -472,6 +538,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         """Node log-softmax [P, M] for arbitrary (example, node) pairs (:func:`hsm.backend.pair_log_softmax`)."""
         return backend.pair_log_softmax(self, input, example, node)
 
+    @_layer_entry
     @over_leading_dims
     def log_prob(self, input: Tensor, batch_chunk: int = 256) -> Tensor:
         """Log-probabilities of all K labels: ``input`` [B, d] -> [B, K] (every node evaluated:
@@ -502,6 +569,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
                                 input.dtype)
         return out
 
+    @_layer_entry
     @over_leading_dims
     @torch.no_grad()
     def predict(self, input: Tensor) -> Tensor:
@@ -528,6 +596,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             return empty, empty.clone()
         return self._backend(input).top1(self, input)
 
+    @_layer_entry
     @over_leading_dims
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None) -> TopK:
@@ -567,7 +636,8 @@ class FlatSoftmax(nn.Module):
     empty outputs and a NaN loss, as torch's losses do.
 
     ``ignore_index``, ``reduction`` and inputs [..., d] with targets [...] as for
-    :class:`HierarchicalSoftmax` (and ``F.cross_entropy``)."""
+    :class:`HierarchicalSoftmax` (and ``F.cross_entropy``), and so are ``torch.compile`` (the
+    layer runs outside compilation) and ``torch.autocast`` (float32 log-probabilities)."""
 
     def __init__(self, in_features: int, num_labels: int, bias: bool = True, ignore_index: int = -100,
                  reduction: str = "mean") -> None:
@@ -589,6 +659,11 @@ class FlatSoftmax(nn.Module):
     def num_labels(self) -> int:
         return self._num_labels
 
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype the layer computes in (its parameters'): what an autocast input is converted to."""
+        return self.linear.weight.dtype
+
+    @_layer_entry
     def forward(self, input: Tensor, target: Tensor) -> HSMOutput:
         """``output = log softmax(W h + b)[target]`` per row and ``loss`` (mean or sum of
         ``-output``); shapes, ``ignore_index`` and ``reduction`` as :meth:`HierarchicalSoftmax.forward`."""
@@ -609,11 +684,13 @@ class FlatSoftmax(nn.Module):
             check_logits_finite(torch.nonzero(bad).flatten(), input.shape[0], input.dtype)
         return torch.log_softmax(logits, dim=-1)
 
+    @_layer_entry
     @over_leading_dims
     def log_prob(self, input: Tensor) -> Tensor:
         check_input(input, self.in_features, self.linear.weight)
         return self._log_softmax(input)
 
+    @_layer_entry
     @over_leading_dims
     @torch.no_grad()
     def predict(self, input: Tensor) -> Tensor:
@@ -621,6 +698,7 @@ class FlatSoftmax(nn.Module):
         check_input(input, self.in_features, self.linear.weight)
         return self._log_softmax(input).topk(1, dim=-1).indices[:, 0]
 
+    @_layer_entry
     @over_leading_dims
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None) -> TopK:
