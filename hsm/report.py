@@ -1033,6 +1033,12 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
                 current = "    " + unit
             else:
                 current = f"{current} {unit}" if current else unit
+            while len(current) > width and "," in current[:width - 1]:
+                # a long list value: a backslash-newline inside a word joins its pieces again in
+                # the shell, so the next piece starts at the margin, not indented
+                cut = current.rindex(",", 0, width - 1) + 1
+                lines.append(current[:cut] + "\\")
+                current = current[cut:]
         return "\n".join([*lines, current])
 
     root_path = Path(root) if root is not None else default_results_root()
@@ -1087,8 +1093,7 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
     if not recorded:
         return unrecorded_text + extra
     block = "\n".join(
-        f"# {shown}" + (f": {cost(seconds, threads)}" if cost(seconds, threads) else "") + "\n"
-        + wrapped(words, width)
+        (f"# {cost(seconds, threads)}\n" if cost(seconds, threads) else "") + wrapped(words, width)
         for shown, words, _, seconds, threads in recorded)
     total = [e[3] for e in recorded if e[3] is not None]
     head = "*Regenerate:*" if len(recorded) == 1 else (

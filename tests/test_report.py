@@ -244,3 +244,17 @@ def test_regenerate_note_many_files_fold_into_a_dropdown_and_bad_paths_fail():
         report.regenerate_note("results/lm/ptb.json")
     with pytest.raises(ValueError, match="at least one"):
         report.regenerate_note([])
+
+
+def test_regenerate_note_wrapped_lines_join_back_into_the_recorded_command():
+    from hsm.reproduce import command_for, invocation_of
+
+    name = "classification/today-cooking-ablations.json"  # a list option longer than the page
+    path = report.default_results_root() / name
+    text = report.regenerate_note(name)
+    block = text.split("```text\n")[1].split("\n```")[0]
+    assert all(len(line) <= 90 for line in block.splitlines())
+    shell = " ".join(block.replace("\\\n", "").split("\n")[1:]).split()  # as the shell reads it
+    recorded = command_for(invocation_of(path, json.loads(path.read_text())), Path("results") / name)[3:]
+    assert shell[:3] == ["python", "-m", "hsm"] and sorted(shell[3:]) == sorted(recorded[:recorded.index("--device")]
+                                                                              + recorded[recorded.index("--device") + 2:])
