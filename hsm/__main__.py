@@ -16,6 +16,7 @@ _COMMANDS = {
     "data": ("hsm.data.cli", "list, fetch, verify and describe the data sets"),
     "run": ("hsm.experiments.cli", "run an experiment (a table or figure of the papers)"),
     "bench": ("hsm.bench", "benchmark the output layers side by side"),
+    "bench-decoding": ("hsm.bench_decoding", "time top-k decoding and all log-probabilities: tree, flat and adaptive"),
     "reproduce": ("hsm.reproduce", "run a result file's recorded command again and compare its numbers"),
     "supervised": ("hsm.fasttext_cli:supervised", "train a classifier on a fastText file (__label__ format)"),
     "test": ("hsm.fasttext_cli:test", "print N, P@k, R@k of a model on a fastText file"),

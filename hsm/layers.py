@@ -550,6 +550,10 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         check_input(input, self.in_features, self.weight)
         if check_integer(batch_chunk, "batch_chunk") < 1:
             raise ValueError(f"batch_chunk must be >= 1, got {batch_chunk}")
+        fast = search.all_log_probs(self, input)  # the compiled kernels, where no graph is needed
+        if fast is not None:
+            return fast
+        # the PyTorch path: every path's sum gathered from all node log-softmaxes (the reference)
         num_labels = self.num_labels
         index = (self.path_nodes[:num_labels] * self.arity + self.path_children[:num_labels])  # [K, L]
         mask = self.path_mask[:num_labels]
