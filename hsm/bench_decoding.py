@@ -1,4 +1,4 @@
-"""``python -m hsm.bench_decoding``: decoding with the output layers side by side, ms per batch.
+"""``python -m hsm bench-decoding``: decoding with the output layers side by side, ms per batch.
 
 For every vocabulary size V, thread count and method it times, per batch of B rows ``h`` [B, d]
 (standard normal, cycling through 16 batches):
@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from ._help import plain
 
 __all__ = ["METHODS", "METRICS", "decoding_functions", "format_table", "main", "run_decoding", "to_records"]
 
@@ -177,7 +179,7 @@ def to_records(result: dict[str, Any]) -> list[dict[str, Any]]:
 def _parser() -> argparse.ArgumentParser:
     from .bench import _count, _positive_float
 
-    parser = argparse.ArgumentParser(prog="python -m hsm.bench_decoding", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hsm bench-decoding", description=plain(__doc__.split("\n\n")[0]))
     parser.add_argument("--vocab", type=_count(2), nargs="+", default=None,
                         help=f"vocabulary sizes (default {_FULL['vocab']}; --quick: {_QUICK['vocab']})")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
