@@ -21,7 +21,8 @@ is the same with the smaller tail clusters 2k/10k/50k/200k of the first committe
 (:class:`hsm.HierarchicalSoftmax` on a random
 fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``; on CPU in float32 the compiled kernels
 of :mod:`hsm.kernels`), ``learned-d3`` (the same layer with a :class:`hsm.TreeLearner` attached: a
-learned tree's step, Algorithm 1's statistics included, the re-assignments not: see ``--algorithm1``), ``torch-d3`` (the same layer with ``use_kernels = False``: pairs grouped
+learned tree's step, Algorithm 1's statistics included, the re-assignments not: see ``--algorithm1``),
+``torch-d3`` (the same layer with ``use_kernels = False``: pairs grouped
 by node in PyTorch ops, the path a GPU takes), and ``naive-d3`` (the same tree through
 :meth:`HierarchicalSoftmax.forward_reference` with a dense gradient: per-example weight copies,
 what a straightforward PyTorch tree does).
@@ -69,7 +70,8 @@ import torch
 
 from hsm._help import plain
 
-__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "PRECISIONS", "BenchConfig", "adaptive_cutoffs", "machine_limits",
+__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "PRECISIONS", "BenchConfig", "adaptive_cutoffs",
+           "machine_limits",
            "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
 
@@ -312,8 +314,9 @@ def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: i
 
 def run_one(config: dict[str, Any]) -> dict[str, Any]:
     """Time one (V, B, precision, method) in this process; returns the row of the table (see
-    module doc). A precision other than float32 that the layer cannot run in gives a row with
-    ``skipped`` (the reason) and no times."""
+    module doc). A layer that fails to run (a precision it does not support, or an error on a
+    device) gives a row with ``skipped`` (the reason) and no times, so that one failing row does
+    not lose the others of a long run; ``main`` exits 1 when a float32 row failed."""
     method, num_labels, dim, batch = config["method"], config["vocab"], config["dim"], config["batch"]
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; choose from {METHODS}")
@@ -330,8 +333,6 @@ def run_one(config: dict[str, Any]) -> dict[str, Any]:
                 return _time_one(config, device)
         return _time_one(config, device)
     except (RuntimeError, TypeError, ValueError, NotImplementedError) as exc:
-        if precision == "float32":
-            raise
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
         return {"vocab": num_labels, "method": method, "dim": dim, "batch": batch, "precision": precision,
                 "device": str(device), "threads": torch.get_num_threads(), "skipped": reason,
@@ -536,6 +537,8 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
     for config, runs in zip(configs, measured):
         method, vocab = config["method"], config["vocab"]
         row = _median_of_trials(runs) if len(runs) > 1 else runs[0]
+        row.setdefault("batch", config["batch"])
+        row.setdefault("precision", config["precision"])
         if row.get("skipped"):
             row.update(floor_ms={}, floor_fraction={}, bytes={}, flops={})
             rows.append(row)
@@ -567,7 +570,7 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
 
 def _row_key(row: dict[str, Any]) -> list[str]:
     """The first cells of a table line: V, B, precision, method."""
-    return [f"{row['vocab']:>9,d}", f"{row['batch']:>5d}", f"{row.get('precision', 'float32'):<7}",
+    return [f"{row['vocab']:>9,d}", f"{row.get('batch', 0):>5d}", f"{row.get('precision', 'float32'):<7}",
             f"{row['method']:<10}"]
 
 
@@ -962,7 +965,11 @@ def _measure(args: argparse.Namespace, scale: str) -> int:
         path = write_results(args.json, to_records(result), provenance(config, time.perf_counter() - start,
                                                                        scale=scale), force=args.force)
         print(f"wrote {path}")
-    return 0
+    failed = [row for row in result["rows"] if row.get("skipped") and row.get("precision") == "float32"]
+    for row in failed:
+        print(f"hsm bench: {row['method']} failed at V={row['vocab']} B={row['batch']} in float32: {row['skipped']}",
+              file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -197,3 +197,23 @@ def test_flat_row_trains_from_the_export_without_the_archive_and_resumes(exporte
 def test_checkpoint_minutes_is_checked() -> None:
     with pytest.raises(ValueError, match="checkpoint_minutes"):
         lm.run_lm_gutenberg_65(scale="quick", out=None, runs="flat", checkpoint_minutes="0")
+
+
+def test_a_failing_layer_is_recorded_and_the_other_rows_go_on(tmp_path, monkeypatch, capsys) -> None:
+    """On a device with minutes to spend, one layer's error must not lose the rows measured so far."""
+    time_one = bench._time_one
+
+    def fail_adaptive(config, device):
+        if config["method"] == "adaptive":
+            raise RuntimeError("no kernel image for this device")
+        return time_one(config, device)
+
+    monkeypatch.setattr(bench, "_time_one", fail_adaptive)
+    out = tmp_path / "b.json"
+    assert bench.main(["--quick", "--vocab", "300", "--methods", "flat", "adaptive", "--metrics", "train",
+                       "--json", str(out)]) == 1
+    assert "adaptive failed at V=300 B=8 in float32" in capsys.readouterr().err
+    records = results.load_results(out)["records"]
+    skipped = [r["skipped"] for r in records if r["kind"] == "skipped"]
+    assert skipped == ["RuntimeError: no kernel image for this device"]
+    assert [r["method"] for r in records if r["kind"] == "ms_per_batch"] == ["flat"]
