@@ -75,7 +75,7 @@ _LARGEST_BUDGET = "largest epoch budget"
 MAIN_RUNS: tuple[tuple[str, str, str], ...] = (
     ("*ms_per_batch", "lm/timing.json", "latest"),
     ("*.speedup.*", "lm/timing.json", "latest"),
-    ("arxiv2016.table1.ptb.*", "lm/ptb-l2-decay1.json", "latest"),
+    ("arxiv2016.table1.ptb.*", "lm/ptb-paper-lr0.025-l2-decay1.json", "latest"),
     ("icml2017.table2.*", "lm/gutenberg-678books-250k-65ary-2ep-*.json", _BEST_VALID),
     ("arxiv2016.table1.gutenberg.*", "lm/gutenberg-678books-250k-75ary-2ep-*.json", _BEST_VALID),
     ("sf2020.*", "taxonomy/*-full-ft*.json", _LARGEST_BUDGET),
@@ -469,7 +469,17 @@ def _best_valid_test(record: Mapping[str, Any]) -> float:
     return float(min(epochs, key=lambda e: e["valid_perplexity"])["test_perplexity"])
 
 
-def _lm_rows(found: Mapping[str, Sequence[Measurement]]) -> list[Verdict]:
+def _random_seed_tests(root: Path, measurement: Measurement) -> list[float]:
+    """The test perplexity of every random tree of a language-model run (its selection record),
+    or the chosen one's alone where the file has no such record."""
+    from hsm.results import load_results
+
+    selection = next((r.get("selection") for r in load_results(root / measurement.file)["records"]
+                      if r.get("measure") == "selection"), None) or {}
+    return [float(v) for v in selection.get("random_seed_test", ())] or [measurement.value]
+
+
+def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Verdict]:
     rows = []
     ptb = {m: _value(found, f"arxiv2016.table1.ptb.{m}.perplexity") for m in ("random_tree", "learned_tree", "flat_soft_max")}
     p = {m: paper.get(f"arxiv2016.table1.ptb.{m}.perplexity").value for m in ptb}
@@ -479,30 +489,40 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]]) -> list[Verdict]:
         gap_paper, gap_ours = p["random_tree"] - p["learned_tree"], o["random_tree"] - o["learned_tree"]
         best = {m: _best_valid_test(ptb[m].record) for m in ("random_tree", "learned_tree")}
         gap_best = best["random_tree"] - best["learned_tree"]
+        seeds = _random_seed_tests(root, ptb["random_tree"])
+        below_every_seed = o["learned_tree"] < min(seeds)
         cfg = ptb["learned_tree"].config
         settings = {"rate": list(cfg.get("lr_grid") or []), "random trees": cfg.get("random_seeds"),
                     "L2": cfg.get("l2")}
         paper_settings = {"rate": [PTB_PAPER_RATE], "random trees": PTB_PAPER_RANDOM_TREES, "L2": PTB_PAPER_L2}
         differs = [f"{k} {_setting_text(settings[k])} (paper: {_setting_text(v)})"
                    for k, v in paper_settings.items() if settings[k] != v]
-        if gap_ours > 0 and gap_best > 0 and off <= 2 and not differs:
+        if below_every_seed and gap_best > 0 and off <= 2 and not differs:
             word = "reproduced"
         else:
-            word = "close" if gap_ours > 0 else "contradicted"
-        why = (f"learned {gap_ours:.1f} below random after the last epoch, {gap_best:.1f} at each run's best "
-               f"validation epoch (paper: {gap_paper:.0f}); both trees within {math.ceil(off)} of the paper")
-        why += "; " + ", ".join(differs) if differs else "; at the paper's settings"
+            word = "close" if below_every_seed else "contradicted"
+        spread = f"{min(seeds):.1f} to {max(seeds):.1f}" if len(seeds) > 1 else f"{seeds[0]:.1f}"
+        if below_every_seed:
+            why = (f"learned {gap_ours:.1f} below the chosen random tree after the last epoch, {gap_best:.1f} at "
+                   f"each run's best validation epoch (paper: {gap_paper:.0f} after the last epoch); "
+                   f"both trees within {math.ceil(off)} of the paper")
+        else:
+            why = (f"the learned tree ends inside the spread of the {len(seeds)} random trees ({spread}), "
+                   f"not {gap_paper:.0f} below them as in the paper")
+        why += ("; " + ", ".join(differs)) if differs else "; at the paper's settings"
         rows.append(Verdict(
             "PTB: the learned tree beats the random tree it starts from",
             f"arXiv Table 1: random {p['random_tree']:.0f}, learned {p['learned_tree']:.0f}",
             f"random {o['random_tree']:.1f}, learned {o['learned_tree']:.1f}", word, why,
             "/notebooks/lm_ptb",
             {"paper_gap": gap_paper, "ours_gap": gap_ours, "best_valid_gap": gap_best, "max_offset": off,
-             "settings_differ": float(len(differs))},
+             "settings_differ": float(len(differs)), "random_seed_min": min(seeds), "random_seed_max": max(seeds),
+             "random_seeds": float(len(seeds))},
             f"reproduced: at the paper's settings (rate {PTB_PAPER_RATE}, {PTB_PAPER_RANDOM_TREES} random trees, "
-            f"L2 {PTB_PAPER_L2:g}) the learned tree's test perplexity below the random tree's both after the last "
-            "epoch and at each run's best validation epoch, and both trees within 2 of the paper; close: below "
-            "after the last epoch without all of that; contradicted: not below"))
+            f"L2 {PTB_PAPER_L2:g}) the learned tree's test perplexity below every random tree's after the last "
+            "epoch, below the chosen random tree's at each run's best validation epoch, and both trees within 2 of "
+            "the paper; close: below every random tree's after the last epoch, without all of that; contradicted: "
+            "not below every random tree's"))
         gap_paper, gap_ours = p["learned_tree"] - p["flat_soft_max"], o["learned_tree"] - o["flat_soft_max"]
         word = ("reproduced" if gap_ours > 0 and abs(gap_ours - gap_paper) <= 2
                 else "close" if gap_ours > 0 else "contradicted")
@@ -510,8 +530,10 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]]) -> list[Verdict]:
             "PTB: the flat softmax is best, the learned tree close behind",
             f"arXiv Table 1: flat {p['flat_soft_max']:.0f}; learned {gap_paper:.0f} above it",
             f"flat {o['flat_soft_max']:.1f}; learned {gap_ours:.1f} above it", word,
-            f"same order; our flat softmax is {p['flat_soft_max'] - o['flat_soft_max']:.0f} better than the paper's, "
-            "so the gap is wider" if word == "close" else "as the numbers say", "/notebooks/lm_ptb",
+            (f"same order, a {'wider' if gap_ours > gap_paper else 'narrower'} gap: our flat softmax is "
+             f"{compare_in_words(o['flat_soft_max'], p['flat_soft_max'], False)} and our learned tree "
+             f"{compare_in_words(o['learned_tree'], p['learned_tree'], False)} than the paper's")
+            if word == "close" else "as the numbers say", "/notebooks/lm_ptb",
             {"paper_gap": gap_paper, "ours_gap": gap_ours},
             "reproduced: the flat softmax's test perplexity below the learned tree's by the paper's gap, within 2; "
             "close: below it by another amount; contradicted: not below it"))
@@ -910,7 +932,7 @@ def verdicts(root: str | os.PathLike[str] | None = None) -> list[Verdict]:
     files (``root`` default: ``results/``), plus the theory row computed on the spot."""
     root_path = default_results_root() if root is None else Path(root)
     found = measurements(root_path)
-    rows = _lm_rows(found) + [row for row in (_mnih_hinton_row(root_path, found),) if row is not None]
+    rows = _lm_rows(found, root_path) + [row for row in (_mnih_hinton_row(root_path, found),) if row is not None]
     rows += _classification_rows(root_path) + [_theory_row()]
     rows += [row for row in (_taxonomy_row(root_path), _sampling_row(root_path)) if row is not None]
     for row in rows:

@@ -29,17 +29,18 @@ def test_main_run_follows_the_rules(tmp_path: Path) -> None:
     rnd = "icml2017.table2.random_tree.perplexity"
     trec = "sf2020.table1.trec.flat.f1"
     _write(tmp_path, "lm/ptb.json", [_ppl(ptb, 169.0)], date="2026-03-01T00:00:00Z")
-    _write(tmp_path, "lm/ptb-l2-decay1.json", [_ppl(ptb, 157.8)], date="2026-01-01T00:00:00Z")
+    _write(tmp_path, "lm/ptb-paper-lr0.025-l2-decay1.json", [_ppl(ptb, 167.2)], date="2026-01-01T00:00:00Z")
     _write(tmp_path, "lm/gutenberg-678books-250k-65ary-2ep-random-seed0.json", [_ppl(rnd, 177.4, 159.0)])
     _write(tmp_path, "lm/gutenberg-678books-250k-65ary-2ep-random-seed1.json", [_ppl(rnd, 177.0, 159.3)])
     _write(tmp_path, "taxonomy/trec-full-ft300-10ep.json", [{"claim": trec, "value": 55.0}], max_epochs=10)
     _write(tmp_path, "taxonomy/trec-full-ft300-40ep.json", [{"claim": trec, "value": 60.9}], max_epochs=40)
     _write(tmp_path, "taxonomy/trec.json", [{"claim": trec, "value": 49.0}], scale="full, reduced: x=1")
     # a run still going is not a measurement yet
-    _write(tmp_path, "lm/ptb-l2-decay1-bis.json", [_ppl(ptb, 1.0)], complete=False, date="2026-09-01T00:00:00Z")
+    _write(tmp_path, "lm/ptb-paper-bis.json", [_ppl(ptb, 1.0)], complete=False, date="2026-09-01T00:00:00Z")
     found = report.measurements(tmp_path)
     assert len(found[ptb]) == 2
-    assert report.main_measurement(ptb, found).file == "lm/ptb-l2-decay1.json"  # the rule, not the latest
+    # the rule (the paper's settings), not the latest
+    assert report.main_measurement(ptb, found).file == "lm/ptb-paper-lr0.025-l2-decay1.json"
     assert report.main_measurement(rnd, found).value == 177.4  # the seed with the best validation perplexity
     assert report.main_measurement(trec, found).value == 60.9  # the largest epoch budget
     assert report.main_measurement("icml2017.speedup.train", found) is None
@@ -258,3 +259,26 @@ def test_regenerate_note_wrapped_lines_join_back_into_the_recorded_command():
     recorded = command_for(invocation_of(path, json.loads(path.read_text())), Path("results") / name)[3:]
     assert shell[:3] == ["python", "-m", "hsm"] and sorted(shell[3:]) == sorted(recorded[:recorded.index("--device")]
                                                                               + recorded[recorded.index("--device") + 2:])
+
+
+@pytest.mark.parametrize("random_seeds, learned, paper_settings, word", [
+    ([167.2, 166.3, 167.6], 167.0, True, "contradicted"),   # inside the random trees' spread
+    ([171.1, 171.3, 171.7], 157.8, False, "close"),         # below every seed, another rate
+    ([172.1, 172.5, 171.9], 159.5, True, "reproduced"),      # the paper's result at its settings
+])
+def test_the_ptb_verdict_weighs_the_learned_tree_against_every_random_tree(
+        tmp_path: Path, random_seeds: list, learned: float, paper_settings: bool, word: str) -> None:
+    def run(claim_model: str, value: float) -> dict:
+        per_epoch = [{"epoch": 4, "valid_perplexity": value + 10, "test_perplexity": value}]
+        return _ppl(f"arxiv2016.table1.ptb.{claim_model}.perplexity", value) | {"per_epoch": per_epoch}
+
+    chosen = min(random_seeds)
+    records = [run("flat_soft_max", 150.0), run("random_tree", chosen), run("learned_tree", learned),
+               {"claim": None, "value": 0.025, "measure": "selection",
+                "selection": {"random_seed_test": random_seeds}}]
+    settings = ({"lr_grid": [0.025], "random_seeds": 5, "l2": 5e-5} if paper_settings
+                else {"lr_grid": [0.05], "random_seeds": 3, "l2": 5e-5})
+    _write(tmp_path, "lm/ptb-paper-lr0.025-l2-decay1.json", records, **settings)
+    row = report._lm_rows(report.measurements(tmp_path), tmp_path)[0]
+    assert row.verdict == word, row.why
+    assert row.numbers["random_seeds"] == 3
