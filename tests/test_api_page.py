@@ -1,13 +1,20 @@
-"""The API reference page (book/api.md) documents every public module and every name of hsm.__all__."""
+"""The two API pages document every public module once: book/api.md the library (with every name of
+hsm.__all__), book/api_lab.md the code of the book's experiments, data and results."""
 import importlib
 import pkgutil
 import re
 from pathlib import Path
 
+import pytest
+
 import hsm
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGE = (ROOT / "book" / "api.md").read_text()
+LIBRARY = "book/api.md"
+LAB = "book/api_lab.md"
+PAGES = {page: (ROOT / page).read_text() for page in (LIBRARY, LAB)}
+#: packages only the book's experiments use: their modules belong on the lab page
+LAB_PACKAGES = ("hsm.data", "hsm.experiments")
 
 
 def _public_modules() -> list[str]:
@@ -25,48 +32,75 @@ def _public_modules() -> list[str]:
     return found
 
 
-def _blocks() -> dict[str, str]:
-    """automodule name -> the options written under it."""
-    return dict(re.findall(r"^\.\. automodule:: (\S+)\n((?:   :.*\n)*)", PAGE, flags=re.M))
+def _blocks(page: str) -> list[tuple[str, str]]:
+    """(automodule name, the options written under it), in the page's order."""
+    return re.findall(r"^\.\. automodule:: (\S+)\n((?:   :.*\n)*)", PAGES[page], flags=re.M)
 
 
-def test_every_public_module_has_an_automodule_block():
-    blocks = _blocks()
-    missing = [name for name in ["hsm", *_public_modules()] if name not in blocks]
-    assert not missing, f"add an automodule block to book/api.md for: {missing}"
-    assert all(":members:" in options for options in blocks.values())
+def _page_of(module: str) -> list[str]:
+    """The pages with an automodule block for ``module``, once per block."""
+    return [page for page in PAGES for name, _ in _blocks(page) if name == module]
+
+
+def test_every_public_module_has_an_automodule_block_on_exactly_one_page():
+    modules = ["hsm", *_public_modules()]
+    missing = [name for name in modules if not _page_of(name)]
+    assert not missing, f"add an automodule block to {LIBRARY} (the library) or {LAB} (the lab) for: {missing}"
+    repeated = {name: _page_of(name) for name in modules if len(_page_of(name)) > 1}
+    assert not repeated, f"document each module once, on one page: {repeated}"
+    stale = [name for page in PAGES for name, _ in _blocks(page) if name not in modules]
+    assert not stale, f"remove the automodule blocks of modules that no longer exist: {stale}"
+    assert all(":members:" in options for page in PAGES for _, options in _blocks(page))
+
+
+def test_the_lab_packages_are_on_the_lab_page_and_the_package_on_the_library_page():
+    assert _page_of("hsm") == [LIBRARY]
+    for page in PAGES:
+        for name, _ in _blocks(page):
+            in_lab_package = any(name == p or name.startswith(p + ".") for p in LAB_PACKAGES)
+            assert not (in_lab_package and page == LIBRARY), f"move {name} from {LIBRARY} to {LAB}"
+
+
+@pytest.mark.parametrize(("page", "other"), [(LIBRARY, "api_lab"), (LAB, "api")])
+def test_each_page_opens_by_linking_the_other(page, other):
+    title, opening = re.match(r"# (.+)\n\n((?:.+\n)+)", PAGES[page]).groups()
+    assert title
+    assert re.search(rf"\{{doc\}}`[^`]*<{other}>`", opening), f"{page}'s first paragraph should link {{doc}}`{other}`"
 
 
 def test_every_name_of_hsm_all_is_in_the_summary():
-    summary = re.search(r"\.\. autosummary::\n(?:   :\S+:\n)*\n((?:   \S+\n)+)", PAGE)
-    assert summary, "book/api.md lost the autosummary of hsm.__all__"
+    summary = re.search(r"\.\. autosummary::\n(?:   :\S+:\n)*\n((?:   \S+\n)+)", PAGES[LIBRARY])
+    assert summary, f"{LIBRARY} lost the autosummary of hsm.__all__"
     listed = summary.group(1).split()
     assert listed == [f"hsm.{name}" for name in hsm.__all__], "the summary must list hsm.__all__, in order"
 
 
 def test_names_defined_in_private_modules_are_documented_under_hsm():
-    """A name of hsm.__all__ whose module is private (not on the page) gets its own entry."""
+    """A name of hsm.__all__ whose module is private (not on either page) gets its own entry."""
     for name in hsm.__all__:
         module = getattr(hsm, name).__module__
         if any(part.startswith("_") for part in module.split(".")):
-            assert re.search(rf"^\.\. auto(class|exception|function):: hsm\.{name}$", PAGE, flags=re.M), (
-                f"hsm.{name} is defined in the private {module}: document it in book/api.md's package section")
+            assert re.search(rf"^\.\. auto(class|exception|function):: hsm\.{name}$", PAGES[LIBRARY], flags=re.M), (
+                f"hsm.{name} is defined in the private {module}: document it in {LIBRARY}'s package section")
 
 
 def test_each_object_is_documented_once_in_its_module():
     """A module documents what it defines; what its __all__ re-exports from elsewhere is excluded
     (documented in the defining module, and references to the re-exported name resolve there)."""
-    for name, options in _blocks().items():
-        module = importlib.import_module(name)
-        elsewhere = sorted(n for n in getattr(module, "__all__", [])
-                           if getattr(getattr(module, n), "__module__", name) != name)
-        match = re.search(r":exclude-members: (.*)", options)
-        excluded = sorted(match.group(1).replace(" ", "").split(",")) if match else []
-        assert excluded == elsewhere, f"{name}: :exclude-members: should be {', '.join(elsewhere) or '(none)'}"
+    for page in PAGES:
+        for name, options in _blocks(page):
+            module = importlib.import_module(name)
+            elsewhere = sorted(n for n in getattr(module, "__all__", [])
+                               if getattr(getattr(module, n), "__module__", name) != name)
+            match = re.search(r":exclude-members: (.*)", options)
+            excluded = sorted(match.group(1).replace(" ", "").split(",")) if match else []
+            assert excluded == elsewhere, f"{name}: :exclude-members: should be {', '.join(elsewhere) or '(none)'}"
 
 
 def test_the_book_loads_autodoc():
     config = (ROOT / "_config.yml").read_text()
     for extension in ("sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.autosummary"):
         assert f"- {extension}" in config
-    assert "book/api" in (ROOT / "_toc.yml").read_text()
+    toc = (ROOT / "_toc.yml").read_text()
+    assert re.search(r"^( *)- file: book/api\n\1- file: book/api_lab\n", toc, flags=re.M), (
+        "_toc.yml should list book/api_lab right after book/api")
