@@ -1,4 +1,4 @@
-"""Sphinx helpers for the API reference (book/api.md).
+"""Sphinx helpers for the two API pages (book/api.md, the library; book/api_lab.md, the lab).
 
 * The docstrings of ``hsm`` write their parameters as ``name: what it is`` under a numpy-style
   ``Parameters`` heading; napoleon reads ``name : type``, so this rewrites each such line as
