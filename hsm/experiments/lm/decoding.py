@@ -26,6 +26,7 @@ from hsm.results import check_replace, make_record
 
 from .offset import OFFSET_EXPERIMENT, kept_learned_run, kept_random_run
 from .report import _common_fields, _out_path, _write
+from .tables import kept_model_scale
 from .training import load_trained_model
 
 __all__ = ["DECODING_TREES", "decoder_agreement", "run_lm_gutenberg_decoding"]
@@ -103,6 +104,8 @@ def run_lm_gutenberg_decoding(scale: str = "quick", device: str = "cpu", out: Pa
     with torch.no_grad():
         hidden = torch.cat([model(contexts[i:i + 4096]) for i in range(0, len(targets), 4096)])
     rows = decoder_agreement(output, hidden, targets, tuple(beams))
+    # the file describes the model decoded (the learned one: two epochs, decay 1), not the preset
+    sc = kept_model_scale(sc, cfg, scale)
     common = dict(_common_fields(corpus, sc, scale, ", no L2"), model=model_name, run=tree,
                   lr=run.config["lr"], epochs=run.config["epochs"], scored_tokens=int(len(targets)),
                   model_test_perplexity=run.test_perplexity)
@@ -113,4 +116,4 @@ def run_lm_gutenberg_decoding(scale: str = "quick", device: str = "cpu", out: Pa
     return _write("lm-gutenberg-decoding", out, "results/lm/gutenberg-decoding.json", records, sc, scale, device,
                   time.perf_counter() - start, None, given, run.seconds,
                   extra_config={"model_of": OFFSET_EXPERIMENT, "tokens": tokens, "beams": list(beams),
-                                "tree": tree}, force=force)
+                                "tree": tree, "model_config": run.config}, force=force)

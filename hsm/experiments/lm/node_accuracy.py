@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,7 @@ from .config import LMRunConfig
 from .mnih_hinton import train_mnih_hinton
 from .offset import OFFSET_EXPERIMENT, kept_learned_run, kept_random_run
 from .report import _common_fields, _out_path, _write
-from .tables import _run_dir, table_clustering_tree
+from .tables import _run_dir, kept_model_scale, table_clustering_tree
 from .training import RunFiles, load_trained_model, train_lm
 
 __all__ = ["NODE_ACCURACY_MODELS", "node_accuracy_markdown", "node_accuracy_rows", "node_decisions_by_depth",
@@ -121,15 +121,20 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
     check_replace(path, scale, force)
     # the learned model alone needs no random-tree run: its own run gives the corpus and context
     kept_run = kept_learned_run if set(models) == {"learned"} else kept_random_run
-    corpus, _, cfg, files = kept_run(sc, device)
+    corpus, run, cfg, files = kept_run(sc, device)
     contexts, targets = corpus.windows("test", cfg.context)
     # evenly spaced over the whole test split: its first tokens would all come from one or two books
     pick = torch.from_numpy(np.unique(np.linspace(0, len(targets) - 1, min(tokens, len(targets))).astype(np.int64)))
     contexts, targets = contexts[pick].to(device), targets[pick].to(device)
     records = []
-    common = dict(_common_fields(corpus, sc, scale, ", no L2"), lr=cfg.lr, scored_tokens=int(len(targets)))
+    # the file describes the models scored: with the learned model alone, the kept learned run's
+    # settings (two epochs, decay 1), not the one-epoch random-tree preset the run folder belongs to
+    model_sc = kept_model_scale(sc, cfg, scale)
+    common = dict(_common_fields(corpus, model_sc, scale, ", no L2"), lr=cfg.lr, scored_tokens=int(len(targets)))
+    model_configs = {}
     for name in models:
         model, output, model_cfg = load_trained_model(_kept_model(name, corpus, cfg, files, sc, device), device)
+        model_configs[name] = asdict(model_cfg)
         with torch.no_grad():
             hidden = torch.cat([model(contexts[i:i + 4096]) for i in range(0, len(targets), 4096)])
         rows = node_decisions_by_depth(output, hidden, targets)
@@ -139,9 +144,12 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
                                        model=_NAMES[name], node_depth=row["depth"], nats=row["nats"], words=row["words"],
                                        perplexity_of_scored_tokens=perplexity, epochs=model_cfg.epochs,
                                        **common))
-    return _write("lm-gutenberg-node-accuracy", out, DEFAULT_OUT, records, sc, scale, device,
-                  time.perf_counter() - start, None, given, None,
-                  extra_config={"model_of": OFFSET_EXPERIMENT, "models": list(models), "tokens": tokens},
+    # the training time is known for the kept run itself; the other models' runs are not read here
+    training_seconds = run.seconds if set(models) == {cfg.output} else None
+    return _write("lm-gutenberg-node-accuracy", out, DEFAULT_OUT, records, model_sc, scale, device,
+                  time.perf_counter() - start, None, given, training_seconds,
+                  extra_config={"model_of": OFFSET_EXPERIMENT, "models": list(models), "tokens": tokens,
+                                "model_configs": model_configs},
                   force=force)
 
 

@@ -22,7 +22,7 @@ from .embeddings import fasttext_embeddings, learn_embeddings
 from .presets import ABLATION_VARIANTS, RUN_FOLDER, LMScale, _ablation_changes
 from .training import _select_lr, train_lm
 
-__all__ = ["clustering_variant", "run_ablation", "run_table", "table_clustering_tree"]
+__all__ = ["clustering_variant", "kept_model_scale", "run_ablation", "run_table", "table_clustering_tree"]
 
 
 def _run_dir(experiment_name: str) -> Path:
@@ -49,6 +49,37 @@ def split_options(sc: LMScale) -> dict[str, Any]:
     """The Gutenberg split and vocabulary fields of ``sc`` (for :func:`load_lm_corpus`)."""
     return {"split": sc.split, "split_seed": sc.split_seed, "chunk_tokens": sc.chunk_tokens,
             "min_count": sc.min_count}
+
+
+def kept_model_scale(sc: LMScale, cfg: LMRunConfig, scale: str) -> LMScale:
+    """``sc`` with the training settings of the kept run ``cfg`` whose model a diagnostic scored.
+
+    A diagnostic that loads a kept model (decoding, node decisions) reads it at its experiment's
+    preset, but the model may have been trained at other settings (the learned-tree model: two
+    epochs, the first learning the tree, statistics never decayed); its result file must describe
+    the model that was scored, not the preset. ``sc`` itself when the run was trained at ``sc``."""
+    learned = cfg.output == "learned"
+    kept = replace(sc, context=cfg.context, arity=cfg.arity, batch_size=cfg.batch_size, epochs=cfg.epochs,
+                   reassign_per_epoch=cfg.reassign_per_epoch, l2=cfg.l2,
+                   lr_grid=sc.lr_grid if tuple(sc.lr_grid) == (cfg.lr,) else (cfg.lr,),
+                   # a fixed tree is not learned: the preset's learned-tree fields do not describe it
+                   learn_epochs=cfg.learn_epochs if learned else sc.learn_epochs,
+                   decay=cfg.decay if learned else sc.decay)
+    if kept == sc:
+        return sc
+    data = ", ".join(part for part in (
+        "all books" if sc.max_books is None else f"{sc.max_books} books",
+        "the corpus' vocabulary" if sc.vocab_size is None else f"vocabulary {sc.vocab_size:,} (at most)",
+        None if sc.train_tokens is None else f"first {sc.train_tokens:,} training tokens") if part)
+    if learned:
+        then = ", then fine-tuned" if cfg.learn_epochs < cfg.epochs else ""
+        model = (f"{cfg.arity}-ary depth-{cfg.depth} tree learned from random tree seed {cfg.tree_seed} during the "
+                 f"first {cfg.learn_epochs:g} of {cfg.epochs} epochs (statistics decay {cfg.decay:g}, "
+                 f"{cfg.reassign_per_epoch} rebuilds per epoch){then}")
+    else:
+        model = f"{cfg.arity}-ary depth-{cfg.depth} {cfg.output} tree, {cfg.epochs} epochs"
+    return replace(kept, description=f"{scale}: the kept {cfg.output}-tree model it scored ({data}): {model}; "
+                                     f"rate {cfg.lr:g}, batch {cfg.batch_size}")
 
 
 def table_clustering_tree(corpus: LMCorpus, sc: LMScale, cfg: LMRunConfig, device) -> Tree:
