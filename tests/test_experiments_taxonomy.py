@@ -462,3 +462,29 @@ def test_scale_label_names_the_selection_and_a_one_directional_lstm():
     assert "one-directional" not in E.scale_label("full", dict(cfg, bidirectional=True))
     assert "buckets" not in label
     assert "batches drawn from 50 buckets of similar length" in E.scale_label("full", dict(cfg, length_buckets=50))
+
+
+@needs_data
+def test_a_resumed_taxonomy_run_records_the_training_time_of_every_part(tmp_path, monkeypatch):
+    """wall_time_s is the last invocation's; training_seconds adds the parts trained before it."""
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    options = dict(train_limit="60", test_limit="40", max_tokens="8", max_vocab="300", models="flat,hierarchical")
+    seconds = {"flat": 3600.0, "hierarchical": 5400.0}
+
+    def hours_of_training(kind, *args, **kwargs):
+        if kind == "hierarchical" and not stopped:
+            stopped.append(kind)
+            raise KeyboardInterrupt
+        test = {"f1": 50.0, "precision": 50.0, "recall": 50.0, "accuracy": 50.0}
+        return {"test": test, "best_epoch": 1, "valid_f1": 50.0, "history": [], "train_seconds": seconds[kind],
+                "vocab_size": 10, "train_examples": 60}
+
+    stopped: list[str] = []
+    monkeypatch.setattr(E, "train_one", hours_of_training)
+    with pytest.raises(KeyboardInterrupt):
+        E.run_taxonomy_tables(scale="quick", out=tmp_path / "trec.json", data="trec", **options)
+    progress = load_results(tmp_path / "trec.json")["provenance"]["config"]
+    assert progress["training_seconds"] == 3600.0 and not progress["complete"]
+    prov = load_results(E.run_taxonomy_tables(scale="quick", out=tmp_path / "trec.json", data="trec",
+                                              **options))["provenance"]
+    assert prov["config"]["training_seconds"] == pytest.approx(9000.0)

@@ -646,7 +646,11 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
             # only where no complete result exists: an interrupted re-run keeps the previous table
             done = len(run_records) == len(cfg["seeds"]) * len(cfg["models"])
             records = run_records + _mean_records(per_model, table, key, data, scale, cfg["seeds"])
-            prov = provenance(dict(cfg, **info, complete=done), time.perf_counter() - start, scale=scale)
+            # wall_time_s is this invocation's; a run resumed from its partial file trained most of
+            # its parts in earlier invocations, whose seconds each part's train_seconds keeps
+            training_seconds = sum(r["train_seconds"] for r in run_records)
+            prov = provenance(dict(cfg, **info, complete=done, training_seconds=training_seconds),
+                              time.perf_counter() - start, scale=scale)
             path = (write_results if done else write_progress)(path, records, prov, force=force)
     parts.finish()
     if checkpoints.is_dir() and not any(checkpoints.iterdir()):
