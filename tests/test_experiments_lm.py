@@ -816,8 +816,49 @@ def test_the_learned_tree_model_is_kept_for_decoding_and_node_decisions(tmp_path
     # the same kept model: its perplexity on the scored tokens is a property of the model, not of the caller
     _, run, cfg, files = lm.offset.kept_learned_run(lm.SCALES["lm-gutenberg-offset"]["quick"], "cpu")
     assert files.model.exists() and cfg.output == "learned" and (cfg.epochs, cfg.learn_epochs) == (2, 1)
+    # both files describe the kept learned model they scored, not the one-epoch random-tree preset
+    for payload in (decoded, nodes):
+        config = payload["provenance"]["config"]
+        assert (config["epochs"], config["learn_epochs"], config["decay"]) == (cfg.epochs, cfg.learn_epochs,
+                                                                               cfg.decay) == (2, 1, 1.0)
+        assert config["lr_grid"] == [cfg.lr] and config["reassign_per_epoch"] == cfg.reassign_per_epoch
+        assert config["description"].startswith("quick: the kept learned-tree model")
+        assert config["training_seconds"] == pytest.approx(run.seconds)
+        assert all("2 epochs (learned tree: 1 learning the tree)" in r["scale_note"] for r in payload["records"])
+    assert decoded["provenance"]["config"]["model_config"] == asdict(cfg)
+    assert nodes["provenance"]["config"]["model_configs"] == {"learned": asdict(cfg)}
     with pytest.raises(ValueError, match="tree"):
         lm.run_lm_gutenberg_decoding(scale="quick", tree="huffman")
+
+
+def test_the_full_ablation_is_labelled_with_what_differs_from_the_papers_setting() -> None:
+    full = lm.SCALES["lm-ptb-ablation"]["full"]
+    label = lm.commands.ablation_scale_label("full", full, {})
+    assert label == "full, reduced: epochs=2, lr_grid=0.05, random_seeds=3, select_steps=0; settings: learn_epochs=1"
+    assert results.scale_of_label(label) == "full"
+    # an option is named against the paper's setting too, and a subset of the variants as a setting
+    changed = lm._scale_for("lm-ptb-ablation", "full", {"random_seeds": "2", "l2": "5e-5"})
+    label = lm.commands.ablation_scale_label("full", changed, {"random_seeds": "2", "l2": "5e-5",
+                                                                "variants": "base,decay_0"})
+    assert "random_seeds=2" in label.split(";")[0] and "l2=5e-05" in label.split(";")[1]
+    assert label.endswith("variants=base,decay_0")
+    assert lm.commands.ablation_scale_label("quick", lm.SCALES["lm-ptb-ablation"]["quick"], {}) is None
+
+
+def test_kept_model_scale_describes_the_run_that_was_loaded() -> None:
+    preset = lm.SCALES["lm-gutenberg-offset"]["full"]
+    base = lm.LMRunConfig(output="random", context=preset.context, arity=preset.arity, depth=3,
+                          batch_size=preset.batch_size, lr=preset.lr_grid[0], epochs=preset.epochs,
+                          learn_epochs=preset.learn_epochs, reassign_per_epoch=preset.reassign_per_epoch)
+    # the random-tree model is the preset's own run: the preset describes it
+    assert lm.tables.kept_model_scale(preset, base, "full") is preset
+    learned = replace(base, output="learned", epochs=2, learn_epochs=1, decay=1.0)
+    kept = lm.tables.kept_model_scale(preset, learned, "full")
+    assert (kept.epochs, kept.learn_epochs, kept.decay, tuple(kept.lr_grid)) == (2, 1, 1.0, (0.05,))
+    assert (kept.max_books, kept.vocab_size, kept.arity) == (preset.max_books, preset.vocab_size, preset.arity)
+    assert kept.description == ("full: the kept learned-tree model it scored (all books, the corpus' vocabulary): "
+                                "65-ary depth-3 tree learned from random tree seed 0 during the first 1 of 2 epochs "
+                                "(statistics decay 1, 50 rebuilds per epoch), then fine-tuned; rate 0.05, batch 128")
 
 
 # ---------------------------------------------------------------------------- decoding against the exact arg max

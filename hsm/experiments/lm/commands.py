@@ -15,10 +15,10 @@ from hsm.experiments import (check_device, check_scale, experiment, option_choic
 from hsm.results import check_replace
 
 from .presets import ABLATION_VARIANTS, DEFAULT_OUT, SCALES, LMScale, _ablation_changes
-from .report import _ablation_records, _out_path, _records, _write
+from .report import _ablation_records, _out_path, _records, _write, scale_label
 from .tables import run_ablation, run_table
 
-__all__ = ["run_lm_gutenberg_65", "run_lm_gutenberg_75", "run_lm_ptb", "run_lm_ptb_ablation", "run_lm_ptb_schedules"]
+__all__ = ["ablation_scale_label", "run_lm_gutenberg_65", "run_lm_gutenberg_75", "run_lm_ptb", "run_lm_ptb_ablation", "run_lm_ptb_schedules"]
 
 
 def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -200,9 +200,32 @@ def run_lm_ptb_ablation(scale: str = "quick", device: str = "cpu", out: Path | N
     table = run_ablation(sc, variants, device)
     records = _ablation_records(table, sc, scale)
     training_seconds = sum(run.seconds for run in table["runs"].values())
+    options = dict(options, **({"variants": ",".join(variants)} if variants != list(ABLATION_VARIANTS) else {}))
     return _write("lm-ptb-ablation", out, DEFAULT_OUT["lm-ptb-ablation"], records, sc, scale, device,
-                  time.perf_counter() - start, None, dict(options, **({"variants": ",".join(variants)}
-                                                            if variants != list(ABLATION_VARIANTS) else {})),
+                  time.perf_counter() - start, None, options,
                   training_seconds, extra_config={
                       "variants": {v: _ablation_changes(v, sc.epochs) for v in variants},
-                      "initial_learned_tree": "random (seed 0), the random_seed0 run's tree"}, force=force)
+                      "initial_learned_tree": "random (seed 0), the random_seed0 run's tree"}, force=force,
+                  label=ablation_scale_label(scale, sc, options))
+
+
+def ablation_scale_label(scale: str, sc: LMScale, options: dict[str, Any]) -> str | None:
+    """The scale label of an ablation run at ``sc``: at full scale, what differs from the paper's
+    setting (lm-ptb's full preset), named as :func:`~.report.scale_label` names overrides, e.g.
+    ``"full, reduced: epochs=2, lr_grid=0.05, random_seeds=3, select_steps=0; settings:
+    learn_epochs=1"``; None (the label of the options against the ablation's preset) at quick scale.
+
+    The ablation's full preset is itself reduced (2 of the paper's 4 epochs, one rate without a
+    search, 3 random trees), so the label the preset's overrides give ("full") would claim the
+    paper's setting; the other options (``variants``) are named as settings."""
+    if scale != "full":
+        return None
+    paper = SCALES["lm-ptb"]["full"]
+    fields = LMScale.__dataclass_fields__
+    differs: dict[str, Any] = {}
+    for key in fields:
+        value = getattr(sc, key)
+        if key != "description" and value != getattr(paper, key):
+            differs[key] = ",".join(f"{rate:g}" for rate in value) if key == "lr_grid" else value
+    others = {key: value for key, value in options.items() if key not in fields}
+    return scale_label(scale, {**differs, **others}, paper)

@@ -163,9 +163,11 @@ def _option_size(key: str, value: Any) -> float | None:
 def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scale: str, device: str,
            seconds: float, tree_files: dict[str, Any] | None = None, options: dict[str, Any] | None = None,
            training_seconds: float | None = None, extra_config: dict[str, Any] | None = None,
-           force: bool = False) -> Path:
+           force: bool = False, label: str | None = None) -> Path:
     """Write the result file and, beside it, each learned tree with the word counts as
-    ``<stem>-<run>-tree.json.gz`` (not a result file: the notebooks draw the tree from it)."""
+    ``<stem>-<run>-tree.json.gz`` (not a result file: the notebooks draw the tree from it).
+    ``label``: the scale label, for an experiment whose preset itself departs from the paper's
+    setting (default: :func:`scale_label` of the options against the preset)."""
     path = _out_path(out, default)
     check_replace(path, scale, force)  # before the tree files: a refused result leaves them alone too
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -179,7 +181,7 @@ def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scal
                       wall_time_s=max(seconds, training_seconds or 0.0), scale=scale)
     # a run whose preset was overridden says so in its scale label (the landing page shows it)
     overrides = {k: v for k, v in (options or {}).items() if k != "description"}
-    prov["hsm_scale"] = scale_label(scale, overrides, SCALES.get(name, {}).get(scale))
+    prov["hsm_scale"] = label or scale_label(scale, overrides, SCALES.get(name, {}).get(scale))
     prov["config"]["overrides"] = overrides
     # wall_time_s covers the runs it rests on; runs finished earlier load from the run folder, so
     # this invocation alone can take seconds
