@@ -636,8 +636,9 @@ class FlatSoftmax(nn.Module):
     the tree is measured against: O(K d) per example).
 
     Bad input is refused as :class:`HierarchicalSoftmax` refuses it (TypeError for another dtype,
-    ValueError for another shape or device and for NaN / infinite rows); an empty batch gives
-    empty outputs and a NaN loss, as torch's losses do.
+    ValueError for another shape or device and for NaN / infinite rows; on the CPU also for finite
+    rows whose logits overflow, see :meth:`_log_softmax`); an empty batch gives empty outputs and a
+    NaN loss, as torch's losses do.
 
     ``ignore_index``, ``reduction`` and inputs [..., d] with targets [...] as for
     :class:`HierarchicalSoftmax` (and ``F.cross_entropy``), and so are ``torch.compile`` (the
@@ -681,11 +682,19 @@ class FlatSoftmax(nn.Module):
         return HSMOutput(output, -output.mean())
 
     def _log_softmax(self, input: Tensor) -> Tensor:
-        """``log_softmax(W h + b)`` [B, K]; NonFiniteInputError naming the rows whose logits overflow."""
+        """``log_softmax(W h + b)`` [B, K]; on the CPU, NonFiniteInputError naming the rows whose
+        logits overflow.
+
+        Testing the logits means reading a flag back from the device: on a GPU that waits for the
+        device in every training step, so there the test is left out. NaN and infinite inputs are
+        still refused (:func:`check_input`); the rows of a finite input whose logits overflow
+        (beyond 3e38 in float32) then give NaN or -inf log-probabilities and loss, as
+        ``F.cross_entropy`` does."""
         logits = self.linear(input)
-        bad = ~torch.isfinite(logits.detach()).all(dim=-1)  # +-inf logits: NaN or -inf log-probabilities
-        if input.shape[0] and bool(bad.any()):
-            check_logits_finite(torch.nonzero(bad).flatten(), input.shape[0], input.dtype)
+        if input.device.type == "cpu" and input.shape[0]:
+            bad = ~torch.isfinite(logits.detach()).all(dim=-1)  # +-inf logits: NaN or -inf log-probabilities
+            if bool(bad.any()):
+                check_logits_finite(torch.nonzero(bad).flatten(), input.shape[0], input.dtype)
         return torch.log_softmax(logits, dim=-1)
 
     @_layer_entry

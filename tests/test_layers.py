@@ -300,3 +300,29 @@ def test_names_moved_to_their_own_modules_still_import_from_layers():
     assert layers.NonFiniteInputError is _checks.NonFiniteInputError is hsm.NonFiniteInputError
     assert layers._check_input is _checks.check_input and layers._check_k is _checks.check_k
     assert layers._merge_topk is search.merge_topk
+
+
+def test_flat_softmax_refuses_overflowing_logits_on_the_cpu():
+    from hsm.layers import NonFiniteInputError
+
+    torch.manual_seed(0)
+    flat = FlatSoftmax(4, 12)
+    with torch.no_grad():
+        flat.linear.weight.abs_()
+    hidden = torch.randn(5, 4)
+    hidden[3] = 3e38  # finite, but W h (four positive terms) overflows float32
+    with pytest.raises(NonFiniteInputError, match=r"overflow float32 in 1 of 5 rows \(rows \[3\]\)"):
+        flat(hidden, torch.zeros(5, dtype=torch.long))
+    for call in (flat.log_prob, flat.predict, lambda h: flat.topk(h, 2)):
+        with pytest.raises(NonFiniteInputError, match="overflow"):
+            call(hidden)
+    # the other rows are fine on their own
+    assert torch.isfinite(flat.log_prob(hidden[:3])).all()
+
+
+def test_flat_softmax_reads_nothing_back_from_another_device():
+    """Off the CPU the overflow test would wait for the device at every step: it is left out. On
+    the meta device any read of a value fails, so the log-softmax there proves none happens."""
+    flat = FlatSoftmax(4, 12).to("meta")
+    out = flat._log_softmax(torch.empty(5, 4, device="meta"))
+    assert out.shape == (5, 12) and out.device.type == "meta"
