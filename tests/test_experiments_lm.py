@@ -895,3 +895,14 @@ def test_lm_gutenberg_decoding_tiny(tmp_path) -> None:
     assert all(0 <= r["value"] <= 1 and r["scored_tokens"] == 300 for r in records.values())
     with pytest.raises(ValueError, match="unknown options"):
         lm.run_lm_gutenberg_decoding(scale="quick", width="3")
+
+
+def test_run_help_names_the_lm_options_and_the_prebuilt_corpus(capsys) -> None:
+    from hsm.experiments import cli
+
+    for argv in (["--help"], ["lm-gutenberg-65", "--help"]):
+        with pytest.raises(SystemExit) as stop:
+            cli.main(argv)
+        assert stop.value.code == 0
+        text = " ".join(capsys.readouterr().out.split())
+        assert "-o checkpoint_minutes=N" in text and "-o runs=flat" in text and "HSM_PREBUILT_CORPUS=DIR" in text

@@ -31,7 +31,10 @@ _RESERVED = {"scale", "device", "out", "force", "allow_dirty"}
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m hsm run", description=plain(__doc__.split("\n\n")[0]))
+    parser = argparse.ArgumentParser(
+        prog="python -m hsm run", description=plain(__doc__.split("\n\n")[0]),
+        epilog="HSM_PREBUILT_CORPUS=DIR: the Gutenberg LM experiments load the corpus that 'python -m hsm data "
+               "export gutenberg DIR' wrote there, on a machine without the Gutenberg archive.")
     parser.add_argument("name", nargs="?", help="experiment name; omit (or 'list') to list them")
     parser.add_argument("--scale", choices=["quick", "full"], default=None,
                         help="quick (CI-sized slice) or full (the paper's scale); default: $HSM_SCALE or quick")
@@ -42,7 +45,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--force", action="store_true",
                         help="replace an existing result file even when it was recorded at a larger scale")
     parser.add_argument("--option", "-o", action="append", default=[], metavar="KEY=VALUE",
-                        help="experiment-specific option (repeatable)")
+                        help="experiment-specific option (repeatable); the LM tables (lm-ptb, lm-ptb-schedules, "
+                             "lm-gutenberg-65, lm-gutenberg-75) also take -o runs=flat,random (train only these rows, "
+                             "e.g. a table in parts) and -o checkpoint_minutes=N (a checkpoint every N minutes of "
+                             "training within an epoch; default: $HSM_CHECKPOINT_SECONDS, else 5 minutes)")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="run at full scale although the code has uncommitted changes (recorded in the "
                              "result; by default such a run is refused, since its result could not be traced)")
