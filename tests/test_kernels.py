@@ -13,26 +13,11 @@ from hsm.layers import HierarchicalSoftmax, RowSparseAdagrad
 from hsm.statistics import NodeStatistics
 from hsm.tree import Tree
 
-
-def _trees():
-    return [
-        Tree.random(50, 4, 3, seed=1),  # fixed depth with unused leaves (slot penalty)
-        Tree.random(27, 3, 3, seed=2),  # exactly full
-        Tree.random(400, 9, 3, seed=3),  # arity not a multiple of the kernels' blocking (4)
-        Tree.huffman(np.arange(1, 38), 3),  # well formed, variable depth
-        Tree.huffman(np.arange(1, 21), 4),  # with dummy leaves
-        Tree.huffman(np.arange(1, 20), 2),  # binary
-        Tree.from_taxonomy({"a": ["x", "y", "z"], "b": ["w"], "c": ["u", "v"]}, list("xyzwuv")),  # ragged
-    ]
+from kernel_trees import kernel_test_trees
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request, monkeypatch):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    monkeypatch.setattr(kernels, "MIN_WORK_PER_THREAD", 1)  # split even tiny batches
-    yield request.param
-    torch.set_num_threads(before)
+
+
 
 
 def _layer(tree, d=7, scale=2.0, seed=0, sparse=True):
@@ -61,7 +46,7 @@ def _targets(tree, batch, seed):
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("tree", _trees(), ids=repr)
+@pytest.mark.parametrize("tree", kernel_test_trees(), ids=repr)
 @pytest.mark.parametrize("sparse", [False, True])
 def test_kernel_forward_and_gradients_equal_reference(tree, sparse, threads):
     layer = _layer(tree, sparse=sparse)
@@ -85,7 +70,7 @@ def test_kernel_forward_and_gradients_equal_reference(tree, sparse, threads):
             assert rows.tolist() == path_nodes.tolist()
 
 
-@pytest.mark.parametrize("tree", _trees(), ids=repr)
+@pytest.mark.parametrize("tree", kernel_test_trees(), ids=repr)
 def test_kernel_inference_equals_training_forward(tree, threads):
     layer = _layer(tree, seed=1)
     for batch, seed in ((3, 0), (180, 1)):
@@ -99,7 +84,7 @@ def test_kernel_inference_equals_training_forward(tree, threads):
                                    .detach(), **TOL)
 
 
-@pytest.mark.parametrize("tree", _trees(), ids=repr)
+@pytest.mark.parametrize("tree", kernel_test_trees(), ids=repr)
 def test_kernel_top1_is_the_arg_max_of_log_prob(tree, threads):
     for scale in (0.01, 6.0):  # near uniform (visits everything) and confident (prunes)
         layer = _layer(tree, scale=scale, seed=2)
@@ -182,7 +167,7 @@ def test_share_bounds_partition_the_items(loads, parts):
     assert np.all(np.diff(bounds) > 0) and len(bounds) - 1 <= parts
 
 
-@pytest.mark.parametrize("tree", _trees()[2:4], ids=repr)
+@pytest.mark.parametrize("tree", kernel_test_trees()[2:4], ids=repr)
 def test_results_do_not_depend_on_the_thread_count(tree, monkeypatch):
     """Threads claim groups dynamically, but per-pair results are summed per example in a fixed
     order: outputs and every gradient are bit-identical with 1, 2 and 3 threads."""

@@ -14,27 +14,15 @@ from hsm import search
 from hsm.layers import HierarchicalSoftmax, NonFiniteInputError
 from hsm.tree import Tree
 
+from kernel_trees import kernel_test_trees
+
 
 def _trees():
-    return [
-        Tree.random(50, 4, 3, seed=1),  # fixed depth with unused leaves (slot penalty)
-        Tree.random(27, 3, 3, seed=2),  # exactly full
-        Tree.random(400, 9, 3, seed=3),  # arity not a multiple of the kernels' blocking (4)
-        Tree.random(1_000, 11, 3, seed=4),  # K not a power of M
-        Tree.huffman(np.arange(1, 38), 3),  # well formed, variable depth
-        Tree.huffman(np.arange(1, 21), 4),  # with dummy leaves
-        Tree.huffman(np.arange(1, 20), 2),  # binary
-        Tree.from_taxonomy({"a": ["x", "y", "z"], "b": ["w"], "c": ["u", "v"]}, list("xyzwuv")),  # ragged
-    ]
+    return kernel_test_trees() + [Tree.random(1_000, 11, 3, seed=4)]  # K not a power of M
 
 
-@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
-def threads(request, monkeypatch):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    monkeypatch.setattr(kernels, "MIN_WORK_PER_THREAD", 1)  # share even tiny batches
-    yield request.param
-    torch.set_num_threads(before)
+
+
 
 
 def _layer(tree, d=7, scale=3.0, seed=0):
