@@ -843,6 +843,11 @@ def test_the_full_ablation_is_labelled_with_what_differs_from_the_papers_setting
     assert "random_seeds=2" in label.split(";")[0] and "l2=5e-05" in label.split(";")[1]
     assert label.endswith("variants=base,decay_0")
     assert lm.commands.ablation_scale_label("quick", lm.SCALES["lm-ptb-ablation"]["quick"], {}) is None
+    # on Gutenberg the paper's setting is lm-gutenberg-65's: its data set, trees and context are no change
+    gutenberg = lm._scale_for("lm-ptb-ablation", "full", {"dataset": "gutenberg", "arity": "65", "context": "4",
+                                                          "reassign_per_epoch": "50"})
+    label = lm.commands.ablation_scale_label("full", gutenberg, {})
+    assert label == "full, reduced: epochs=2, lr_grid=0.05, random_seeds=3, select_steps=0; settings: learn_epochs=1"
 
 
 def test_kept_model_scale_describes_the_run_that_was_loaded() -> None:

@@ -209,23 +209,30 @@ def run_lm_ptb_ablation(scale: str = "quick", device: str = "cpu", out: Path | N
                   label=ablation_scale_label(scale, sc, options))
 
 
+#: the paper's setting of each data set (a full preset), which an ablation's label is read against
+_PAPER_SETTING = {"ptb": "lm-ptb", "gutenberg": "lm-gutenberg-65"}
+
+
 def ablation_scale_label(scale: str, sc: LMScale, options: dict[str, Any]) -> str | None:
     """The scale label of an ablation run at ``sc``: at full scale, what differs from the paper's
-    setting (lm-ptb's full preset), named as :func:`~.report.scale_label` names overrides, e.g.
-    ``"full, reduced: epochs=2, lr_grid=0.05, random_seeds=3, select_steps=0; settings:
-    learn_epochs=1"``; None (the label of the options against the ablation's preset) at quick scale.
+    setting of its data set (lm-ptb's full preset, or lm-gutenberg-65's), named as
+    :func:`~.report.scale_label` names overrides, e.g. ``"full, reduced: epochs=2, lr_grid=0.05,
+    random_seeds=3, select_steps=0; settings: learn_epochs=1"``; None (the label of the options
+    against the ablation's preset) at quick scale.
 
     The ablation's full preset is itself reduced (2 of the paper's 4 epochs, one rate without a
     search, 3 random trees), so the label the preset's overrides give ("full") would claim the
     paper's setting; the other options (``variants``) are named as settings."""
     if scale != "full":
         return None
-    paper = SCALES["lm-ptb"]["full"]
+    paper = SCALES[_PAPER_SETTING[sc.dataset]]["full"]
     fields = LMScale.__dataclass_fields__
     differs: dict[str, Any] = {}
     for key in fields:
         value = getattr(sc, key)
-        if key != "description" and value != getattr(paper, key):
+        # without a rate search (select_steps=0) the search's validation slice means nothing
+        unused = key == "select_eval_tokens" and sc.select_steps == 0
+        if key != "description" and not unused and value != getattr(paper, key):
             differs[key] = ",".join(f"{rate:g}" for rate in value) if key == "lr_grid" else value
     others = {key: value for key, value in options.items() if key not in fields}
     return scale_label(scale, {**differs, **others}, paper)
