@@ -54,6 +54,10 @@ FLOAT32_RTOL = 1e-4
 _TIMING_FIELD = re.compile(r"(^|_)(ms|s|sec|secs|wall|ratio|throughput|per_s)(_|$)|time|speed|seconds")
 
 
+#: the benchmark commands, recorded as ``{"command": ..., "argv": [...]}`` and re-run with ``--json OUT``
+_BENCH_COMMANDS = ("bench", "bench-decoding")
+
+
 class ReproduceError(ValueError):
     """The file cannot be reproduced as asked (no recorded command, a command that failed)."""
 
@@ -70,7 +74,7 @@ def invocation_of(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> d
     """
     prov = payload.get("provenance") or {}
     invocation = prov.get("invocation")
-    if isinstance(invocation, Mapping) and invocation.get("command") in ("run", "bench"):
+    if isinstance(invocation, Mapping) and invocation.get("command") in ("run",) + _BENCH_COMMANDS:
         return dict(invocation)
     inferred = _inferred_invocation(prov, payload.get("records") or [])
     if inferred is not None:
@@ -197,7 +201,7 @@ def command_for(invocation: Mapping[str, Any], out: Path, scale: str | None = No
         argv.append("--quick")
     elif scale == "full" and "--quick" in argv:
         argv = [a for a in argv if a != "--quick"]
-    cmd = [*python, "bench", *argv, "--json", str(out)]
+    cmd = [*python, str(invocation["command"]), *argv, "--json", str(out)]
     if allow_dirty and "--allow-dirty" not in argv:
         cmd.append("--allow-dirty")
     return cmd

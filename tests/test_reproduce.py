@@ -58,6 +58,8 @@ def test_commands_for_an_experiment_and_a_benchmark(tmp_path: Path) -> None:
     assert R.command_for(run, out, scale="quick")[6] == "quick"
     bench = {"command": "bench", "argv": ["--vocab", "1000", "--quick"]}
     assert R.command_for(bench, out)[3:] == ["bench", "--vocab", "1000", "--quick", "--json", str(out)]
+    decoding = {"command": "bench-decoding", "argv": ["--threads", "1"]}
+    assert R.command_for(decoding, out)[3:] == ["bench-decoding", "--threads", "1", "--json", str(out)]
     assert "--quick" not in R.command_for(bench, out, scale="full")
 
 
@@ -155,6 +157,11 @@ def _check_options(invocation: dict) -> None:
         from hsm.bench import _parser
 
         _parser().parse_args(invocation["argv"])
+        return
+    if invocation["command"] == "bench-decoding":
+        from hsm.bench_decoding import _parser as decoding_parser
+
+        decoding_parser().parse_args(invocation["argv"])
         return
     name, scale, options = invocation["experiment"], invocation["scale"], dict(invocation["options"])
     if name == "lm-ptb-lemma31":
