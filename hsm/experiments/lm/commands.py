@@ -215,8 +215,8 @@ _PAPER_SETTING = {"ptb": "lm-ptb", "gutenberg": "lm-gutenberg-65"}
 
 def ablation_scale_label(scale: str, sc: LMScale, options: dict[str, Any]) -> str | None:
     """The scale label of an ablation run at ``sc``: at full scale, what differs from the paper's
-    setting of its data set (lm-ptb's full preset, or lm-gutenberg-65's), named as
-    :func:`~.report.scale_label` names overrides, e.g. ``"full, reduced: epochs=2, lr_grid=0.05,
+    setting of its data set (lm-ptb's full preset, or lm-gutenberg-65's), named as the LM
+    report's ``scale_label`` names overrides, e.g. ``"full, reduced: epochs=2, lr_grid=0.05,
     random_seeds=3, select_steps=0; settings: learn_epochs=1"``; None (the label of the options
     against the ablation's preset) at quick scale.
 
