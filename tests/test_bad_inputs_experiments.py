@@ -309,7 +309,7 @@ def test_bench_quick_keeps_explicit_sizes(tmp_path, capsys) -> None:
                        "--metrics", "train", "--json", str(out)]) == 0
     payload = json.loads(out.read_text())
     config = payload["provenance"]["config"]
-    assert (config["batch"], config["repeats"], config["dim"], config["vocab"]) == (4, 2, 6, [300])
+    assert (config["batch"], config["repeats"], config["dim"], config["vocab"]) == ([4], 2, 6, [300])
     timed = [r for r in payload["records"] if r.get("kind") == "ms_per_batch"]
     assert timed and all(r["batch"] == 4 and r["dim"] == 6 for r in timed)
     assert payload["provenance"]["hsm_scale"] == "quick"
