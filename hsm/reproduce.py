@@ -259,7 +259,9 @@ def compare_records(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str,
     """Every number of every record of ``old`` beside the same field of the matching ``new`` record.
 
     Records are matched by their non-numeric fields (:func:`_identity`), in order among equals, so
-    a run that lists the same rows in another order still matches. A row missing on either side
+    a run that lists the same rows in another order still matches; failing that, by the first new
+    record that has every non-numeric field of the old one with the same value (a newer version
+    that labels its records with more fields). A row missing on either side
     appears with ``None`` on that side (and fails a check). Lists and dicts inside records (curves,
     per-epoch values) are compared element by element under ``field[i]`` / ``field.key``."""
     pending: dict[str, list[Mapping[str, Any]]] = {}
@@ -279,9 +281,18 @@ def compare_records(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str,
     def flat(record: Mapping[str, Any]) -> dict[str, float]:
         return {k: v for key, value in record.items() for k, v in numbers(value, key).items()}
 
+    def labels(record: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in record.items() if not _is_number(v) and not isinstance(v, (list, dict))}
+
     for record in old:
         ident = _identity(record)
         match = pending.get(ident, [])
+        if not match:
+            # a newer version may label its records with more fields (a new "trained_on", say): the
+            # first new record that carries every label of the old one, with the same values
+            wanted = labels(record).items()
+            match = next((records for key, records in pending.items() if records
+                          and wanted <= labels(records[0]).items()), [])
         other = match.pop(0) if match else None
         old_numbers, new_numbers = flat(record), flat(other) if other is not None else {}
         for field in dict.fromkeys([*old_numbers, *new_numbers]):

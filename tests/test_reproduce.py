@@ -242,3 +242,11 @@ def test_an_inferred_command_changes_only_what_the_file_changed() -> None:
     # the first Schuurmans & Frasincar runs predate the embeddings option: they ran random-init vectors
     path = root / "taxonomy" / "r8-learned.json"
     assert R.invocation_of(path, json.loads(path.read_text()))["options"]["embeddings"] == "random"
+
+
+def test_records_that_gained_a_label_still_match_their_old_rows() -> None:
+    old = [{"run": "flat", "value": 1.0}, {"run": "tree", "value": 2.0}]
+    new = [{"run": "tree", "value": 2.0, "trained_on": "train"}, {"run": "flat", "value": 1.0, "trained_on": "train"}]
+    diffs = R.compare_records(old, new)
+    assert all(d.within(0, 0) for d in diffs), [d for d in diffs if not d.within(0, 0)]
+    assert {d.record for d in diffs} == {"run=flat", "run=tree"}
