@@ -1007,7 +1007,7 @@ def code_of_results_markdown(codes: Sequence[CodeOfResult]) -> str:
 
 def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *,
                     note: str | None = None, root: str | os.PathLike[str] | None = None,
-                    width: int = 90) -> str:
+                    width: int = 76) -> str:
     """Markdown for under a table or figure: the command that regenerates each result file it reads,
     the file, and what the run cost.
 
