@@ -1108,7 +1108,8 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
         f"*File:* `{shown}`, made by `{experiment}` (command not recorded"
         + (f"; {cost(seconds, threads)}" if cost(seconds, threads) else "") + ")."
         for shown, _, experiment, seconds, threads in unrecorded)
-    if len(recorded) == 1 and len(entries) == 1 and len(" ".join(recorded[0][1])) <= width:
+    # in running text a command wraps with the paragraph: one of up to 90 characters stays inline
+    if len(recorded) == 1 and len(entries) == 1 and len(" ".join(recorded[0][1])) <= 90:
         shown, words, _, seconds, threads = recorded[0]
         spent = cost(seconds, threads)
         return (f"*Regenerate:* `{' '.join(words)}`" + (f" ({spent})" if spent else "")
