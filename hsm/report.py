@@ -1018,8 +1018,9 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
     time the provenance records (``config.training_seconds``, which sums the pieces of a run resumed
     several times) or else the run's wall time, on the CPU that made it, with its thread count when
     recorded. Every committed file ran on a CPU, so no note says a GPU is needed; ``note`` adds
-    words of the caller's. A command longer than ``width`` characters, or more than one file, is set
-    as a code block (folded away beyond three files) so that it fits the page.
+    words of the caller's. A command longer than 90 characters, or more than one file, is set as a
+    code block wrapped at ``width`` characters (folded away beyond three files) so that it fits the
+    page's code width.
 
     Raises:
         ValueError: a file is not a result file under ``root``.
