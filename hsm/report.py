@@ -1081,13 +1081,15 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
         shown = f"results/{Path(name).as_posix()}"
         seconds = next((float(v) for v in (config.get("training_seconds"), prov.get("training_seconds"),
                                            prov.get("wall_time_s")) if isinstance(v, (int, float))), None)
-        threads = prov.get("threads") or config.get("threads")
+        # the run's own thread setting first: the provenance records the process's count when the
+        # file was written, which a command that sets threads per measurement does not show
+        threads = config.get("threads") or prov.get("threads")
         try:
             invocation = invocation_of(path, payload)
         except ReproduceError:
             entries.append((shown, None, config.get("experiment") or "an unrecorded command", seconds, threads))
             continue
-        threads = threads or (invocation.get("options") or {}).get("threads")
+        threads = (invocation.get("options") or {}).get("threads") or threads
         words = ["python", "-m", "hsm", *command_for(invocation, Path(shown))[3:]]
         if "--device" in words and words[words.index("--device") + 1] == "cpu":  # the default
             del words[words.index("--device"):words.index("--device") + 2]
@@ -1098,6 +1100,8 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
 
     def cost(seconds: float | None, threads: Any) -> str:
         parts = [cost_words(seconds)] if seconds is not None else []
+        if isinstance(threads, (list, tuple)):
+            threads = " and ".join(str(t) for t in threads) if len(threads) != 1 else threads[0]
         if threads:
             parts.append(f"{threads} thread{'s' if str(threads) != '1' else ''}")
         return ", ".join(parts)
