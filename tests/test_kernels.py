@@ -9,32 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hsm.kernels as kernels
-from hsm.layers import HierarchicalSoftmax, RowSparseAdagrad
+from hsm.layers import RowSparseAdagrad
 from hsm.statistics import NodeStatistics
 from hsm.tree import Tree
 
-from kernel_trees import kernel_test_trees
-
-
-
-
-
-
-def _layer(tree, d=7, scale=2.0, seed=0, sparse=True):
-    torch.manual_seed(seed)
-    layer = HierarchicalSoftmax(d, tree, sparse=sparse)
-    with torch.no_grad():
-        layer.weight.mul_(scale)
-        layer.bias.normal_()
-    return layer
-
-
-def _reference(layer):
-    """The same parameters in float64 through the plain PyTorch implementation."""
-    ref = HierarchicalSoftmax(layer.in_features, layer.tree, sparse=False).double()
-    ref.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
-    ref.use_kernels = False
-    return ref
+from kernel_cases import float64_reference, kernel_test_trees, scaled_layer
 
 
 def _targets(tree, batch, seed):
@@ -49,8 +28,8 @@ TOL = dict(rtol=1e-4, atol=1e-5)
 @pytest.mark.parametrize("tree", kernel_test_trees(), ids=repr)
 @pytest.mark.parametrize("sparse", [False, True])
 def test_kernel_forward_and_gradients_equal_reference(tree, sparse, threads):
-    layer = _layer(tree, sparse=sparse)
-    ref = _reference(layer)
+    layer = scaled_layer(tree, sparse=sparse)
+    ref = float64_reference(layer)
     for batch, seed in ((1, 0), (29, 1), (260, 2)):
         y = _targets(tree, batch, seed)
         h = torch.randn(batch, layer.in_features, requires_grad=True)
@@ -72,7 +51,7 @@ def test_kernel_forward_and_gradients_equal_reference(tree, sparse, threads):
 
 @pytest.mark.parametrize("tree", kernel_test_trees(), ids=repr)
 def test_kernel_inference_equals_training_forward(tree, threads):
-    layer = _layer(tree, seed=1)
+    layer = scaled_layer(tree, seed=1)
     for batch, seed in ((3, 0), (180, 1)):
         h = torch.randn(batch, layer.in_features)
         y = _targets(tree, batch, seed)
@@ -80,17 +59,17 @@ def test_kernel_inference_equals_training_forward(tree, threads):
             inference = layer(h, y).output
         training = layer(h.requires_grad_(), y).output.detach()
         torch.testing.assert_close(inference, training)
-        torch.testing.assert_close(inference.double(), _reference(layer).forward_reference(h.double(), y).output
+        torch.testing.assert_close(inference.double(), float64_reference(layer).forward_reference(h.double(), y).output
                                    .detach(), **TOL)
 
 
 @pytest.mark.parametrize("tree", kernel_test_trees(), ids=repr)
 def test_kernel_top1_is_the_arg_max_of_log_prob(tree, threads):
     for scale in (0.01, 6.0):  # near uniform (visits everything) and confident (prunes)
-        layer = _layer(tree, scale=scale, seed=2)
+        layer = scaled_layer(tree, scale=scale, seed=2)
         h = torch.randn(41, layer.in_features)
         labels, visited = layer._predict_top1(h)
-        log_prob = _reference(layer).log_prob(h.double())
+        log_prob = float64_reference(layer).log_prob(h.double())
         best = log_prob.max(1).values
         # the chosen label is (within float32 rounding) as likely as the best one
         torch.testing.assert_close(log_prob[torch.arange(41), labels], best, rtol=0, atol=1e-5)
@@ -100,7 +79,7 @@ def test_kernel_top1_is_the_arg_max_of_log_prob(tree, threads):
 
 def test_kernel_statistics_match_the_reference_path():
     for tree in (Tree.random(60, 4, 3, seed=0), Tree.huffman(np.arange(1, 30), 3)):
-        layers = [_layer(tree, seed=3), _layer(tree, seed=3)]
+        layers = [scaled_layer(tree, seed=3), scaled_layer(tree, seed=3)]
         layers[1].use_kernels = False
         h = torch.randn(40, layers[0].in_features)
         y = _targets(tree, 40, 3)
@@ -115,7 +94,7 @@ def test_kernel_statistics_match_the_reference_path():
 def test_kernel_and_torch_paths_train_alike(threads):
     """A few RowSparseAdagrad steps through the kernels and through the PyTorch path."""
     tree = Tree.random(300, 7, 3, seed=0)
-    layers = [_layer(tree, seed=4), _layer(tree, seed=4)]
+    layers = [scaled_layer(tree, seed=4), scaled_layer(tree, seed=4)]
     layers[1].use_kernels = False
     opts = [RowSparseAdagrad(layer.parameters(), lr=0.2) for layer in layers]
     for step in range(5):
@@ -177,7 +156,7 @@ def test_results_do_not_depend_on_the_thread_count(tree, monkeypatch):
     try:
         for count in (1, 2, 3):
             torch.set_num_threads(count)
-            layer = _layer(tree, d=9)
+            layer = scaled_layer(tree, d=9)
             h = torch.randn(40, 9, generator=torch.Generator().manual_seed(1), requires_grad=True)
             out = layer(h, _targets(tree, 40, seed=2)).output
             out.pow(2).sum().backward()
@@ -258,13 +237,13 @@ def test_kernel_log_probabilities_property(k, m, batch, seed):
     while m ** depth < k:
         depth += 1
     tree = Tree.random(k, m, depth, seed=seed)
-    layer = _layer(tree, d=5, seed=seed % 97)
+    layer = scaled_layer(tree, d=5, seed=seed % 97)
     rng = np.random.default_rng(seed)
     y = torch.as_tensor(rng.integers(0, k, batch))
     h = torch.randn(batch, 5)
     with torch.no_grad():
         out = layer(h, y).output
-    ref = _reference(layer)
+    ref = float64_reference(layer)
     torch.testing.assert_close(out.double(), ref.forward_reference(h.double(), y).output.detach(), **TOL)
     torch.testing.assert_close(out.double(), ref.log_prob(h.double())[torch.arange(batch), y].detach(), **TOL)
 
@@ -274,7 +253,7 @@ def test_kernels_work_in_a_forked_child(threads):
     import multiprocessing
 
     tree = Tree.random(500, 8, 3, seed=0)
-    layer = _layer(tree)
+    layer = scaled_layer(tree)
     h = torch.randn(64, layer.in_features)
     y = _targets(tree, 64, 0)
     with torch.no_grad():
@@ -297,7 +276,7 @@ def test_kernel_statistics_fallback_when_the_statistics_are_not_plain_cpu_tensor
     y = _targets(tree, 40, 5)
     results = []
     for compiled in (True, False):
-        layer = _layer(tree, seed=3)
+        layer = scaled_layer(tree, seed=3)
         layer.statistics = NodeStatistics(tree, dtype=torch.double)
         if not compiled:
             monkeypatch.setattr(NodeStatistics, "accumulate_pairs", lambda self, *args: False)

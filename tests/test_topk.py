@@ -11,36 +11,24 @@ from hypothesis import strategies as st
 
 import hsm.kernels as kernels
 from hsm import search
-from hsm.layers import HierarchicalSoftmax, NonFiniteInputError
+from hsm.layers import NonFiniteInputError
 from hsm.tree import Tree
 
-from kernel_trees import kernel_test_trees
+from kernel_cases import float64_reference, kernel_test_trees, scaled_layer
 
 
 def _trees():
     return kernel_test_trees() + [Tree.random(1_000, 11, 3, seed=4)]  # K not a power of M
 
 
-
-
-
-
-def _layer(tree, d=7, scale=3.0, seed=0):
-    torch.manual_seed(seed)
-    layer = HierarchicalSoftmax(d, tree, sparse=True)
-    with torch.no_grad():
-        layer.weight.mul_(scale)
-        layer.bias.normal_()
-    return layer
+def _confident_layer(tree, d=7, scale=3.0, seed=0):
+    return scaled_layer(tree, d=d, scale=scale, seed=seed)
 
 
 def _reference_log_prob(layer, h):
     """``log_prob`` of the same parameters in float64 through the PyTorch implementation."""
-    ref = HierarchicalSoftmax(layer.in_features, layer.tree, sparse=False).double()
-    ref.load_state_dict({k: v.double() for k, v in layer.state_dict().items()})
-    ref.use_kernels = False
     with torch.no_grad():
-        return ref.log_prob(h.double())
+        return float64_reference(layer).log_prob(h.double())
 
 
 def _reference_topk(log_prob, k):
@@ -71,7 +59,7 @@ def _check_exact_topk(values, labels, log_prob, k):
 
 @pytest.mark.parametrize("tree", _trees(), ids=repr)
 def test_compiled_topk_equals_the_reference(tree, threads):
-    layer = _layer(tree)
+    layer = _confident_layer(tree)
     h = torch.randn(41, layer.in_features)
     log_prob = _reference_log_prob(layer, h)
     for k in sorted({2, 5, 20, tree.num_labels} & set(range(2, tree.num_labels + 1))):
@@ -85,7 +73,7 @@ def test_compiled_topk_equals_the_reference(tree, threads):
 def test_kernel_topk_for_k_1_and_its_visits(tree, threads):
     """k = 1 through the kernel itself (the layer keeps its PyTorch search there), and a node is
     evaluated at most once per row."""
-    layer = _layer(tree)
+    layer = _confident_layer(tree)
     h = torch.randn(23, layer.in_features)
     operands = search._kernel_operands(layer, h)
     tables = layer._tables
@@ -99,7 +87,7 @@ def test_kernel_topk_for_k_1_and_its_visits(tree, threads):
 
 @pytest.mark.parametrize("tree", _trees(), ids=repr)
 def test_compiled_log_prob_equals_the_reference(tree, threads):
-    layer = _layer(tree)
+    layer = _confident_layer(tree)
     h = torch.randn(70, layer.in_features)
     with torch.no_grad():
         got = search.all_log_probs(layer, h)
@@ -108,7 +96,7 @@ def test_compiled_log_prob_equals_the_reference(tree, threads):
 
 
 def test_results_do_not_depend_on_the_thread_count(monkeypatch):
-    layer = _layer(Tree.random(400, 9, 3, seed=3))
+    layer = _confident_layer(Tree.random(400, 9, 3, seed=3))
     h = torch.randn(150, layer.in_features)
     monkeypatch.setattr(kernels, "MIN_WORK_PER_THREAD", 1)
     monkeypatch.setattr(kernels, "ALL_LOG_PROBS_SCRATCH", 9 * 50 * 4)  # several row chunks
@@ -130,7 +118,7 @@ def test_results_do_not_depend_on_the_thread_count(monkeypatch):
 @pytest.mark.parametrize("tree", [Tree.random(27, 3, 3, seed=2), Tree.huffman(np.arange(1, 21), 4)], ids=repr)
 def test_equal_values_come_in_label_order(tree, threads):
     """Zero weights and biases: every node is uniform, so labels at the same depth tie exactly."""
-    layer = _layer(tree)
+    layer = _confident_layer(tree)
     with torch.no_grad():
         layer.weight.zero_()
         layer.bias.zero_()
@@ -144,7 +132,7 @@ def test_equal_values_come_in_label_order(tree, threads):
 
 
 def test_k_outside_1_to_k_is_refused():
-    layer = _layer(Tree.random(50, 4, 3, seed=1))
+    layer = _confident_layer(Tree.random(50, 4, 3, seed=1))
     h = torch.randn(3, layer.in_features)
     with pytest.raises(ValueError, match="k"):
         layer.topk(h, 51)
@@ -154,7 +142,7 @@ def test_k_outside_1_to_k_is_refused():
 
 
 def test_overflowing_logits_are_refused_by_name():
-    layer = _layer(Tree.random(50, 4, 3, seed=1))
+    layer = _confident_layer(Tree.random(50, 4, 3, seed=1))
     h = torch.randn(4, layer.in_features)
     h[2] = 3e38
     with pytest.raises(NonFiniteInputError, match=r"rows \[2\]"):
@@ -166,7 +154,7 @@ def test_overflowing_logits_are_refused_by_name():
 def test_compiled_log_prob_only_where_it_applies():
     """None (the caller's PyTorch path) for float64, or when a gradient is needed; an empty
     batch gives [0, K]."""
-    layer = _layer(Tree.random(50, 4, 3, seed=1))
+    layer = _confident_layer(Tree.random(50, 4, 3, seed=1))
     h = torch.randn(3, layer.in_features)
     assert search.all_log_probs(layer, h) is None  # grad mode: the weights require grad
     with torch.no_grad():
@@ -186,7 +174,7 @@ def test_topk_and_log_prob_property(num_labels, arity, well_formed, batch, k, se
         depth = max(1, int(np.ceil(np.log(num_labels) / np.log(arity))))
         tree = Tree.random(num_labels, arity, depth, seed=seed)
     k = min(k, num_labels)
-    layer = _layer(tree, d=5, scale=float(rng.uniform(0.5, 8.0)), seed=seed)
+    layer = _confident_layer(tree, d=5, scale=float(rng.uniform(0.5, 8.0)), seed=seed)
     h = torch.from_numpy(rng.standard_normal((batch, 5)).astype(np.float32))
     reference = _reference_log_prob(layer, h)
     with torch.no_grad():
