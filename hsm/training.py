@@ -326,10 +326,11 @@ def train_epoch(
         if max_steps is not None and step >= max_steps:
             break
         batches_seen += 1
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        # counted where the batch arrives (the host, for a DataLoader): no wait for the device
         kept = int(_kept(output_layer, y).sum())
         if kept == 0:  # its mean loss is NaN (the mean of nothing), which is no divergence
             continue
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         optimizer.zero_grad(set_to_none=True)
         try:
             loss = output_layer(model(x), y).loss
