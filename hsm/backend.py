@@ -24,8 +24,9 @@ tests/test_kernels.py: values, gradients dense and sparse, statistics, predictio
 """
 from __future__ import annotations
 
+import functools
 import math
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 import torch
@@ -139,6 +140,26 @@ def grouped_logits(input: Tensor, weight: Tensor, buckets: list[_Bucket], num_pa
     return logits
 
 
+def without_autocast(method: Callable[..., Any]) -> Callable[..., Any]:
+    """Run an autograd Function's ``forward`` or ``backward`` with autocast off on the device of
+    its first tensor argument.
+
+    The layers compute in their parameters' dtype under ``torch.autocast`` (``hsm.layers``' entry
+    point); a ``backward`` called inside the autocast region (``loss.backward()`` under
+    ``torch.autocast``) would otherwise run its matrix products in bf16 and add them into float32
+    gradients, and a ``forward`` would mix bf16 products with float32 in-place sums."""
+
+    @functools.wraps(method)
+    def wrapped(ctx, *args, **kwargs):
+        device = next((a.device.type for a in args if isinstance(a, Tensor)), "cpu")
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                return method(ctx, *args, **kwargs)
+        return method(ctx, *args, **kwargs)
+
+    return wrapped
+
+
 class _PathPlan(NamedTuple):
     """Which (example, node, child) pairs a batch needs: the kept steps of every target's path."""
 
@@ -190,6 +211,7 @@ class _TreePathLogProb(torch.autograd.Function):
         return output, log_probs
 
     @staticmethod
+    @without_autocast
     def backward(ctx, grad_output: Tensor, _grad_log_probs: Tensor | None):  # type: ignore[override]
         input, log_probs = ctx.saved_tensors
         plan: _PathPlan = ctx.plan

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import kernels
+from .backend import without_autocast
 
 __all__ = ["LogBilinearLM"]
 
@@ -52,6 +53,7 @@ class _LogBilinear(torch.autograd.Function):
     the optimiser sums them, as for ``F.embedding``'s) or added into a dense one."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, contexts: Tensor, weight: Tensor, context_weight: Tensor, sparse: bool,
                 use_kernels: bool = True) -> Tensor:
         batch, context = contexts.shape
@@ -74,6 +76,7 @@ class _LogBilinear(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
+    @without_autocast
     def backward(ctx, grad_out: Tensor):
         ids, gathered, context_weight = ctx.saved_tensors
         context, batch, dim = gathered.shape

@@ -154,6 +154,39 @@ def test_autocast_bf16_computes_the_layer_in_float32(sparse, use_kernels):
         torch.testing.assert_close(grads[name], grads32[name], rtol=5e-2, atol=2e-2, msg=name)
 
 
+@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "pytorch"])
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_backward_inside_the_autocast_region_gives_the_same_gradients(sparse, use_kernels):
+    # loss.backward() inside ``with torch.autocast``: the layer's backward runs in float32 too
+    grads = []
+    for inside in (False, True):
+        model = _Model(sparse, use_kernels)
+        x, y = _batch()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(x, y)
+            if inside:
+                loss.backward()
+        if not inside:
+            loss.backward()
+        grads.append(_grads(model))
+    for name in grads[0]:
+        assert grads[1][name].dtype == torch.float32
+        torch.testing.assert_close(grads[1][name], grads[0][name], rtol=0, atol=0, msg=name)
+
+
+def test_the_log_bilinear_model_trains_inside_an_autocast_region():
+    from hsm.models import LogBilinearLM
+
+    for use_kernels in (True, False):
+        torch.manual_seed(0)
+        model = LogBilinearLM(30, dim=8, context=3, sparse=True)
+        model.use_kernels = use_kernels
+        contexts = torch.randint(0, 30, (5, 3))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(contexts).float().square().sum().backward()
+        assert model.embedding.weight.grad is not None
+
+
 def test_autocast_leaves_an_input_of_another_dtype_refused():
     # only the autocast dtype is converted: a float64 input is still the caller's mistake
     model = _Model(sparse=False)
