@@ -177,7 +177,7 @@ def _check_options(invocation: dict) -> None:
     elif name.startswith("lm-") and name != "lm-ptb-sampling":
         from hsm.experiments.lm.commands import _scale_for
 
-        options.pop("runs", None), options.pop("variants", None)
+        options.pop("runs", None), options.pop("variants", None), options.pop("checkpoint_minutes", None)
         _scale_for(name, scale, options)
     elif name == "lm-ptb-sampling":
         from hsm.experiments.sampling.config import _lm_settings

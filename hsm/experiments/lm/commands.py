@@ -4,6 +4,7 @@ table (:mod:`~hsm.experiments.lm.tables`) and writes its result file
 (:mod:`~hsm.experiments.lm.report`)."""
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -128,12 +129,18 @@ def _run_experiment(name: str, scale: str, device: str, out: Path | None, option
                   options, training_seconds, extra_config={"runs": list(outputs), **_corpus_source(sc)}, force=force)
 
 
-def _corpus_source(sc: LMScale) -> dict[str, str]:
-    """Where a Gutenberg table's corpus came from when not from the archive (for the provenance)."""
+def _corpus_source(sc: LMScale) -> dict[str, Any]:
+    """What a Gutenberg table's corpus was when not built from the archive (for the provenance):
+    the exported corpus's identity (its settings and the sha256 of every part), not the folder it
+    was read from, which names only the machine."""
     from hsm.data.gutenberg import prebuilt_directory
 
     prebuilt = prebuilt_directory() if sc.dataset == "gutenberg" else None
-    return {"prebuilt_corpus": str(prebuilt)} if prebuilt is not None else {}
+    if prebuilt is None:
+        return {}
+    meta = json.loads((prebuilt / "corpus.json").read_text())
+    return {"prebuilt_corpus": {"export": "python -m hsm data export gutenberg DIR",
+                                "settings": meta["settings"], "sha256": meta["sha256"]}}
 
 
 def _ptb_schedules(sc: LMScale) -> list[tuple[str, int]]:
