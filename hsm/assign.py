@@ -5,8 +5,7 @@ At a node ``n`` the algorithms rank every (label ``i``, child ``j``) pair by the
 * eq. 10 (``score="eq10"``): (2/M) q_i (1 - q_i) sign(p_{j|i} - p_j)
 * eq. 12 (``score="eq12"``): (2/M) q_i (1 - q_i) sign(p_{j|i} - p_j) p_{j|i}   (the language-model variant)
 
-(:func:`hsm.objective.ranking_scores`, with its tie rule; the old keyword ``wrt="p"`` / ``"logp"``
-still works, with a DeprecationWarning)
+(:func:`hsm.objective.ranking_scores`, with its tie rule)
 
 and walk the pairs in decreasing score, giving label ``i`` to child ``j`` when ``i`` is still
 unassigned and ``j`` may still take labels. What "may take" means is the only difference:
@@ -37,7 +36,7 @@ from typing import Any, Literal, Protocol
 import numba
 import numpy as np
 
-from .objective import TIE_TOLERANCE, RankingScore, _score_name, ranking_scores
+from .objective import TIE_TOLERANCE, RankingScore, _ranking_score, ranking_scores
 from .tree import Tree
 
 __all__ = [
@@ -54,8 +53,6 @@ __all__ = [
     "greedy_assign_reference",
     "pair_scores",
 ]
-
-Wrt = Literal["p", "logp"]  #: the deprecated names of the scores (``wrt="p"`` is eq. 10, ``"logp"`` eq. 12)
 
 
 class AssignmentError(ValueError):
@@ -115,11 +112,11 @@ def _validate_node_inputs(p_cond: Any, counts: Any) -> tuple[np.ndarray, np.ndar
     return p_cond, counts
 
 
-def pair_scores(p_cond: Any, counts: Any, score: RankingScore | None = None, *, wrt: Wrt | None = None) -> np.ndarray:
+def pair_scores(p_cond: Any, counts: Any, score: RankingScore | None = None) -> np.ndarray:
     """The [K, M] scores of eq. 10 (``score="eq10"``) or eq. 12 (``score="eq12"``, the default) at
     one node, with ``q = counts / counts.sum()`` (the Counts statistics of Algorithm 1) and p_j from
-    eq. 7. ``wrt`` is the deprecated name of ``score`` (``"p"``: eq. 10, ``"logp"``: eq. 12)."""
-    score = _score_name(score, wrt, default="eq12")
+    eq. 7."""
+    score = _ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     return _segment_scores(p_cond, counts, np.zeros(len(counts), dtype=np.int64), 1, score)
 
@@ -303,8 +300,7 @@ def _capacity_row(capacity: Any, arity: int) -> np.ndarray:
     return cap.astype(np.int64)
 
 
-def assign_node(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | None = None, *,
-                wrt: Wrt | None = None) -> np.ndarray:
+def assign_node(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | None = None) -> np.ndarray:
     """Greedy assignment of the labels at one node under per-child capacities (ICML Algorithm 3,
     lines "argmax over (i, j) with j not full ... if ``|assigned_j| = M^{D-d}``: full").
 
@@ -312,11 +308,11 @@ def assign_node(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | N
     ----------
     p_cond: [K, M] p_{j|i} at the node. counts: [K] examples per label (q = counts / sum).
     capacity: an int (every child) or [M] ints. score: "eq12" (default) ranks by eq. 12, "eq10" by
-    eq. 10 (``wrt="logp"`` / ``"p"``: the deprecated names).
+    eq. 10.
 
     Returns the child index of every label, shape [K].
     """
-    score = _score_name(score, wrt, default="eq12")
+    score = _ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     cap = _capacity_row(capacity, p_cond.shape[1])
     if cap.sum() < len(counts):
@@ -326,7 +322,6 @@ def assign_node(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | N
 
 def assign_node_well_formed(
     p_cond: Any, counts: Any, score: RankingScore | None = None, rule: Literal["corrected", "printed"] = "corrected",
-    *, wrt: Wrt | None = None,
 ) -> np.ndarray:
     """Greedy assignment at one node of a well-formed M-ary tree (ICML Algorithm 2): every child
     ends with ``= 1 (mod M-1)`` labels and none is empty. Needs ``K = 1 (mod M-1)``, K >= M.
@@ -336,7 +331,7 @@ def assign_node_well_formed(
     :class:`AssignmentDeadlock` for M = 2 and M >= 4 as soon as K > M (the book's Algorithms chapter,
     "Algorithm 2: well-formed trees, and a CheckFull that deadlocks").
     """
-    score = _score_name(score, wrt, default="eq12")
+    score = _ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     num_labels, arity = p_cond.shape
     if num_labels < arity or (num_labels - 1) % (arity - 1) != 0:
@@ -393,11 +388,10 @@ def _check_full_printed(scores: np.ndarray) -> np.ndarray:
 
 def greedy_assign_reference(
     p_cond: Any, counts: Any, capacity: Any, score: RankingScore | None = None, return_order: bool = False,
-    *, wrt: Wrt | None = None,
 ) -> Any:
     """Plain-Python transcription of the capacity greedy (the test oracle for :func:`assign_node`):
     sort all pairs, scan them once. With ``return_order`` also returns the accepted pairs in order."""
-    score = _score_name(score, wrt, default="eq12")
+    score = _ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     cap = list(_capacity_row(capacity, p_cond.shape[1]))
     scores = pair_scores(p_cond, counts, score)
@@ -413,19 +407,18 @@ def greedy_assign_reference(
     return (assigned, accepted) if return_order else assigned
 
 
-def assignment_score(p_cond: Any, counts: Any, assignment: Any, score: RankingScore | None = None, *,
-                     wrt: Wrt | None = None) -> float:
+def assignment_score(p_cond: Any, counts: Any, assignment: Any, score: RankingScore | None = None) -> float:
     """The first-order gain the greedy maximises: sum_i score[i, assignment[i]] (eqs. 13 / 14)."""
-    scores = pair_scores(p_cond, counts, _score_name(score, wrt, default="eq12"))
+    scores = pair_scores(p_cond, counts, _ranking_score(score, default="eq12"))
     assignment = np.asarray(assignment, dtype=np.int64)
     return float(scores[np.arange(len(assignment)), assignment].sum())
 
 
-def brute_force_assign(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | None = None, *,
-                       wrt: Wrt | None = None) -> tuple[np.ndarray, float]:
+def brute_force_assign(p_cond: Any, counts: Any, capacity: Any,
+                       score: RankingScore | None = None) -> tuple[np.ndarray, float]:
     """The best assignment under the capacities by enumeration (M**K candidates; small K only).
     Lemma 1 claims the greedy attains this; it does not always (see the book's Lemmas chapter)."""
-    score = _score_name(score, wrt, default="eq12")
+    score = _ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     num_labels, arity = p_cond.shape
     if arity**num_labels > 2_000_000:
@@ -484,8 +477,6 @@ def assign_labels_depth_constrained(
     statistics: StatisticsSource,
     score: RankingScore | None = None,
     capacity_rule: Literal["icml", "arxiv_printed"] = "icml",
-    *,
-    wrt: Wrt | None = None,
 ) -> Reassignment:
     """ICML supplement Algorithm 3 (arXiv Algorithm 2): re-assign every label top-down in a
     fixed-depth tree. A child of a node at depth d (root d = 1) takes at most ``M**(D-d)`` labels.
@@ -494,9 +485,9 @@ def assign_labels_depth_constrained(
     ids are the heap positions, so they never move: the node parameters stay in place.
     ``capacity_rule="arxiv_printed"`` uses the arXiv pseudocode's ``M**(D-d+1)`` and raises
     :class:`AssignmentError` when, as it can, a subtree receives more labels than it has leaves.
-    ``score``: "eq12" (default) or "eq10" (``wrt``: its deprecated name, "logp" / "p").
+    ``score``: "eq12" (default) or "eq10".
     """
-    score = _score_name(score, wrt, default="eq12")
+    score = _ranking_score(score, default="eq12")
     if tree.depth_limit is None:
         raise ValueError("Algorithm 3 needs a fixed-depth tree (Tree.random / balanced / complete)")
     arity, depth, num_labels = tree.arity, tree.depth_limit, tree.num_labels
@@ -524,8 +515,8 @@ def assign_labels_depth_constrained(
     return Reassignment(new_tree, np.zeros(0, np.int64), _moved_fraction(tree, new_tree))
 
 
-def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, score: RankingScore | None = None, *,
-                              wrt: Wrt | None = None) -> Reassignment:
+def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource,
+                              score: RankingScore | None = None) -> Reassignment:
     """ICML Algorithm 2: re-assign every label (and dummy leaf) top-down so that the tree stays a
     full M-ary tree; the number of internal nodes, (K' - 1) / (M - 1), never changes.
 
@@ -533,9 +524,9 @@ def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource, score: R
     a node that kept its id gets the id that sat there before, if that was an internal node; the
     other new nodes take the ids left over, and are reported in ``moved_nodes`` (their parameters
     were trained for another place in the tree: :meth:`HierarchicalSoftmax.set_tree` can reset
-    them). ``score``: "eq12" (default) or "eq10" (``wrt``: its deprecated name, "logp" / "p").
+    them). ``score``: "eq12" (default) or "eq10".
     """
-    score = _score_name(score, wrt, default="eq12")
+    score = _ranking_score(score, default="eq12")
     arity = tree.arity
     num_leaves = tree.num_leaves
     if (num_leaves - 1) % (arity - 1) != 0 or not tree.is_well_formed():

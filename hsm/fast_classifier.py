@@ -88,7 +88,7 @@ import torch
 from .fast_trainer import FitHistory, HogwildTrainer, output_arrays
 from .kernels import _FASTMATH, _node_log_softmax, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
-from .objective import RankingScore, _score_name
+from .objective import RankingScore, _ranking_score
 from .statistics import NodeStatistics
 from .text_models import BagOfWordsClassifier
 from .tree import Tree, check_integer
@@ -637,7 +637,7 @@ class FastBowClassifier:
         (:mod:`hsm.statistics`; ``prior`` also scales :class:`ReleasedStatistics`'
         pseudo-example; ``prior_mode`` is ``"ours"`` only).
     score: AssignLabels' ranking score, ``"eq12"`` (ICML eq. 12, the released code's) or ``"eq10"``
-        (eq. 10); ``wrt="logp"|"p"`` is its deprecated old name.
+        (eq. 10).
     reset_moved_nodes: re-initialise the parameters of nodes Algorithm 2 places somewhere new
         (the released code keeps them; so does ``train_bow`` by default).
     depth: ``"free"``: the learned tree starts from the Huffman tree and Algorithm 2 may deepen it;
@@ -691,7 +691,6 @@ class FastBowClassifier:
         bias: bool = True,
         shuffle: bool = True,
         seed: int = 0,
-        wrt: str | None = None,
         depth: Literal["free", "fixed"] = "free",
     ) -> None:
         self.dim = _count(dim, "dim", 1)
@@ -711,7 +710,7 @@ class FastBowClassifier:
         self.decay = _check_fraction(decay, "decay")
         self.prior = _check_positive(prior, "prior")
         self.prior_mode = _choice(prior_mode, "prior_mode", ("current_child", "uniform"))
-        self.score: RankingScore = _score_name(score, wrt, default="eq12")
+        self.score: RankingScore = _ranking_score(score, default="eq12")
         self.reset_moved_nodes = bool(reset_moved_nodes)
         self.bias = bool(bias)
         self.shuffle = bool(shuffle)

@@ -46,7 +46,6 @@ from __future__ import annotations
 import math
 import numbers
 import sys
-import warnings
 from typing import Any, Literal, NamedTuple
 
 import numpy as np
@@ -277,29 +276,14 @@ TIE_TOLERANCE = 1e-12
 #: :math:`p_{j|i}`") or ``"eq12"`` (Eq. 12, with respect to :math:`\log p_{j|i}`: Eq. 10 times :math:`p_{j|i}`).
 RankingScore = Literal["eq10", "eq12"]
 
-#: the names these scores had before (the keyword was ``wrt``: with respect to p or to log p)
-_OLD_SCORE_NAMES = {"p": "eq10", "logp": "eq12"}
-
-
-def _score_name(score: str | None, wrt: str | None, default: RankingScore) -> RankingScore:
-    """The :data:`RankingScore` a public function was asked for: ``score``, or the deprecated ``wrt``
-    keyword (``"p"`` / ``"logp"``, also accepted as ``score`` values) with a DeprecationWarning that
-    points at the caller's call; ValueError naming the choices for anything else."""
-    if wrt is not None:
-        if score is not None:
-            raise TypeError("give score= ('eq10' or 'eq12'), not also the deprecated wrt=")
-        if wrt not in _OLD_SCORE_NAMES:
-            raise ValueError(f"wrt must be 'p' (eq. 10) or 'logp' (eq. 12), got {wrt!r}; wrt= is deprecated: "
-                             "use score='eq10' or score='eq12'")
-        score, old = _OLD_SCORE_NAMES[wrt], f"wrt={wrt!r}"
-    elif score in _OLD_SCORE_NAMES:
-        score, old = _OLD_SCORE_NAMES[score], f"{score!r}"
-    elif score is None or score in ("eq10", "eq12"):
-        return default if score is None else score  # type: ignore[return-value]
-    else:
+def _ranking_score(score: str | None, default: RankingScore) -> RankingScore:
+    """The :data:`RankingScore` a public function was asked for (``default`` for None): the one check
+    of the ``score`` keyword, so every function that takes it rejects a bad value with the same
+    message."""
+    if score is None:
+        return default
+    if score not in ("eq10", "eq12"):
         raise ValueError(f"score must be 'eq10' (ICML eq. 10) or 'eq12' (eq. 12), got {score!r}")
-    warnings.warn(f"{old} is deprecated: use score={score!r} (the paper's equation number)", DeprecationWarning,
-                  stacklevel=3)
     return score  # type: ignore[return-value]
 
 
@@ -341,11 +325,9 @@ def node_objective_grad(
     score: RankingScore | None = None,
     *,
     atol: float = DEFAULT_ATOL,
-    wrt: Literal["p", "logp"] | None = None,
 ) -> Any:
     """The paper's gradient *scores*: Eq. 10 (``score="eq10"``, the default) or Eq. 12
-    (``score="eq12"``), shape [K, M]. ``wrt="p"`` / ``wrt="logp"`` (the old names) still work, with a
-    DeprecationWarning.
+    (``score="eq12"``), shape [K, M].
 
     * Eq. 10: :math:`\\frac{2}{M} q_i (1 - q_i)\\, \\mathrm{sign}(p_{j|i} - p_j)`.
     * Eq. 12: the same times :math:`p_{j|i}` ("derivative with respect to :math:`\\log p_{j|i}`").
@@ -371,7 +353,7 @@ def node_objective_grad(
     :data:`TIE_TOLERANCE` instead (:func:`hsm.assign.pair_scores`); the two differ only where
     :math:`0 < |p_{j|i} - p_j| \\le 10^{-12}`, i.e. where :math:`p_{j|i} = p_j` up to rounding.
     """
-    score = _score_name(score, wrt, default="eq10")
+    score = _ranking_score(score, default="eq10")
     q, p_cond, _ = _check_distribution_inputs(q, p_cond, atol)
     num_children = p_cond.shape[1]
     p = q @ p_cond

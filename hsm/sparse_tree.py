@@ -39,7 +39,7 @@ from .fast_classifier import (Prediction, _as_labels, _check_fraction, _check_in
                               _count)
 from .fast_trainer import FitHistory, HogwildTrainer, _example_rate, path_arrays, statistics_arrays
 from .kernels import _FASTMATH, _run
-from .objective import RankingScore, _score_name
+from .objective import RankingScore, _ranking_score
 from .statistics import NodeStatistics
 from .training import ReassignRecord
 from .tree import Tree, check_integer
@@ -469,7 +469,7 @@ class SparseTreeClassifier:
         self.rebuilds = _count(rebuilds, "rebuilds", 0)
         self.prior = _check_positive(prior, "prior")
         self.decay = _check_fraction(decay, "decay")
-        self.score: RankingScore = _score_name(score, None, default="eq12")
+        self.score: RankingScore = _ranking_score(score, default="eq12")
         self.multi_label = _choice(multi_label, "multi_label", ("sample", "all"))
         self.optimizer = _choice(optimizer, "optimizer", ("sgd", "adagrad"))
         self.node_loss = _choice(node_loss, "node_loss", ("softmax", "binary"))

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from .assign import Reassignment, assign_labels_depth_constrained, assign_labels_well_formed
 from .layers import HierarchicalSoftmax, NonFiniteInputError
-from .objective import RankingScore, _score_name
+from .objective import RankingScore, _ranking_score
 from .tree import check_integer
 from .statistics import NodeStatistics, node_objectives
 
@@ -66,7 +66,7 @@ class TreeLearner:
     reassign_every: optimiser steps between two AssignLabels calls (the papers: 20 or 50 per
         epoch, i.e. ``steps_per_epoch // 50``).
     score: AssignLabels' ranking score, ``"eq12"`` (ICML eq. 12, the LM variant, default) or
-        ``"eq10"`` (eq. 10). ``wrt="logp"|"p"`` is its deprecated old name (a DeprecationWarning).
+        ``"eq10"`` (eq. 10).
     algorithm: ``"depth"`` (Algorithm 3), ``"well_formed"`` (Algorithm 2) or ``"auto"``
         (Algorithm 3 for fixed-depth trees, else Algorithm 2).
     decay: the factor that multiplies the node statistics at every re-assignment. The default 1
@@ -117,7 +117,6 @@ class TreeLearner:
         prior_mode: str = "current_child",
         statistics: NodeStatistics | None = None,
         record_objective: bool | int = True,
-        wrt: str | None = None,
         freeze_after: int | None = None,
     ) -> None:
         if not isinstance(layer, HierarchicalSoftmax):
@@ -131,7 +130,7 @@ class TreeLearner:
             raise ValueError(f"reassign_every must be >= 1, got {reassign_every}")
         if freeze_after is not None and check_integer(freeze_after, "freeze_after") < 1:
             raise ValueError(f"freeze_after must be None or >= 1, got {freeze_after}")
-        score = _score_name(score, wrt, default="eq12")
+        score = _ranking_score(score, default="eq12")
         if not isinstance(record_objective, (bool, np.bool_, int, np.integer)):
             raise TypeError(f"record_objective must be True, False or an int >= 0, got {record_objective!r}")
         if record_objective < 0:

@@ -94,24 +94,17 @@ def test_compiled_scores_are_the_objective_definition(instance, score):
                                   greedy_assign_reference(p_cond, counts, capacity, score))
 
 
-def test_old_score_names_still_work_with_a_deprecation_warning():
-    """wrt="p" / "logp" (keyword, or the old values in score's place) is eq. 10 / eq. 12."""
+def test_unknown_scores_are_rejected_by_every_entry_point():
+    """Only "eq10" / "eq12" name a score (the old "p" / "logp" included: they are not accepted)."""
     rng = np.random.default_rng(0)
     p_cond, counts = rng.dirichlet(np.ones(3), size=7), np.arange(1.0, 8.0)
     tree = Tree.random(30, 3, 4, seed=0)
     stats = HashedStatistics(30, 3, 30, 0)
-    for old, new in (("p", "eq10"), ("logp", "eq12")):
-        with pytest.warns(DeprecationWarning, match=f"score='{new}'"):
-            by_keyword = assign_node(p_cond, counts, 3, wrt=old)
-        with pytest.warns(DeprecationWarning, match=f"score='{new}'"):
-            by_value = pair_scores(p_cond, counts, old)
-        with pytest.warns(DeprecationWarning):
-            tree_level = assign_labels_depth_constrained(tree, stats, wrt=old).tree
-        np.testing.assert_array_equal(by_keyword, assign_node(p_cond, counts, 3, score=new))
-        np.testing.assert_array_equal(by_value, pair_scores(p_cond, counts, new))
-        assert tree_level == assign_labels_depth_constrained(tree, stats, new).tree
-    with pytest.raises(ValueError, match="score must be 'eq10'"):
-        pair_scores(p_cond, counts, "logq")
+    for bad in ("p", "logp", "logq"):
+        for call in (lambda: pair_scores(p_cond, counts, bad), lambda: assign_node(p_cond, counts, 3, bad),
+                     lambda: assign_labels_depth_constrained(tree, stats, bad)):
+            with pytest.raises(ValueError, match="score must be 'eq10'"):
+                call()
 
 
 def test_greedy_is_not_always_optimal_lemma1():
@@ -175,7 +168,7 @@ def test_printed_checkfull_works_for_three_children():
         (lambda: assign_node(np.full((3, 2), 0.5), np.ones(2), 3), "counts must have shape"),
         (lambda: assign_node(np.full((3, 2), np.nan), np.ones(3), 3), "finite"),
         (lambda: assign_node(np.full((3, 2), 0.5), np.zeros(3), 3), "all be zero"),
-        (lambda: assign_node(np.full((3, 2), 0.5), np.ones(3), 3, wrt="q"), "wrt must be"),
+        (lambda: assign_node(np.full((3, 2), 0.5), np.ones(3), 3, score="q"), "score must be"),
         (lambda: assign_node_well_formed(np.full((4, 3), 1 / 3), np.ones(4)), "K = 1 \\(mod M-1\\)"),
     ],
 )

@@ -590,7 +590,7 @@ def test_optimiser_valid_settings_accept_numpy_numbers():
         (dict(reassign_every=0), ValueError, "reassign_every must be >= 1"),
         (dict(reassign_every=2.5), TypeError, "reassign_every must be an integer"),
         (dict(reassign_every=True), TypeError, "reassign_every must be an integer"),
-        (dict(reassign_every=3, wrt="q"), ValueError, "wrt must be 'p'"),
+        (dict(reassign_every=3, score="p"), ValueError, "score must be 'eq10'"),
         (dict(reassign_every=3, algorithm="best"), ValueError, "algorithm must be"),
         (dict(reassign_every=3, decay=float("nan")), ValueError, "decay must lie in \\[0, 1\\]"),
         (dict(reassign_every=3, decay=1.5), ValueError, "decay must lie in \\[0, 1\\]"),

@@ -462,8 +462,7 @@ def test_bad_prediction_input_is_refused():
 
 def test_ranking_score_is_named_by_equation():
     assert FastBowClassifier(dim=4, output="learned", arity=2).score == "eq12"
-    with pytest.warns(DeprecationWarning, match="score='eq10'"):
-        assert FastBowClassifier(dim=4, output="learned", arity=2, wrt="p").score == "eq10"
+    assert FastBowClassifier(dim=4, output="learned", arity=2, score="eq10").score == "eq10"
 
 
 def test_fixed_depth_model_saves_and_loads(tmp_path):

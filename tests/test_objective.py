@@ -460,26 +460,12 @@ def test_eq10_one_definition_two_tie_rules():
     assert (pair_scores(p_cond, q, "eq10") == 0).all() and (pair_scores(p_cond, q, "eq12") == 0).all()
 
 
-def test_grad_rejects_unknown_wrt():
-    with pytest.raises(ValueError, match="wrt"):
-        node_objective_grad(LEMMA5_Q, LEMMA5_P, wrt="log")
-    with pytest.raises(ValueError, match="score must be 'eq10'"):
-        node_objective_grad(LEMMA5_Q, LEMMA5_P, score="eq11")
-
-
-def test_grad_old_score_names_still_work_with_a_deprecation_warning():
-    """wrt="p" / "logp" (keyword or value) is eq. 10 / eq. 12, with a warning that points at the call."""
-    for old, new in (("p", "eq10"), ("logp", "eq12")):
-        with pytest.warns(DeprecationWarning, match=f"score='{new}'") as caught:
-            by_keyword = node_objective_grad(LEMMA5_Q, LEMMA5_P, wrt=old)
-        assert caught[0].filename == __file__
-        with pytest.warns(DeprecationWarning):
-            by_value = node_objective_grad(LEMMA5_Q, LEMMA5_P, old)
-        expected = node_objective_grad(LEMMA5_Q, LEMMA5_P, score=new)
-        np.testing.assert_array_equal(by_keyword, expected)
-        np.testing.assert_array_equal(by_value, expected)
-    with pytest.raises(TypeError, match="not also"):
-        node_objective_grad(LEMMA5_Q, LEMMA5_P, score="eq10", wrt="p")
+@pytest.mark.parametrize("score", ["eq11", "p", "logp", "EQ10", 10])
+def test_grad_rejects_an_unknown_score_naming_the_choices(score):
+    """Only the equation numbers name a score; the message is one line with both choices."""
+    one_line = "^score must be 'eq10' \\(ICML eq. 10\\) or 'eq12' \\(eq. 12\\), got [^\\n]*$"
+    with pytest.raises(ValueError, match=one_line):
+        node_objective_grad(LEMMA5_Q, LEMMA5_P, score=score)
 
 
 # ------------------------------------------------------------------------------------------------

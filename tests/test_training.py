@@ -203,8 +203,6 @@ def test_tree_learner_names_its_ranking_score_by_equation():
     layer = HierarchicalSoftmax(4, Tree.random(9, 3, 2))
     assert TreeLearner(layer, 10).score == "eq12"  # the LM variant, the default
     assert TreeLearner(layer, 10, score="eq10").score == "eq10"
-    with pytest.warns(DeprecationWarning, match="score='eq10'"):
-        assert TreeLearner(layer, 10, wrt="p").score == "eq10"
     with pytest.raises(ValueError, match="score must be"):
         TreeLearner(layer, 10, score="eq11")
 
