@@ -241,8 +241,7 @@ for _dataset, (_tab, _hdim, _measures) in _SF_TABLES.items():
 NUMBERS: Mapping[str, PaperNumber] = MappingProxyType(dict(_numbers))
 del _numbers
 
-#: The headline results of the papers, in order: :func:`hsm.results.reproduction_rows` lists them
-#: first, measured or not.
+#: The headline results of the papers, in order.
 HEADLINE: tuple[str, ...] = (
     "icml2017.table2.learned_tree.perplexity",
     "icml2017.table2.random_tree.perplexity",
@@ -290,8 +289,8 @@ def table(prefix: str) -> list[PaperNumber]:
     return rows
 
 
-# The headline list must only name numbers that exist (checked at import: a typo here would
-# otherwise show up as a silently missing row in the reproduction table).
+# The headline list must only name numbers that exist (checked at import, so a typo here fails
+# at once instead of naming no number).
 for _key in HEADLINE:
     get(_key)
 del _key

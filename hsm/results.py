@@ -1,4 +1,4 @@
-"""Result files with provenance, and the reproduction-status table built from them.
+"""Result files with provenance: how experiments write them and how the book reads them back.
 
 Every experiment writes its measured numbers to a JSON file under ``results/`` (committed), as
 
@@ -51,9 +51,8 @@ import socket
 import subprocess
 import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import IO, Any, Callable, Iterator, Mapping, Sequence
 
 from hsm import paper
 from hsm.config import scale as _scale
@@ -84,9 +83,6 @@ __all__ = [
     "default_results_root",
     "hardware_summary",
     "machine_arithmetic",
-    "ReproductionRow",
-    "reproduction_rows",
-    "reproduction_table_markdown",
 ]
 
 #: Version of the result-file layout written by :func:`write_results`.
@@ -709,7 +705,7 @@ def check_result_payload(path: str | os.PathLike[str], payload: Any) -> dict[str
     (or lacking ``hsm_scale``), ``records`` not a list of objects, a schema newer than this code,
     a record whose ``claim`` is not a paper number (:data:`hsm.paper.NUMBERS`), or a claimed
     record without a numeric ``value``. A non-finite ``value`` (``NaN`` / ``Infinity``, which
-    :func:`write_results` never writes) is kept: the landing page marks it (:func:`reproduction_rows`)."""
+    :func:`write_results` never writes) is kept: the book's tables mark it (:data:`hsm.report.NOT_FINITE`)."""
     where = f"result file {path}"
     if not isinstance(payload, dict):
         raise ValueError(f"{where} is not a result file: expected an object with 'provenance' and 'records', "
@@ -805,123 +801,3 @@ def hardware_summary(prov: Mapping[str, Any]) -> str:
     cpu = " ".join(cpu.split()) or "unknown CPU"
     cores = prov.get("cpu_count")
     return f"{cpu}, {cores} cores" if cores else cpu
-
-
-@dataclass(frozen=True)
-class ReproductionRow:
-    """One row of the reproduction-status table: a paper number and (if measured) ours."""
-
-    claim: str
-    description: str
-    source: str
-    unit: str
-    paper_value: float
-    paper_printed: str
-    ours: float | None = None
-    scale: str | None = None
-    hardware: str | None = None
-    date_utc: str | None = None
-    result_file: str | None = None
-
-    @property
-    def finite(self) -> bool:
-        """Whether ours is a finite number (a damaged or diverged result may hold NaN / inf)."""
-        return self.ours is not None and math.isfinite(self.ours)
-
-    @property
-    def delta(self) -> float | None:
-        """ours - paper, in the paper's unit (None when not measured or not finite)."""
-        return self.ours - self.paper_value if self.finite else None
-
-    @property
-    def reproduced(self) -> bool:
-        return self.ours is not None
-
-
-def reproduction_rows(
-    root: str | os.PathLike[str] | None = None, claims: Iterable[str] | None = None
-) -> list[ReproductionRow]:
-    """The rows of the reproduction-status table: every claim in ``claims`` (default
-    :data:`hsm.paper.HEADLINE`) plus every other claim that a result file reports.
-
-    A claim measured at several scales gets one row per scale (full first), each from the most
-    recent result (by ``provenance.date_utc``); a claim with no result gets one row with
-    ``ours=None``. A file whose ``provenance.config.complete`` is False (a run still going, which
-    rewrites its file after every part) is left out until it is complete.
-    """
-    root_path = default_results_root() if root is None else Path(root)
-    order = list(paper.HEADLINE if claims is None else claims)
-    for key in order:
-        paper.get(key)
-    latest: dict[tuple[str, str], tuple[str, float, Mapping[str, Any], Path]] = {}
-    for path, payload in iter_results(root_path):
-        prov = payload["provenance"]
-        config = prov.get("config")
-        if isinstance(config, Mapping) and config.get("complete") is False:
-            continue  # a run still going (or cut short) writes its partial means: not a measurement of the claim yet
-        for index, record in enumerate(payload["records"]):
-            claim = record.get("claim") if isinstance(record, dict) else None
-            if claim is None:
-                continue
-            value = record["value"]  # a known claim with a number: checked by iter_results
-            scale = str(prov.get("hsm_scale") or "unknown")
-            date = str(prov.get("date_utc") or "")
-            previous = latest.get((claim, scale))
-            if previous is None or date >= previous[0]:
-                latest[(claim, scale)] = (date, float(value), prov, path)
-            if claim not in order:
-                order.append(claim)
-
-    rows: list[ReproductionRow] = []
-    scale_rank = {"full": 0, "quick": 1}
-    for claim in order:
-        number = paper.get(claim)
-        common = dict(
-            claim=claim, description=number.label(), source=number.source, unit=number.unit,
-            paper_value=number.value, paper_printed=number.printed,
-        )
-        measured = sorted(
-            ((scale, entry) for (c, scale), entry in latest.items() if c == claim),
-            key=lambda item: (scale_rank.get(item[0], 2), item[0]),
-        )
-        if not measured:
-            rows.append(ReproductionRow(**common))
-            continue
-        for scale, (date, value, prov, path) in measured:
-            try:
-                shown_path = str(path.relative_to(root_path.parent))
-            except ValueError:
-                shown_path = str(path)
-            rows.append(ReproductionRow(
-                **common, ours=value, scale=scale, hardware=hardware_summary(prov),
-                date_utc=date or None, result_file=shown_path,
-            ))
-    return rows
-
-
-def _format_number(value: float, unit: str) -> str:
-    if not math.isfinite(value):  # a diverged or damaged result: said in words, never "nan"
-        return "no finite value (NaN)" if math.isnan(value) else f"no finite value ({'+' if value > 0 else '-'}inf)"
-    text = f"{value:.4g}" if abs(value) < 1e5 else f"{value:.3e}"
-    if unit in ("x", "%"):
-        return f"{text}{unit}"
-    if unit == "":
-        return text
-    return f"{text} {unit}"
-
-
-def reproduction_table_markdown(rows: Sequence[ReproductionRow]) -> str:
-    """The rows as a Markdown table: claim, source, paper's number, ours, delta, scale, hardware."""
-    header = "| Claim | Source | Paper | Ours | Delta | Scale | Hardware |\n|---|---|---|---|---|---|---|\n"
-    lines = []
-    for row in rows:
-        paper_text = _format_number(row.paper_value, row.unit)
-        if row.ours is None:
-            ours, delta, scale, hardware = "not yet reproduced", "", "", ""
-        else:
-            ours = _format_number(row.ours, row.unit)
-            delta = "" if row.delta is None else f"{row.delta:+.3g}"
-            scale, hardware = row.scale or "", row.hardware or ""
-        cells = [row.description, row.source, paper_text, ours, delta, scale, hardware]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
-    return header + "\n".join(lines) + "\n"

@@ -313,10 +313,9 @@ def test_full_scale_random_reference_is_labelled_apart_from_the_papers_setting(t
     label = load_results(path)["provenance"]["hsm_scale"]
     assert label.startswith("full, ") and "8-d random-init embeddings, not the paper's GloVe" in label
     assert "first 60 training documents" in label and "models: flat" in label
-    from hsm.results import reproduction_rows
+    from hsm.report import measurements
 
-    rows = [r for r in reproduction_rows(tmp_path, claims=[]) if r.claim == "sf2020.table1.trec.flat.f1"]
-    assert [r.scale for r in rows] == [label]
+    assert [m.scale for m in measurements(tmp_path)["sf2020.table1.trec.flat.f1"]] == [label]
 
 
 @needs_data

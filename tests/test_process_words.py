@@ -41,7 +41,7 @@ RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern
 #: Rules for what a page *prints* (cell outputs of the built HTML): raw reprs of our objects and
 #: absolute paths of the build machine (library warnings with a virtual environment's path).
 OUTPUT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern)) for name, pattern in (
-    ("raw repr", r"\b(?:RunCurves|Measurement|NumberRow|Verdict|ReproductionRow|PaperNumber)\("
+    ("raw repr", r"\b(?:RunCurves|Measurement|NumberRow|Verdict|PaperNumber)\("
                  r"|<hsm\.[\w.]+ object at 0x"),
     ("absolute path", r"(?<![\w.:/])/(?:work|home|root|tmp|usr|opt|srv)/[\w.+-]+/"),
     ("virtual-environment path", r"[\w/.-]*/\.?venv/lib/python|site-packages/"),

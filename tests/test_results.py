@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hsm import paper, results
+from hsm import report, results
 
 LEARNED = "icml2017.table2.learned_tree.perplexity"
 
@@ -134,47 +134,14 @@ def test_iter_results_skips_other_json_and_hidden_files(tmp_path: Path, prov: di
         list(results.iter_results(tmp_path))
 
 
-def test_rows_without_results_say_not_yet_reproduced(tmp_path: Path) -> None:
-    rows = results.reproduction_rows(tmp_path / "results")
-    assert [row.claim for row in rows] == list(paper.HEADLINE)
-    assert not any(row.reproduced for row in rows)
-    table = results.reproduction_table_markdown(rows)
-    assert table.count("not yet reproduced") == len(paper.HEADLINE)
-    assert "| 148 |" in table
-
-
-def test_rows_pick_latest_result_per_scale(tmp_path: Path) -> None:
-    root = tmp_path / "results"
-
-    def prov_at(date: str, scale: str, gpu: str | None = None) -> dict:
-        return {"date_utc": date, "git_commit": "abc", "hsm_scale": scale, "cpu_model": "Intel(R) Xeon(R) CPU @ 2.20GHz",
-                "cpu_count": 2, "cuda_device": gpu}
-
-    results.write_results(root / "old.json", [results.make_record(LEARNED, 160.0)], prov_at("2026-01-01T00:00:00Z", "quick"))
-    results.write_results(root / "new.json", [results.make_record(LEARNED, 150.0)], prov_at("2026-02-01T00:00:00Z", "quick"))
-    results.write_results(root / "full.json", [results.make_record(LEARNED, 149.5),
-                                              results.make_record("sf2020.table1.trec.sota.accuracy", 90.0)],
-                          prov_at("2026-01-15T00:00:00Z", "full", gpu="NVIDIA H100"))
-    rows = results.reproduction_rows(root)
-    learned = [row for row in rows if row.claim == LEARNED]
-    assert [(r.scale, r.ours) for r in learned] == [("full", 149.5), ("quick", 150.0)]
-    assert learned[0].hardware == "NVIDIA H100"
-    assert learned[1].hardware == "Intel Xeon @ 2.20GHz, 2 cores"
-    assert learned[1].delta == pytest.approx(2.0)
-    assert learned[1].result_file == "results/new.json"
-    assert rows[-1].claim == "sf2020.table1.trec.sota.accuracy"  # non-headline claims are appended
-    table = results.reproduction_table_markdown(rows)
-    assert "| 149.5 | +1.5 | full | NVIDIA H100 |" in table
-
-
-def test_rows_reject_results_with_unknown_claims(tmp_path: Path) -> None:
+def test_reading_rejects_results_with_unknown_claims(tmp_path: Path) -> None:
     prov = {"date_utc": "2026-01-01T00:00:00Z", "git_commit": None, "hsm_scale": "quick"}
     (tmp_path / "bad.json").write_text(json.dumps({"provenance": prov, "records": [{"claim": "nope", "value": 1}]}))
     with pytest.raises(ValueError, match=r"bad\.json: records\[0\] names an unknown claim 'nope'"):
-        results.reproduction_rows(tmp_path)
+        report.measurements(tmp_path)
     (tmp_path / "bad.json").write_text(json.dumps({"provenance": prov, "records": [{"claim": LEARNED, "value": "x"}]}))
     with pytest.raises(ValueError, match="non-numeric"):
-        results.reproduction_rows(tmp_path)
+        report.measurements(tmp_path)
 
 
 def test_default_results_root_finds_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -266,16 +233,16 @@ def test_provenance_records_a_qualified_scale_and_rejects_an_unknown_one() -> No
         results.provenance(scale="huge, everything")
 
 
-def test_rows_leave_out_a_run_that_is_still_going(tmp_path: Path) -> None:
+def test_measurements_leave_out_a_run_until_it_is_complete(tmp_path: Path) -> None:
     root = tmp_path / "results"
     prov = {"date_utc": "2026-01-01T00:00:00Z", "git_commit": "abc", "hsm_scale": "full", "cpu_model": "x",
             "cpu_count": 2, "cuda_device": None}
     claim = "sf2020.table3.r8.flat.f1"
     results.write_results(root / "going.json", [results.make_record(claim, 88.0)],
                           dict(prov, config={"complete": False}))
-    assert [r.ours for r in results.reproduction_rows(root, claims=[]) if r.claim == claim] == []
+    assert claim not in report.measurements(root)
     results.write_results(root / "done.json", [results.make_record(claim, 87.0)], dict(prov, config={"complete": True}))
-    assert [r.ours for r in results.reproduction_rows(root, claims=[]) if r.claim == claim] == [87.0]
+    assert [m.value for m in report.measurements(root)[claim]] == [87.0]
 
 
 def _scratch_repo(tmp_path: Path) -> list[str]:
