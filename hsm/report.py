@@ -125,7 +125,7 @@ class Measurement:
 def measurements(root: str | os.PathLike[str] | None = None) -> dict[str, list[Measurement]]:
     """Every measured value of every paper number under ``root`` (default: the committed
     ``results/``), by claim key, in file order. A run still going (``config.complete`` False)
-    is left out, as on the reproduction table (:func:`hsm.results.reproduction_rows`)."""
+    is left out, as from every table of the book."""
     root_path = default_results_root() if root is None else Path(root)
     found: dict[str, list[Measurement]] = {}
     for path, payload in iter_results(root_path):
