@@ -85,6 +85,7 @@ import numba
 import numpy as np
 import torch
 
+from ._atomic import atomic_write
 from .fast_trainer import FitHistory, HogwildTrainer, output_arrays
 from .kernels import _FASTMATH, _node_log_softmax, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
@@ -1061,12 +1062,11 @@ class FastBowClassifier:
         ``m.bin``); :meth:`load` reads it back, and predicts and tests exactly as this one. Algorithm
         1's statistics are training state and are not saved.
 
-        Atomic (:func:`hsm.results.atomic_write`): the bytes go to a temporary file in the same
+        Atomic (:func:`hsm._atomic.atomic_write`): the bytes go to a temporary file in the same
         folder, which replaces ``path`` only once complete, so a full disk, a second run writing
         the same file or a Ctrl-C leaves the previous file as it was (an OSError, with
-        :class:`hsm.results.DiskFullError` for a full disk)."""
+        :class:`hsm._atomic.DiskFullError` for a full disk)."""
         from . import __version__
-        from .results import atomic_write
 
         self._check_fitted()
         path = Path(path)

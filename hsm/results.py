@@ -33,28 +33,28 @@ there but under :func:`output_root` (``HSM_OUTPUT``, default ``./hsm-results`` i
 directory), at the same relative path (``hsm-results/lm/ptb.json`` for ``results/lm/ptb.json``).
 Only an explicit ``--out results/lm/ptb.json`` updates a committed file, and even then
 :func:`write_results` refuses to replace a result of a larger scale (``full``) with a smaller one
-(``quick``) unless ``force=True`` (``--force``). Every file goes through :func:`atomic_write`.
+(``quick``) unless ``force=True`` (``--force``). Every file goes through the package's atomic writer,
+:func:`hsm._atomic.atomic_write`.
 """
 from __future__ import annotations
 
 import contextlib
 import datetime as _dt
-import errno
 import hashlib
 import json
 import math
 import os
 import platform
 import re
-import shutil
 import socket
 import subprocess
 import tempfile
 import warnings
 from pathlib import Path
-from typing import IO, Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from hsm import paper
+from hsm._atomic import _nearest_existing, atomic_write
 from hsm.config import scale as _scale
 
 __all__ = [
@@ -67,7 +67,6 @@ __all__ = [
     "make_record",
     "write_results",
     "write_progress",
-    "atomic_write",
     "read_json_or_none",
     "ResumableParts",
     "output_root",
@@ -75,7 +74,6 @@ __all__ = [
     "recorded_scale",
     "check_replace",
     "check_destination",
-    "DiskFullError",
     "OUTPUT_ENV",
     "load_results",
     "check_result_payload",
@@ -369,7 +367,7 @@ def make_record(claim: str | None, value: float, **fields: Any) -> dict[str, Any
 def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]], provenance: Mapping[str, Any],
                   force: bool = False) -> Path:
     """Write ``{"schema", "provenance", "records"}`` to ``path`` as JSON, atomically
-    (:func:`atomic_write`: a reader, a crash or a full disk never leaves a half-written file, and
+    (:func:`~hsm._atomic.atomic_write`: a reader, a crash or a full disk never leaves a half-written file, and
     the previous file survives a failed write). Parent directories are created. Returns the path.
 
     Raises:
@@ -435,64 +433,6 @@ def write_progress(path: str | os.PathLike[str], records: Sequence[Mapping[str, 
     return write_results(path, records, provenance, force=force)
 
 
-def atomic_write(path: str | os.PathLike[str], content: str | bytes | Callable[[IO[bytes]], Any]) -> Path:
-    """Write ``content`` (text as UTF-8, bytes, or a function given the open binary file, e.g.
-    ``lambda f: torch.save(obj, f)``) to ``path`` atomically and return ``path``.
-
-    Goes through the data layer's writer (:func:`hsm.data.fetch.atomic_write`: one implementation
-    for the package): the data go to a hidden temporary in the same folder whose name is unique
-    to the process and call (two runs writing the same checkpoint never share one), are fsynced,
-    and are renamed onto ``path`` with :func:`os.replace`. A failure at any point (a full disk, an
-    exception in ``content``) removes the temporary and leaves any previous ``path`` untouched;
-    readers see the old file or the complete new one. Parent folders are created.
-    """
-    from hsm.data.fetch import atomic_write as _atomic_write
-
-    def write(tmp: Path) -> None:
-        with open(tmp, "wb") as handle:
-            if callable(content):
-                content(handle)
-            else:
-                handle.write(content.encode("utf-8") if isinstance(content, str) else bytes(content))
-
-    try:
-        return _atomic_write(Path(path), write)
-    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a full disk
-        if _disk_full(exc, Path(path)):
-            raise DiskFullError(errno.ENOSPC, f"the disk is full (No space left on device): cannot write {path} "
-                                              "(the previous file, if any, is kept unchanged); free some space and "
-                                              "run the command again") from exc
-        raise
-
-
-class DiskFullError(OSError):
-    """No space left to write a result file or a checkpoint (an OSError with errno ENOSPC,
-    naming the file); the previous file is intact (:func:`atomic_write`)."""
-
-
-def _nearest_existing(folder: Path) -> Path:
-    """``folder``, or its closest ancestor that exists (where a file in ``folder`` would land)."""
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
-    return folder
-
-
-def _disk_full(exc: BaseException, path: Path) -> bool:
-    """Whether ``exc`` (or what caused it) is a full disk or quota: ENOSPC / EDQUOT, or torch's
-    zip writer failing ("unexpected pos", "failed writing") on a file system with almost no room."""
-    seen = exc
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)):
-            return True
-        if isinstance(seen, RuntimeError) and ("unexpected pos" in str(seen) or "failed writing" in str(seen)):
-            try:
-                return shutil.disk_usage(_nearest_existing(path.parent)).free < 64 * 2**20
-            except OSError:
-                return False
-        seen = seen.__cause__ or seen.__context__
-    return False
-
-
 def check_destination(path: str | os.PathLike[str], what: str = "result file", fix: str | None = None) -> Path:
     """Check, before any work, that the file ``path`` can be written: not an existing directory,
     its folder creatable (no file in the way) and writable (a probe file is created and removed
@@ -532,7 +472,7 @@ def read_json_or_none(path: str | os.PathLike[str], what: str = "file") -> Any |
 
 
 def save_checkpoint(state: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save(state)`` to ``path`` through :func:`atomic_write` (unique temporary, fsync,
+    """``torch.save(state)`` to ``path`` through :func:`~hsm._atomic.atomic_write` (unique temporary, fsync,
     rename): a run killed while it saves leaves the previous checkpoint whole."""
     import torch
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ._atomic import atomic_write
 from .tree import Tree, check_integer
 
 __all__ = ["TREE_FORMAT", "load_tree", "save_tree", "tree_from_dict", "tree_to_dict"]
@@ -84,9 +85,7 @@ def save_tree(tree: Tree, path: str | Path) -> Path:
     """Write ``tree`` as JSON, atomically (a per-process temporary file, fsynced and renamed
     into place): a reader sees the previous file or the complete new one, and two writers of
     the same path do not collide."""
-    from hsm.data.fetch import write_text_atomically  # the package's one atomic writer (lazy: no import cycle)
-
-    return write_text_atomically(Path(path), json.dumps(tree_to_dict(tree)))
+    return atomic_write(path, json.dumps(tree_to_dict(tree)))
 
 
 def load_tree(path: str | Path) -> Tree:

@@ -14,8 +14,6 @@ import hashlib
 import io
 import json
 import os
-import subprocess
-import sys
 import tarfile
 import warnings
 from pathlib import Path
@@ -34,14 +32,7 @@ from hsm.data import (
     load_text_classification,
 )
 from hsm.data import cli, gutenberg, registry
-from hsm.data.fetch import (
-    _HOST,
-    atomic_directory,
-    atomic_write,
-    remove_dead_temporaries,
-    sha256_of,
-    write_text_atomically,
-)
+from hsm.data.fetch import sha256_of
 from hsm.data.registry import DataFile, Source
 
 VOCAB = 20  # below the synthetic books' ~28 types, so the cap binds and <unk> occurs
@@ -493,59 +484,3 @@ def test_cli_build_writes_its_report_atomically(fake_gutenberg, tmp_path, capsys
     assert cli.main(["build", "gutenberg", "--max-books", str(BOOKS), "--vocab-size", str(VOCAB),
                      "--report", str(blocked / "build.json")]) == 1
     assert "a-file" in capsys.readouterr().err
-
-
-# ------------------------------------------------------------------------------------------- the atomic writer
-
-
-def test_atomic_write_keeps_the_old_file_when_a_write_fails(tmp_path):
-    target = tmp_path / "out.txt"
-    write_text_atomically(target, "old\n")
-
-    def failing(tmp: Path) -> None:
-        tmp.write_text("half of the ne")
-        raise OSError("disk on fire")
-
-    with pytest.raises(OSError, match="disk on fire"):
-        atomic_write(target, failing)
-    assert target.read_text() == "old\n"
-    with pytest.raises(ValueError, match="rejected"):
-        atomic_write(target, lambda tmp: tmp.write_text("new\n"),
-                     check=lambda tmp: (_ for _ in ()).throw(ValueError("rejected")))
-    assert target.read_text() == "old\n"
-    assert write_text_atomically(target, "new\n").read_text() == "new\n"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
-
-
-def test_atomic_directory_keeps_or_replaces(tmp_path):
-    target = tmp_path / "folder"
-    assert atomic_directory(target, lambda f: (f / "a").write_text("first"))
-    assert not atomic_directory(target, lambda f: (f / "a").write_text("second"))  # another process won: keep
-    assert (target / "a").read_text() == "first"
-    assert atomic_directory(target, lambda f: (f / "a").write_text("third"), replace=True)
-    assert (target / "a").read_text() == "third"
-    with pytest.raises(RuntimeError, match="boom"):
-        atomic_directory(target, lambda f: (_ for _ in ()).throw(RuntimeError("boom")), replace=True)
-    assert (target / "a").read_text() == "third"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
-
-
-def test_temporaries_of_killed_processes_are_removed(tmp_path):
-    """kill -9 skips every clean-up: the next write of the same file removes what a dead process left."""
-    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    dead = int(child.stdout)  # that process has exited
-    target = tmp_path / "big.tar.xz"
-    dead_file = tmp_path / f".big.tar.xz.part-{_HOST}-{dead}-0a1b2c3d"
-    dead_file.write_bytes(b"half a download")
-    live_file = tmp_path / f".big.tar.xz.part-{_HOST}-{os.getpid()}-0a1b2c3d"  # this process: maybe writing
-    live_file.write_bytes(b"in progress")
-    other_host = tmp_path / f".big.tar.xz.part-elsewhere.example-{dead}-0a1b2c3d"  # a shared cache's neighbour
-    other_host.write_bytes(b"theirs")
-    dead_folder = tmp_path / f".corpus.part-{_HOST}-{dead}-0a1b2c3d"
-    dead_folder.mkdir()
-    (dead_folder / "train.npy").write_bytes(b"half")
-    write_text_atomically(target, "whole\n")
-    assert not dead_file.exists() and live_file.exists() and other_host.exists()
-    assert atomic_directory(tmp_path / "corpus", lambda f: (f / "stats.json").write_text("{}"))
-    assert not dead_folder.exists()
-    assert remove_dead_temporaries(target) == []  # idempotent

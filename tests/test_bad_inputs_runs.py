@@ -294,50 +294,18 @@ def test_a_list_option_with_an_empty_entry_is_refused(tmp_path, value):
 
 
 # ============================================================================ a full disk: named, the old file kept
-def test_a_full_disk_names_the_file_and_keeps_the_previous_one(tmp_path, monkeypatch):
-    import errno
-
-    out = tmp_path / "r.json"
-    results.write_results(out, [{"claim": None, "value": 1.0}], _prov(True))
-    before = out.read_bytes()
-
-    def no_space(handle):
-        handle.write(b"{")
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    full = r"the disk is full \(No space left on device\): cannot write"
-    with pytest.raises(results.DiskFullError, match=rf"{full} {out} .*kept"):
-        results.atomic_write(out, no_space)
-    assert out.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["r.json"]
-    # torch.save on a full disk says "unexpected pos ..." (its zip writer): also named as a full disk
-    monkeypatch.setattr(results.shutil, "disk_usage", lambda p: type("U", (), {"free": 4096})())
-
-    def torch_full(handle):
-        raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 4160 vs 4054")
-
-    checkpoint = tmp_path / "ckpt.pt"
-    with pytest.raises(results.DiskFullError, match=rf"cannot write {checkpoint}"):
-        results.atomic_write(checkpoint, torch_full)
-    monkeypatch.setattr(results.shutil, "disk_usage", lambda p: type("U", (), {"free": 10 * 2**30})())
-    with pytest.raises(RuntimeError, match="unexpected pos"):  # another cause: not called a full disk
-        results.atomic_write(checkpoint, torch_full)
-
-
 def test_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
     import errno
-    import sys
 
     from hsm import experiments
+    from hsm._atomic import atomic_write
 
-    fetch = sys.modules["hsm.data.fetch"]
-
-    def full(final, write, check=None):
+    def no_space(handle):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     experiment = experiments.get("taxonomy-tables")
-    monkeypatch.setattr(fetch, "atomic_write", full)
     monkeypatch.setitem(experiments.REGISTRY, "taxonomy-tables", experiment.__class__(
-        experiment.name, lambda **kw: results.write_results(kw["out"], [], _prov(True)), experiment.summary,
+        experiment.name, lambda **kw: atomic_write(kw["out"], no_space), experiment.summary,
         experiment.default_out))
     code, err = _cli(capsys, "taxonomy-tables", "--scale", "quick", "--out", str(tmp_path / "r.json"))
     assert code == 1 and f"the disk is full (No space left on device): cannot write {tmp_path / 'r.json'}" in err

@@ -131,18 +131,18 @@ def test_run_interrupted_within_an_epoch_resumes_at_the_next_step(tmp_path, monk
     class Stop(Exception):
         pass
 
-    save = lm.training._atomic_save  # what train_lm's checkpoints call
+    save = lm.training.RunFiles.save_checkpoint  # what train_lm's checkpoints call
     steps_per_epoch = -(-len(corpus.windows("train", 2)[1]) // 64)
 
-    def save_then_stop(obj, path):
-        save(obj, path)
+    def save_then_stop(files, obj):
+        save(files, obj)
         if obj["step_in_epoch"] == steps_per_epoch // 2 and len(obj["result"]["epochs"]) == 1:
             raise Stop  # the process dies right after writing a within-epoch checkpoint
 
-    monkeypatch.setattr(lm.training, "_atomic_save", save_then_stop)
+    monkeypatch.setattr(lm.training.RunFiles, "save_checkpoint", save_then_stop)
     with pytest.raises(Stop):
         lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "b", checkpoint_seconds=1e-9)
-    monkeypatch.setattr(lm.training, "_atomic_save", save)
+    monkeypatch.setattr(lm.training.RunFiles, "save_checkpoint", save)
     messages = []
     resumed = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "b", log=messages.append,
                           checkpoint_seconds=1e-9)

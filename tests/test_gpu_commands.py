@@ -166,20 +166,20 @@ def test_flat_row_trains_from_the_export_without_the_archive_and_resumes(exporte
     class Stop(Exception):
         pass
 
-    save = lm.training._atomic_save
+    save = lm.training.RunFiles.save_checkpoint
     saved = []
 
-    def save_then_stop(obj, path):
-        save(obj, path)
+    def save_then_stop(files, obj):
+        save(files, obj)
         saved.append(obj.get("step_in_epoch"))
         if obj.get("step_in_epoch") == 10 and len(obj["result"]["epochs"]) == 1:
             raise Stop  # killed right after a checkpoint within the second epoch
 
-    monkeypatch.setattr(lm.training, "_atomic_save", save_then_stop)
+    monkeypatch.setattr(lm.training.RunFiles, "save_checkpoint", save_then_stop)
     with pytest.raises(Stop):
         run_main(argv)
     assert 1 in saved  # a checkpoint after every step: the time-based interval within the epoch
-    monkeypatch.setattr(lm.training, "_atomic_save", save)
+    monkeypatch.setattr(lm.training.RunFiles, "save_checkpoint", save)
     assert run_main(argv) == 0
     assert "flat: resuming in epoch 2 at step 10" in capsys.readouterr().out
     payload = results.load_results(out)

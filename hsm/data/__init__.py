@@ -6,7 +6,7 @@ Classification: :func:`load_text_classification` (``cooking``, ``gutenberg-books
 :class:`TextClassificationData`. Acquisition (cache -> mirror -> download, sha256-verified) is in
 :mod:`hsm.data.fetch`; the command line is ``python -m hsm data {list,fetch,verify,info,build}``.
 
-Reliability: every file the layer writes goes through one atomic writer (:func:`hsm.data.fetch.atomic_write`); a
+Reliability: every file the layer writes goes through one atomic writer (:func:`hsm._atomic.atomic_write`); a
 cached download with a wrong sha256 is fetched again, and a damaged processed corpus rebuilt, each with a
 :class:`CacheWarning` naming the file; see :mod:`hsm.data.fetch` and :mod:`hsm.data.gutenberg`.
 """

@@ -162,9 +162,9 @@ def _cmd_build(args: argparse.Namespace) -> int:
     }
     text = json.dumps(report, indent=1, ensure_ascii=False)
     if args.report:
-        from hsm.data.fetch import write_text_atomically
+        from hsm._atomic import atomic_write
 
-        write_text_atomically(Path(args.report), text + "\n")  # a killed run never leaves half a report
+        atomic_write(args.report, text + "\n")  # a killed run never leaves half a report
     print(text)
     return 0
 

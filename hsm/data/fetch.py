@@ -15,7 +15,7 @@ Order of look-up for one registry file (:class:`~hsm.data.registry.DataFile`):
 4. the canonical URL, downloaded with a progress bar (an unwritable cache is then a :class:`DataError` naming the
    path and ``HSM_CACHE``).
 
-Writes go through :func:`atomic_write` (the data layer's one writer, used for processed corpora and reports too):
+Writes go through the package's one writer, :func:`hsm._atomic.atomic_write` (processed corpora and reports too):
 a temporary name in the destination folder, unique to the process, fsynced and renamed only once complete and, for
 downloads, once the checksum is right, so an interrupted copy, download or build never leaves a file that looks
 complete. Every failure raises a subclass of :class:`~hsm.data.errors.DataError` whose message names the file and
@@ -28,8 +28,6 @@ import errno
 import gzip
 import hashlib
 import lzma
-import os
-import secrets
 import shutil
 import socket
 import tarfile
@@ -43,6 +41,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from hsm import config
+from hsm._atomic import atomic_write
 from hsm.data.errors import (
     CacheWarning,
     ChecksumMismatchError,
@@ -88,139 +87,6 @@ def _check(path: Path, expected: str | None, relpath: str, origin: str) -> None:
         )
 
 
-# ------------------------------------------------------------------------------------------------ atomic writes
-
-
-_HOST = socket.gethostname().replace("/", "_")
-
-
-def _temporary_name(final: Path, kind: str = "part") -> Path:
-    # Same folder as ``final`` (so os.replace is a rename, atomic), hidden, and unique to this process and call
-    # (host + pid + random), so two processes or threads writing the same file never share a temporary.
-    return final.with_name(f".{final.name}.{kind}-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # PermissionError: alive, another user's
-        return True
-    return True
-
-
-def remove_dead_temporaries(final: Path) -> list[Path]:
-    """Remove the temporaries of ``final`` left by killed processes (``kill -9`` skips every clean-up); return them.
-
-    Only those made on this host by a process that no longer runs: a cache shared between machines keeps the
-    temporaries of the others, which may still be writing. Best effort: what cannot be removed stays.
-    """
-    final = Path(final)
-    removed = []
-    for kind in ("part", "stale"):
-        prefix = f".{final.name}.{kind}-{_HOST}"
-        for path in final.parent.glob(f".{final.name}.{kind}-*"):
-            head, _, rest = path.name.rpartition("-")  # rest: the random token
-            head, _, pid = head.rpartition("-")
-            if head != prefix or not pid.isdigit() or _pid_alive(int(pid)):
-                continue
-            try:
-                if path.is_dir() and not path.is_symlink():
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
-            except OSError:
-                continue
-            removed.append(path)
-    return removed
-
-
-def fsync_file(path: Path) -> None:
-    """Flush ``path``'s content to the disk (so a rename after it never exposes a file that is still empty)."""
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-
-
-def _fsync_directory(directory: Path) -> None:
-    # Makes the rename itself durable. Best effort: some file systems refuse to open or fsync a directory.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_write(final: Path, write: Callable[[Path], None], check: Callable[[Path], None] | None = None) -> Path:
-    """Create or replace the file ``final`` atomically; return ``final``.
-
-    ``write(tmp)`` writes the content to a temporary name in ``final``'s folder (created if missing); ``check(tmp)``,
-    if given, may raise to reject it; the temporary is then fsynced and renamed onto ``final`` with
-    :func:`os.replace`. A reader therefore sees the old file or the complete new one, never a partial one, even if
-    the process is killed; on any error the temporary is removed and ``final`` is left as it was. Temporaries of
-    ``final`` left by killed processes are removed first (:func:`remove_dead_temporaries`).
-    """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_temporaries(final)
-    tmp = _temporary_name(final)
-    try:
-        write(tmp)
-        if check is not None:
-            check(tmp)
-        fsync_file(tmp)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-    _fsync_directory(final.parent)
-    return final
-
-
-def write_text_atomically(final: Path, text: str, encoding: str = "utf-8") -> Path:
-    """:func:`atomic_write` of a text file."""
-    return atomic_write(final, lambda tmp: tmp.write_text(text, encoding=encoding))
-
-
-def atomic_directory(directory: Path, write: Callable[[Path], None], *, replace: bool = False) -> bool:
-    """Create the folder ``directory`` atomically: fill a temporary sibling with ``write(folder)``, fsync every
-    file in it, then rename it onto ``directory``. Return True if this call installed it.
-
-    If ``directory`` exists by then (another process finished first), theirs is kept unless ``replace`` is True
-    (the caller found the existing folder bad): then the old folder is renamed aside and removed after ours is in
-    place. ``write`` should write its completion marker last; with the rename a folder is complete or absent.
-    """
-    directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    remove_dead_temporaries(directory)
-    tmp = _temporary_name(directory)
-    tmp.mkdir()
-    try:
-        write(tmp)
-        for path in tmp.iterdir():
-            if path.is_file():
-                fsync_file(path)
-        _fsync_directory(tmp)
-        if directory.exists():
-            if not replace:  # another process won the race: keep theirs
-                return False
-            stale = _temporary_name(directory, "stale")
-            os.replace(directory, stale)
-            os.replace(tmp, directory)
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            os.replace(tmp, directory)
-        _fsync_directory(directory.parent)
-        return True
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
 def is_write_error(exc: BaseException) -> bool:
     """Whether ``exc`` means "this place cannot be written" (permissions, read-only file system, disk full)."""
     return isinstance(exc, PermissionError) or (
@@ -228,21 +94,23 @@ def is_write_error(exc: BaseException) -> bool:
     )
 
 
-def _install(final: Path, write, expected: str | None, relpath: str, origin: str) -> Path:
-    """Write through ``write(tmp_path)`` to a temporary name, verify, then atomically rename onto ``final``."""
+def _install(final: Path, write: Callable[[BinaryIO], None], expected: str | None, relpath: str,
+             origin: str) -> Path:
+    """Write through ``write(handle)`` to a temporary name, verify, then atomically rename onto ``final``."""
     return atomic_write(final, write, check=lambda tmp: _check(tmp, expected, relpath, origin))
 
 
-def _copy_from(path: Path):
-    def write(tmp: Path) -> None:
-        shutil.copyfile(path, tmp)
+def _copy_from(path: Path) -> Callable[[BinaryIO], None]:
+    def write(out: BinaryIO) -> None:
+        with open(path, "rb") as source:
+            shutil.copyfileobj(source, out, _CHUNK)
 
     return write
 
 
-def _download_to(url: str, relpath: str):
-    def write(tmp: Path) -> None:
-        download(url, tmp, label=relpath)
+def _download_to(url: str, relpath: str) -> Callable[[BinaryIO], None]:
+    def write(out: BinaryIO) -> None:
+        _download_into(url, out, label=relpath, timeout=DOWNLOAD_TIMEOUT_S)
 
     return write
 
@@ -251,11 +119,18 @@ def download(url: str, dest: Path, *, label: str | None = None, timeout: float =
     """Download ``url`` to ``dest`` with a tqdm progress bar; raise :class:`NetworkError` if it cannot be reached.
 
     A response shorter than its ``Content-Length`` raises :class:`CorruptArchiveError` (a truncated download).
-    ``dest`` is written directly: callers wanting atomicity pass a temporary name (as :func:`fetch_file` does).
+    ``dest`` is written directly, so a failed download leaves it partial: :func:`fetch_file` downloads through
+    the atomic writer instead.
     """
+    with open(dest, "wb") as out:
+        _download_into(url, out, label=label or Path(dest).name, timeout=timeout)
+    return Path(dest)
+
+
+def _download_into(url: str, out: BinaryIO, *, label: str, timeout: float) -> None:
+    """Stream ``url`` into the open binary file ``out`` (the errors of :func:`download`)."""
     from tqdm.auto import tqdm
 
-    label = label or Path(dest).name
     try:
         response = urllib.request.urlopen(url, timeout=timeout)  # noqa: S310 (URLs come from the registry)
     except (urllib.error.URLError, ConnectionError, socket.timeout, OSError) as exc:
@@ -269,9 +144,7 @@ def download(url: str, dest: Path, *, label: str | None = None, timeout: float =
         total_bytes = int(total) if total and total.isdigit() else None
         received = 0
         try:
-            with open(dest, "wb") as out, tqdm(
-                total=total_bytes, unit="B", unit_scale=True, desc=f"download {label}", leave=False
-            ) as bar:
+            with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"download {label}", leave=False) as bar:
                 for chunk in iter(lambda: response.read(_CHUNK), b""):
                     out.write(chunk)
                     received += len(chunk)
@@ -284,7 +157,6 @@ def download(url: str, dest: Path, *, label: str | None = None, timeout: float =
             f"truncated download of {label} from {url}: {received} of {total_bytes} bytes. "
             f"Fix: run {_refetch_hint(label)} again."
         )
-    return Path(dest)
 
 
 def fetch_file(data_file: DataFile, *, download_missing: bool = True) -> Path:
@@ -504,8 +376,6 @@ def read_tar_member(path: Path, name: str) -> bytes:
 
 
 __all__ = [
-    "atomic_directory",
-    "atomic_write",
     "download",
     "fetch",
     "fetch_file",
@@ -515,8 +385,6 @@ __all__ = [
     "read_bytes",
     "read_tar_member",
     "read_text",
-    "remove_dead_temporaries",
     "sha256_of",
     "verify",
-    "write_text_atomically",
 ]

@@ -69,7 +69,8 @@ import torch
 
 from hsm import config
 from hsm.data.errors import CacheWarning, CorruptArchiveError, EmptyCorpusError
-from hsm.data.fetch import atomic_directory, fetch_file, is_write_error, iter_tar_members
+from hsm._atomic import atomic_directory, atomic_write
+from hsm.data.fetch import fetch_file, is_write_error, iter_tar_members
 from hsm.data.lm import EOS, UNK, LMCorpus
 from hsm.data.registry import GUTENBERG_COMMIT, GUTENBERG_GITHUB_ARCHIVE, SOURCES  # noqa: F401 (re-exported)
 
@@ -744,8 +745,6 @@ def export_lm_corpus(directory: Path, max_books: int | None = None, vocab_size: 
     level (9: smallest, about a minute per 100 MB of ids on one core)."""
     import lzma
 
-    from hsm.data.fetch import atomic_write
-
     corpus = load_gutenberg(max_books, vocab_size, lowercase=lowercase, progress=progress, split=split,
                             split_seed=split_seed, chunk_tokens=chunk_tokens, min_count=min_count)
     directory = Path(directory)
@@ -755,7 +754,7 @@ def export_lm_corpus(directory: Path, max_books: int | None = None, vocab_size: 
     sizes: dict[str, int] = {}
     for name, raw in payloads.items():
         packed = lzma.compress(raw, format=lzma.FORMAT_XZ, preset=preset)
-        atomic_write(directory / name, lambda tmp, packed=packed: tmp.write_bytes(packed))
+        atomic_write(directory / name, packed)
         sizes[name] = len(packed)
     meta = {"format": PREBUILT_FORMAT, "name": corpus.name,
             "settings": _prebuilt_settings(max_books, vocab_size, lowercase,
@@ -764,7 +763,7 @@ def export_lm_corpus(directory: Path, max_books: int | None = None, vocab_size: 
             "sha256": {name: hashlib.sha256(raw).hexdigest() for name, raw in payloads.items()},
             "stats": corpus.stats}
     text = json.dumps(meta, indent=1, ensure_ascii=False)
-    atomic_write(directory / "corpus.json", lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    atomic_write(directory / "corpus.json", text)
     sizes["corpus.json"] = len(text.encode("utf-8"))
     return sizes
 

@@ -19,10 +19,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from hsm._atomic import DiskFullError
 from hsm._help import plain
 from hsm.config import env_threads
 from hsm.data.errors import DataError
-from hsm.results import DiskFullError, check_code_committed, recording_invocation
+from hsm.results import check_code_committed, recording_invocation
 
 from . import REGISTRY, check_device, check_scale, get, load_all
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from hsm.results import atomic_write
+from hsm._atomic import atomic_write
 
 from .data import EncodedSplit
 from .evaluation import _precision_recall

@@ -66,10 +66,10 @@ options). Every name is re-exported here (``from hsm.experiments import lm; lm.t
 """
 from __future__ import annotations
 
+from hsm._atomic import atomic_write
 from hsm.clustering import _kmeans_fill, clustering_tree, greedy_fill
 from hsm.data.lm import UNK, LMCorpus
 from hsm.experiments._package import patches_reach_submodules
-from hsm.results import atomic_write
 from hsm.tree import Tree
 
 from . import (commands, config, data, decoding, embeddings, lemma31, mnih_hinton, node_accuracy, offset, presets,
@@ -92,7 +92,7 @@ from .node_accuracy import (node_accuracy_markdown, node_accuracy_rows, node_dec
                             run_lm_gutenberg_node_accuracy)
 from .offset import book_genres, per_book_perplexity, run_lm_gutenberg_offset, token_nll
 from .tables import _run_dir, _table_corpus, run_ablation, run_table
-from .training import (RankedAdaptiveSoftmax, RunFiles, _add_l2, _atomic_save, _evaluate, _load_checkpoint,
+from .training import (RankedAdaptiveSoftmax, RunFiles, _add_l2, _evaluate, _load_checkpoint,
                        _load_finished, _make_output, _select_lr, _sync, train_lm)
 
 __all__ = [

@@ -9,11 +9,11 @@ import numpy as np
 import torch
 
 from hsm import config as hsm_config
+from hsm._atomic import atomic_write
 from hsm.data.lm import LMCorpus
 from hsm.experiments import check_device
 from hsm.layers import HierarchicalSoftmax, RowSparseAdagrad
 from hsm.models import LogBilinearLM
-from hsm.results import atomic_write
 from hsm.tree import Tree
 
 from .config import LMRunConfig

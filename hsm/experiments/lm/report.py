@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
+from hsm._atomic import atomic_write
 from hsm.data.lm import LMCorpus
-from hsm.results import atomic_write, check_replace, make_record, output_path, provenance, write_results
+from hsm.results import check_replace, make_record, output_path, provenance, write_results
 from hsm.tree import Tree
 
 from .presets import ABLATION_WHAT, ABLATION_VARIANTS, SCALES, LMScale, _ablation_changes

@@ -23,13 +23,14 @@ import numpy as np
 import torch
 
 from hsm import config as hsm_config
+from hsm._atomic import atomic_write
 from hsm.data.lm import LMCorpus
 from hsm.experiments import check_device
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError, RowSparseAdagrad
 from hsm.models import LogBilinearLM
-from hsm.results import atomic_write, read_json_or_none
-from hsm.results import load_checkpoint as _load_checkpoint  # module names the LM tests patch
-from hsm.results import save_checkpoint as _atomic_save
+from hsm.results import load_checkpoint as _load_checkpoint
+from hsm.results import read_json_or_none
+from hsm.results import save_checkpoint as _save_checkpoint
 from hsm.sampling import SampledSoftmax
 from hsm.training import TreeLearner
 from hsm.tree import Tree
@@ -206,17 +207,17 @@ class RunFiles:
         return _load_checkpoint(self.checkpoint)
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        _atomic_save(state, self.checkpoint)
+        _save_checkpoint(state, self.checkpoint)
 
     def save_model(self, run: _Training) -> None:
         """Keep the trained model: its LM, output layer, tree and configuration."""
         if self.model is None:
             raise ValueError("this run has no model file name: make its files with RunFiles.in_folder")
         output = run.output
-        _atomic_save({"config": asdict(run.cfg), "vocab_size": run.model.vocab_size, "model": run.model.state_dict(),
-                      "output": output.state_dict(),
-                      "tree": output.tree.to_dict() if isinstance(output, HierarchicalSoftmax) else None},
-                     self.model)
+        _save_checkpoint({"config": asdict(run.cfg), "vocab_size": run.model.vocab_size,
+                          "model": run.model.state_dict(), "output": output.state_dict(),
+                          "tree": output.tree.to_dict() if isinstance(output, HierarchicalSoftmax) else None},
+                         self.model)
 
     def finish(self, result: LMRunResult) -> None:
         """Store the finished run and drop its checkpoint."""
