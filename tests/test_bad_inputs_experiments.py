@@ -375,17 +375,17 @@ def test_a_truncated_finished_run_file_is_recomputed_with_a_warning(tmp_path, da
 
 def test_a_failed_final_write_keeps_the_checkpoint_and_the_rerun_resumes(tmp_path, monkeypatch) -> None:
     corpus, tree, cfg = _toy_run()
-    real = lm.atomic_write
+    real = lm.training.atomic_write  # what RunFiles.finish writes the finished-run file with
 
     def disk_full_for_json(path, content):
         if Path(path).suffix == ".json":
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(path, content)
 
-    monkeypatch.setattr(lm, "atomic_write", disk_full_for_json)
+    monkeypatch.setattr(lm.training, "atomic_write", disk_full_for_json)
     with pytest.raises(OSError, match="No space"):
         lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "runs")
-    monkeypatch.setattr(lm, "atomic_write", real)
+    monkeypatch.setattr(lm.training, "atomic_write", real)
     assert not list((tmp_path / "runs").glob("*.json")) and list((tmp_path / "runs").glob("*.pt"))
     messages: list[str] = []
     resumed = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "runs", log=messages.append)

@@ -134,13 +134,13 @@ def test_two_result_files_in_one_folder_keep_their_own_learned_trees(tmp_path, m
     assert files[0] != files[1]
     # an interrupted re-run over seed0 leaves its trees as they were (new ones wait in a hidden folder)
     tree0 = (tmp_path / files[0]).read_bytes()
-    real = C._run_ours
+    real = C.table._run_ours
 
     def then_stop(*args, **kwargs):
         row = real(*args, **kwargs)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(C, "_run_ours", then_stop)
+    monkeypatch.setattr(C.table, "_run_ours", then_stop)
     with pytest.raises(KeyboardInterrupt):
         C.icml_table1(scale="quick", out=paths[0], seed="5", **CLASSIFICATION_TINY)
     assert (tmp_path / files[0]).read_bytes() == tree0
@@ -315,14 +315,14 @@ def test_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
 # ============================================================================ a row that diverges at every rate
 @needs_cooking
 def test_a_row_that_diverges_at_every_rate_is_recorded_and_the_table_goes_on(tmp_path, monkeypatch):
-    real = C.train_bow
+    real = C.table.train_bow  # what the table's rows train with
 
     def diverging(train, output, *args, **kwargs):
         if output == "flat":
             raise FloatingPointError("loss is nan at step 3")
         return real(train, output, *args, **kwargs)
 
-    monkeypatch.setattr(C, "train_bow", diverging)
+    monkeypatch.setattr(C.table, "train_bow", diverging)
     options = dict(CLASSIFICATION_TINY, outputs="flat,huffman5", reduce="sum")
     path = C.icml_table1(scale="quick", out=tmp_path / "t.json", **options)
     rows = {r["output"]: r for r in results.load_results(path)["records"]}

@@ -139,8 +139,8 @@ def test_table1_end_to_end_on_a_cooking_slice(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("HSM_OUTPUT", raising=False)  # default output folder: ./hsm-results
     # a peer that is absent must be skipped with its reason, not fail the table
-    real = C.peer_available
-    monkeypatch.setattr(C, "peer_available", lambda p: "not installed (test)" if p == "vw-log_multi" else real(p))
+    real = C.table.peer_available
+    monkeypatch.setattr(C.table, "peer_available", lambda p: "not installed (test)" if p == "vw-log_multi" else real(p))
     path = C.icml_table1(scale="quick", **TINY)
     assert path == Path("hsm-results/classification/table1-cooking-quick.json")  # not the committed results/
     payload = load_results(path)
@@ -189,7 +189,7 @@ def test_a_stopped_table_resumes_from_its_partial_file(tmp_path, monkeypatch):
     config = C._parse_options("quick", options)
     out = tmp_path / "t.json"
     calls = []
-    original = C._run_ours
+    original = C.table._run_ours
 
     def counting(*args, **kwargs):
         calls.append(args[2])
@@ -197,7 +197,7 @@ def test_a_stopped_table_resumes_from_its_partial_file(tmp_path, monkeypatch):
             raise KeyboardInterrupt  # stop in the middle of the second row
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(C, "_run_ours", counting)
+    monkeypatch.setattr(C.table, "_run_ours", counting)
     with pytest.raises(KeyboardInterrupt):
         C.run_table(config, "table1", out=out, log=lambda s: None)
     partial = json.loads((tmp_path / ".t.json.partial.json").read_text())
@@ -209,30 +209,17 @@ def test_a_stopped_table_resumes_from_its_partial_file(tmp_path, monkeypatch):
         calls.append(args[2])
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(C, "_run_ours", stop_at_once)
+    monkeypatch.setattr(C.table, "_run_ours", stop_at_once)
     with pytest.raises(KeyboardInterrupt):
         C.run_table(dataclasses.replace(config, epochs=1), "table1", out=out, log=lambda s: None)
     assert calls == ["flat"]
     assert json.loads((tmp_path / ".t.json.partial.json").read_text()) == partial
     calls.clear()
-    monkeypatch.setattr(C, "_run_ours", lambda *a, **k: (calls.append(a[2]), original(*a, **k))[1])
+    monkeypatch.setattr(C.table, "_run_ours", lambda *a, **k: (calls.append(a[2]), original(*a, **k))[1])
     records = C.run_table(config, "table1", out=out, log=lambda s: None)
     assert calls == ["huffman5"]  # flat was not trained again
     assert [r["output"] for r in records if r.get("model") != "gain"] == ["flat", "huffman5"]
     assert not (tmp_path / ".t.json.partial.json").exists()  # removed once every row is done
-
-
-def test_names_set_on_the_package_reach_the_modules_that_call_them(monkeypatch):
-    """The module became a package: monkeypatching ``C.X`` still changes what its code calls."""
-    original = C.train_bow
-
-    def fake(*args, **kwargs):
-        raise AssertionError("not called")
-
-    monkeypatch.setattr(C, "train_bow", fake)
-    assert C.train_bow is fake and C.table.train_bow is fake and C.training.train_bow is fake
-    monkeypatch.undo()
-    assert C.train_bow is original and C.table.train_bow is original and C.training.train_bow is original
 
 
 def test_released_code_prior_keeps_unseen_labels_in_place_where_the_uniform_prior_scatters_them():
@@ -325,7 +312,7 @@ def test_fasttext_peer_runs_on_the_threads_of_our_rows(tmp_path, monkeypatch, tr
         seen.append(args[-1] if len(args) == 11 else kwargs["threads"])
         return {"p_at_1": 10.0, "r_at_1": 5.0, "train_seconds": 1.0, "test_seconds": 0.1}
 
-    monkeypatch.setattr(C, "run_fasttext", fake_fasttext)
+    monkeypatch.setattr(C.table, "run_fasttext", fake_fasttext)
     path = C.icml_table1(scale="quick", out=tmp_path / "t.json", outputs="", peers="fasttext-hs", trainer=trainer,
                          threads=threads, **TINY)
     row = next(r for r in load_results(path)["records"] if r["output"] == "fasttext-hs")

@@ -545,18 +545,6 @@ def test_the_lm_ptb_full_learned_run_key_is_pinned() -> None:
     assert cfg.key() == "0155a18f3317"
 
 
-def test_setting_a_package_name_reaches_the_code_that_calls_it(monkeypatch) -> None:
-    """hsm.experiments.lm was one module: setting one of its names still changes what its code calls."""
-    calls = []
-    real = lm.atomic_write
-    monkeypatch.setattr(lm, "atomic_write", lambda *args: calls.append(args))
-    assert lm.training.atomic_write is not real and lm.report.atomic_write is not real
-    lm.training.RunFiles(Path("unused.pt"), Path("never-written.json")).finish(lm.LMRunResult(config={}))
-    assert len(calls) == 1 and calls[0][0] == Path("never-written.json")
-    monkeypatch.undo()
-    assert lm.atomic_write is real and lm.training.atomic_write is real and lm.report.atomic_write is real
-
-
 def test_scale_label_calls_only_smaller_runs_reductions() -> None:
     from hsm.experiments.lm.presets import SCALES
     from hsm.experiments.lm.report import scale_label

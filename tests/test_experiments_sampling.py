@@ -164,24 +164,6 @@ def test_lm_ptb_sampling_more_negatives_must_name_a_trained_method(tmp_path):
         E.run_lm_ptb_sampling(scale="quick", out=tmp_path / "x.json", methods="importance", more_negatives="importance:x")
 
 
-def test_names_set_on_the_package_reach_the_modules_that_call_them(tmp_path, monkeypatch):
-    """The module became a package: monkeypatching ``E.X`` still changes what the experiments call."""
-    original = E.make_problem
-
-    class Called(Exception):
-        pass
-
-    def fake(*args, **kwargs):
-        raise Called
-
-    monkeypatch.setattr(E, "make_problem", fake)
-    assert E.training.make_problem is fake
-    with pytest.raises(Called):  # run_fig2 (commands) -> _run_methods (training) -> make_problem
-        E.run_fig2(scale="quick", out=tmp_path / "fig2.json", **TINY)
-    monkeypatch.undo()
-    assert E.make_problem is original and E.training.make_problem is original
-
-
 def test_presets_are_not_changed_by_options():
     """Options override a copy: the next run starts from the same preset."""
     before = E.config._settings("quick", {})

@@ -47,8 +47,6 @@ libraries and fastText with bigrams, experiment ``today-tools``). Every name is 
 """
 from __future__ import annotations
 
-from hsm.experiments._package import patches_reach_submodules
-
 from . import commands, config, data, evaluation, peers, presets, report, table, today, training, trees
 from .commands import _default_out, _reissue_table1, _run_command, icml_table1, icml_table3
 from .config import TableConfig, _config_json, _parse_options
@@ -85,8 +83,3 @@ __all__ = [
     "train_bow",
     "tree_prefix_of",
 ]
-
-
-# the package was one module: ``monkeypatch.setattr(C, "run_fasttext", fake)`` still reaches the
-# submodule that calls it (:func:`~.table._run_peer`)
-patches_reach_submodules(__name__)

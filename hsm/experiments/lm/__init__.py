@@ -66,10 +66,8 @@ options). Every name is re-exported here (``from hsm.experiments import lm; lm.t
 """
 from __future__ import annotations
 
-from hsm._atomic import atomic_write
 from hsm.clustering import _kmeans_fill, clustering_tree, greedy_fill
 from hsm.data.lm import UNK, LMCorpus
-from hsm.experiments._package import patches_reach_submodules
 from hsm.tree import Tree
 
 from . import (commands, config, data, decoding, embeddings, lemma31, mnih_hinton, node_accuracy, offset, presets,
@@ -113,7 +111,3 @@ __all__ = [
     "OUTPUT_KINDS",
     "SAMPLED_KINDS",
 ]
-
-# the package was one module: setting one of its names (``monkeypatch.setattr(lm, "atomic_write", ...)``
-# in the tests) still changes what its code calls
-patches_reach_submodules(__name__)

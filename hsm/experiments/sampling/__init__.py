@@ -39,18 +39,14 @@ its ``-o key=value`` options checked), :mod:`.training` (Figs. 1-2: the problem,
 minibatch loss, one run, the rate search), :mod:`.lm_training` (``lm-ptb-sampling``'s runs, rate
 selection and step benchmark), :mod:`.report` (result records, :func:`lm_rows` for the
 sampled-softmax chapter) and :mod:`.commands` (the registered experiments). Every name is
-re-exported here (``from hsm.experiments import sampling as E; E.run_fig2``), and setting one
-here (``monkeypatch.setattr(E, "train_softmax_regression", fake)``) reaches the submodules that
-call it.
+re-exported here (``from hsm.experiments import sampling as E; E.run_fig2``).
 """
 from __future__ import annotations
 
-# the library names the submodules call, re-exported (as the single module had them) so that setting
-# one here reaches its callers
+# the library names the submodules call, re-exported as the single module had them
 from hsm import sampling as S
 from hsm.config import seed_everything
 from hsm.experiments import check_device, check_scale
-from hsm.experiments._package import patches_reach_submodules
 from hsm.results import check_replace, make_record, output_path, provenance, write_results
 
 from . import commands, config, lm_training, presets, report, training
@@ -66,5 +62,3 @@ from .training import (SoftmaxRegressionProblem, _mean_loglik, _method_loss, _pi
 
 __all__ = ["SoftmaxRegressionProblem", "make_problem", "train_softmax_regression", "METHODS", "run_fig2", "run_fig1",
            "LM_METHODS", "run_lm_ptb_sampling", "lm_rows"]
-
-patches_reach_submodules(__name__)
