@@ -19,7 +19,7 @@ _DIRECTIVE = re.compile(r"^([ \t]*)\.\. [\w-]+::.*\n(?:\1[ \t]+:[\w-]+:.*\n)*", 
 def _role_text(match: re.Match) -> str:
     text = match.group(1)
     shown = re.fullmatch(r"(.*?)\s*<[^>]+>", text, flags=re.S)
-    if shown:  # :func:`the writer <hsm.results.atomic_write>` shows "the writer"
+    if shown:  # :func:`the writer <hsm.tree_io.save_tree>` shows "the writer"
         return shown.group(1)
     if text.startswith("~"):  # :class:`~hsm.tree.Tree` shows "Tree"
         return text[1:].rsplit(".", 1)[-1]

@@ -76,7 +76,7 @@ def test_top_level_help_lists_every_command(capsys):
     ("``python -m hsm run``: list", "python -m hsm run: list"),
     ("see :func:`hsm.results.output_root`.", "see hsm.results.output_root."),
     ("a :class:`~hsm.tree.Tree`", "a Tree"),
-    ("the :func:`writer <hsm.results.atomic_write>` and :py:meth:`x.y`", "the writer and x.y"),
+    ("the :func:`writer <hsm.tree_io.save_tree>` and :py:meth:`x.y`", "the writer and x.y"),
     ("Quick start::\n\n    import hsm", "Quick start:\n\n    import hsm"),
     ("Before.\n\n.. code-block:: bash\n   :linenos:\n\n   make test", "Before.\n\n\n   make test"),
     ("the `default` role and ``two\nlines``", "the default role and two\nlines"),
