@@ -307,8 +307,8 @@ def assign_node(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | N
     Parameters
     ----------
     p_cond: [K, M] p_{j|i} at the node. counts: [K] examples per label (q = counts / sum).
-    capacity: an int (every child) or [M] ints. score: "eq12" (default) ranks by eq. 12, "eq10" by
-    eq. 10.
+    capacity: an int (every child) or [M] ints. score: "eq12" (default) ranks by eq. 12,
+    "eq10" by eq. 10.
 
     Returns the child index of every label, shape [K].
     """
