@@ -1169,6 +1169,8 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
             entries.append((shown, None, config.get("experiment") or "an unrecorded command", seconds, threads))
             continue
         threads = (invocation.get("options") or {}).get("threads") or threads
+        if str(config.get("device", "cpu")).startswith("cuda") and prov.get("cuda_device"):
+            threads = f"on one {prov['cuda_device']}"  # a GPU run: its minutes are the device's, not CPU time
         words = ["python", "-m", "hsm", *command_for(invocation, Path(shown))[3:]]
         if "--device" in words and words[words.index("--device") + 1] == "cpu":  # the default
             del words[words.index("--device"):words.index("--device") + 2]
@@ -1179,6 +1181,8 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
 
     def cost(seconds: float | None, threads: Any) -> str:
         parts = [cost_words(seconds)] if seconds is not None else []
+        if isinstance(threads, str) and threads.startswith("on one "):
+            return " ".join([*(p.replace("CPU-", "") for p in parts), threads])
         if isinstance(threads, (list, tuple)):
             threads = " and ".join(str(t) for t in threads) if len(threads) != 1 else threads[0]
         if threads:

@@ -306,3 +306,9 @@ def test_the_ptb_verdict_weighs_the_learned_tree_against_every_random_tree(
     row = report._lm_rows(report.measurements(tmp_path), tmp_path)[0]
     assert row.verdict == word, row.why
     assert row.numbers["random_seeds"] == 3
+
+
+def test_a_gpu_run_regenerates_with_its_device_minutes_not_cpu_time() -> None:
+    text = report.regenerate_note(["bench/gpu-h200-float32.json"])
+    assert "on one NVIDIA H200" in text and "CPU-minute" not in text and "thread" not in text
+    assert "CPU-minute" in report.regenerate_note(["bench/decoding.json"])  # a CPU run keeps its CPU time
