@@ -252,11 +252,12 @@ def test_regenerate_note_short_command_is_one_line_with_threads_and_note():
 def test_regenerate_note_without_a_recorded_command_names_the_experiment():
     from hsm.reproduce import ReproduceError, invocation_of
 
-    path = report.default_results_root() / "lm/timing.json"
+    path = report.default_results_root() / "classification/fast-ablation-cooking.json"
     with pytest.raises(ReproduceError):
         invocation_of(path, json.loads(path.read_text()))
-    text = report.regenerate_note("lm/timing.json")
-    assert text.startswith("*File:* `results/lm/timing.json`, made by `lm-timing` (command not recorded; about ")
+    text = report.regenerate_note("classification/fast-ablation-cooking.json")
+    assert text.startswith("*File:* `results/classification/fast-ablation-cooking.json`, made by "
+                           "`icml-fast-ablation` (command not recorded; about ")
     assert "python -m hsm" not in text
 
 
