@@ -614,7 +614,7 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
                 why = (f"a training step of our tree layer costs {gpu['tree_train_ms_range'][0]:.1f} to "
                        f"{gpu['tree_train_ms_range'][1]:.1f} ms on the GPU at every V from {gpu['vocab_range'][0]:,} "
                        f"to {gpu['vocab_range'][1]:,} (the flat layer's: {gpu['flat_train_ms']:.1f} ms at "
-                       f"250,000), so it wins only with larger batches ({gpu['train_b1024']:.1f}× at B = 1,024); "
+                       f"{gpu['vocab']:,}), so it wins only with larger batches ({gpu['train_b1024']:.1f}× at B = 1,024); "
                        f"on our 2-core CPU the flat product is slow and the ratios far larger")
         else:
             word = "not run here"
@@ -757,7 +757,7 @@ def gpu_layer_speedups(root: Path | None = None, vocab: int = 250_000, batch: in
             "tree_train_ms": ms[(vocab, batch, "learned-d3", "train")],
             "flat_train_ms": ms[(vocab, batch, "flat", "train")],
             "tree_train_ms_range": (min(tree), max(tree)), "vocab_range": (min(vocabs), max(vocabs)),
-            "device": hardware_summary(payload["provenance"]), "batch": batch}
+            "device": hardware_summary(payload["provenance"]), "batch": batch, "vocab": vocab}
 
 
 def gpu_flat_slice(root: Path | None, epoch_tokens: int) -> dict[str, Any] | None:
