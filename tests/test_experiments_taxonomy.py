@@ -487,3 +487,8 @@ def test_a_resumed_taxonomy_run_records_the_training_time_of_every_part(tmp_path
     prov = load_results(E.run_taxonomy_tables(scale="quick", out=tmp_path / "trec.json", data="trec",
                                               **options))["provenance"]
     assert prov["config"]["training_seconds"] == pytest.approx(9000.0)
+
+
+def test_token_cap_uses_the_share_as_kept_token_share_rounds_it() -> None:
+    # 0.07 * 100 rounds above 7, while 7 / 100 == 0.07: the cap is 7, not 8
+    assert E.token_cap_for_share(np.array([100]), 0.07) == 7

@@ -148,12 +148,12 @@ def token_cap_for_share(lengths: np.ndarray, share: float = 0.95) -> int:
         raise ValueError("lengths must be a non-empty 1-d array of non-negative document lengths")
     if not 0.0 < share <= 1.0:
         raise ValueError(f"share must be in (0, 1], got {share}")
-    total = int(lengths.sum())
-    need = share * total
     low, high = 1, max(int(lengths.max()), 1)
     while low < high:
         mid = (low + high) // 2
-        if np.minimum(lengths, mid).sum() >= need:
+        # the share as kept_token_share computes it (kept / total), not kept >= share * total:
+        # the two round differently (7 / 100 == 0.07, but 0.07 * 100 > 7)
+        if kept_token_share(lengths, mid) >= share:
             high = mid
         else:
             low = mid + 1
