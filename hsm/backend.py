@@ -140,6 +140,11 @@ def grouped_logits(input: Tensor, weight: Tensor, buckets: list[_Bucket], num_pa
     return logits
 
 
+def autocast_on(device: str) -> bool:
+    """Whether ``torch.autocast`` is active for ``device`` (a device type: "cpu", "cuda")."""
+    return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
+
+
 def without_autocast(method: Callable[..., Any]) -> Callable[..., Any]:
     """Run an autograd Function's ``forward`` or ``backward`` with autocast off on the device of
     its first tensor argument.
@@ -152,7 +157,7 @@ def without_autocast(method: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(method)
     def wrapped(ctx, *args, **kwargs):
         device = next((a.device.type for a in args if isinstance(a, Tensor)), "cpu")
-        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):
+        if autocast_on(device):
             with torch.autocast(device, enabled=False):
                 return method(ctx, *args, **kwargs)
         return method(ctx, *args, **kwargs)

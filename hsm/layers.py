@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from . import backend, search
 from ._checks import NonFiniteInputError, check_input, check_logits_finite, check_k, check_target, check_target_shape
 from ._loss_options import check_loss_options, forward_rows, over_leading_dims
-from .backend import KERNELS, TORCH, OutputBackend, NodeDistributions, TreeTables, _EmptyBatch
+from .backend import KERNELS, TORCH, OutputBackend, NodeDistributions, TreeTables, _EmptyBatch, autocast_on
 from .optim import RowSparseAdagrad, RowSparseSGD
 from .tree import Tree, check_integer
 
@@ -101,7 +101,7 @@ def _layer_entry(method: Callable) -> Callable:
         if not isinstance(input, Tensor):
             return method(self, input, *args, **kwargs)  # the method's own checks name the problem
         device = input.device.type
-        if not (torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)):
+        if not autocast_on(device):
             return method(self, input, *args, **kwargs)
         dtype = self._compute_dtype()
         if input.dtype == torch.get_autocast_dtype(device) and dtype.is_floating_point and input.dtype != dtype:
