@@ -30,7 +30,9 @@ pairs: a full re-assignment at K = 250k, M = 65, D = 3 takes about a second.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import numba
@@ -42,8 +44,10 @@ from .tree import Tree
 __all__ = [
     "AssignmentDeadlock",
     "AssignmentError",
+    "ReassignRecord",
     "Reassignment",
     "StatisticsSource",
+    "assign_labels",
     "assign_labels_depth_constrained",
     "assign_labels_well_formed",
     "assign_node",
@@ -52,6 +56,7 @@ __all__ = [
     "brute_force_assign",
     "greedy_assign_reference",
     "pair_scores",
+    "rebuild_tree",
 ]
 
 
@@ -595,3 +600,50 @@ def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource,
     child_label[prov_final] = child_label_prov
     new_tree = Tree(child_node, child_label, tree.num_labels, label_names=tree.label_names)
     return Reassignment(new_tree, moved, _moved_fraction(tree, new_tree))
+
+
+# ---------------------------------------------------------------------------- Algorithm 1's rebuild
+class RebuildStatistics(StatisticsSource, Protocol):
+    """Statistics that Algorithm 1 both reads (AssignLabels) and updates after the new tree is in."""
+
+    def on_reassign(self, new_tree: Tree, reset_nodes: Any = None, apply_decay: bool = True) -> None:
+        """Decay the sums and follow ``new_tree`` (dropping the sums of ``reset_nodes``)."""
+
+
+@dataclass
+class ReassignRecord:
+    """What one AssignLabels call did (kept in ``TreeLearner.history`` and ``FitHistory.rebuilds``)."""
+
+    step: int
+    seconds: float
+    moved_labels: float  #: fraction of labels whose path changed
+    moved_nodes: int  #: internal nodes placed somewhere new (Algorithm 2 only)
+    objective_by_depth: dict[int, float] = field(default_factory=dict)  #: mass-weighted mean J_n before the rebuild
+
+
+def assign_labels(tree: Tree, statistics: StatisticsSource, algorithm: Literal["depth", "well_formed"],
+                  score: RankingScore | None = None) -> Reassignment:
+    """AssignLabels by name: ``"depth"`` is Algorithm 3 (:func:`assign_labels_depth_constrained`),
+    ``"well_formed"`` Algorithm 2 (:func:`assign_labels_well_formed`)."""
+    if algorithm == "depth":
+        return assign_labels_depth_constrained(tree, statistics, score=score)
+    if algorithm == "well_formed":
+        return assign_labels_well_formed(tree, statistics, score=score)
+    raise ValueError(f"algorithm must be 'depth' or 'well_formed', got {algorithm!r}")
+
+
+def rebuild_tree(tree: Tree, statistics: RebuildStatistics, algorithm: Literal["depth", "well_formed"],
+                 install: Callable[[Reassignment], None], *, step: int, score: RankingScore | None = None,
+                 objective_by_depth: dict[int, float] | None = None) -> tuple[Reassignment, ReassignRecord]:
+    """Algorithm 1, lines 8-10: AssignLabels on the statistics so far, then ``install(result)`` puts
+    the new tree into the model (each model keeps its parameters its own way), then the statistics
+    follow the new tree (decayed, the moved nodes' sums dropped). Every training driver (the
+    layer's :class:`~hsm.training.TreeLearner`, the classifiers' Hogwild trainers) rebuilds
+    through this function. ``step``: the driver's clock, recorded in the returned record."""
+    start = time.perf_counter()
+    result = assign_labels(tree, statistics, algorithm, score=score)
+    install(result)
+    statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
+    record = ReassignRecord(step, time.perf_counter() - start, result.moved_labels, len(result.moved_nodes),
+                            dict(objective_by_depth or {}))
+    return result, record

@@ -23,11 +23,10 @@ import numba
 import numpy as np
 import torch
 
-from .assign import assign_labels_depth_constrained, assign_labels_well_formed
-from .kernels import _FASTMATH, _node_log_softmax, _run
+from .assign import ReassignRecord, Reassignment, rebuild_tree
+from .kernels import _FASTMATH, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
 from .statistics import NodeStatistics
-from .training import ReassignRecord
 from .tree import Tree
 
 if TYPE_CHECKING:  # the classifier imports this module
@@ -391,16 +390,14 @@ class HogwildTrainer:
         """AssignLabels (Algorithm 2, or Algorithm 3 of the ICML supplement for ``depth="fixed"``) on
         the statistics so far; the new tree goes into the layer."""
         clf = self.classifier
-        start = time.perf_counter()
         layer = clf.layer
-        if clf.depth == "fixed":  # every label stays at the start tree's depth; node ids are heap positions
-            result = assign_labels_depth_constrained(layer.tree, clf.statistics, score=clf.score)
-        else:
-            result = assign_labels_well_formed(layer.tree, clf.statistics, score=clf.score)
-        # the layer re-draws moved nodes from torch's global generator: seeded here, so a run is
-        # reproducible from ``seed`` alone, and the caller's stream is left alone
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(clf.seed * 1_000_003 + done)
-            layer.set_tree(result.tree, reset_nodes=result.moved_nodes if clf.reset_moved_nodes else None)
-        clf.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
-        return ReassignRecord(done, time.perf_counter() - start, result.moved_labels, len(result.moved_nodes))
+
+        def install(result: Reassignment) -> None:
+            # the layer re-draws moved nodes from torch's global generator: seeded here, so a run is
+            # reproducible from ``seed`` alone, and the caller's stream is left alone
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(clf.seed * 1_000_003 + done)
+                layer.set_tree(result.tree, reset_nodes=result.moved_nodes if clf.reset_moved_nodes else None)
+
+        algorithm = "depth" if clf.depth == "fixed" else "well_formed"
+        return rebuild_tree(layer.tree, clf.statistics, algorithm, install, step=done, score=clf.score)[1]

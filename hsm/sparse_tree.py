@@ -26,7 +26,6 @@ softmax over a multi-label example, as everywhere in this package).
 from __future__ import annotations
 
 import math
-import time
 from typing import Any, Literal
 
 import numba
@@ -34,14 +33,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._checks import NonFiniteInputError
-from .assign import assign_labels_depth_constrained, assign_labels_well_formed
+from .assign import ReassignRecord, Reassignment, rebuild_tree
 from .fast_classifier import (Prediction, _as_labels, _check_fraction, _check_inferred_size, _check_positive, _choice,
                               _count)
 from .fast_trainer import FitHistory, HogwildTrainer, _example_rate, path_arrays, statistics_arrays
 from .kernels import _FASTMATH, _run
 from .objective import RankingScore, _ranking_score
 from .statistics import NodeStatistics
-from .training import ReassignRecord
 from .tree import Tree, check_integer
 
 __all__ = ["SparseTreeClassifier", "full_tree", "kmeans_label_tree", "label_centroids"]
@@ -380,17 +378,16 @@ class _SparseHogwildTrainer(HogwildTrainer):
     def _rebuild(self, done: int) -> ReassignRecord:
         """AssignLabels (Algorithm 2); node parameters stay with their node ids (ICML §4)."""
         clf = self.classifier
-        start = time.perf_counter()
         old = clf.tree
-        if clf.depth == "fixed":  # ICML supplement Algorithm 3 keeps every label at the tree's depth
-            result = assign_labels_depth_constrained(old, clf.statistics, score=clf.score)
-        else:
-            result = assign_labels_well_formed(old, clf.statistics, score=clf.score)
-        if clf.changed_nodes != "keep":
-            clf._refresh(_changed_nodes(old, result.tree, result.moved_nodes))
-        clf._set_tree(result.tree)
-        clf.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
-        return ReassignRecord(done, time.perf_counter() - start, result.moved_labels, len(result.moved_nodes))
+
+        def install(result: Reassignment) -> None:
+            if clf.changed_nodes != "keep":
+                clf._refresh(_changed_nodes(old, result.tree, result.moved_nodes))
+            clf._set_tree(result.tree)
+
+        # ICML supplement Algorithm 3 keeps every label at the tree's depth
+        algorithm = "depth" if clf.depth == "fixed" else "well_formed"
+        return rebuild_tree(old, clf.statistics, algorithm, install, step=done, score=clf.score)[1]
 
 
 def _changed_nodes(old: Tree, new: Tree, moved_nodes: np.ndarray) -> np.ndarray:

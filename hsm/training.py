@@ -21,33 +21,20 @@ every step (the paper's linear decay) and freezes the tree half-way.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
-from .assign import Reassignment, assign_labels_depth_constrained, assign_labels_well_formed
+from .assign import ReassignRecord, Reassignment, rebuild_tree
 from .layers import HierarchicalSoftmax, NonFiniteInputError
 from .objective import RankingScore, _ranking_score
 from .tree import check_integer
 from .statistics import NodeStatistics, node_objectives
 
 __all__ = ["ReassignRecord", "TreeLearner", "evaluate", "train_epoch"]
-
-
-@dataclass
-class ReassignRecord:
-    """What one AssignLabels call did (kept in :attr:`TreeLearner.history`)."""
-
-    step: int
-    seconds: float
-    moved_labels: float  #: fraction of labels whose path changed
-    moved_nodes: int  #: internal nodes placed somewhere new (Algorithm 2 only)
-    objective_by_depth: dict[int, float] = field(default_factory=dict)  #: mass-weighted mean J_n before the rebuild
 
 
 def _process_group_size() -> int:
@@ -183,18 +170,15 @@ class TreeLearner:
 
     def reassign(self) -> Reassignment:
         """AssignLabels over the whole tree from the statistics collected so far."""
-        start = time.perf_counter()
         every = self.record_objective
         before = self.objective_by_depth() if every and len(self.history) % every == 0 else {}
-        if self.algorithm == "depth":
-            result = assign_labels_depth_constrained(self.layer.tree, self.statistics, score=self.score)
-        else:
-            result = assign_labels_well_formed(self.layer.tree, self.statistics, score=self.score)
-        reset = result.moved_nodes if self.reset_moved_nodes else None
-        self.layer.set_tree(result.tree, reset_nodes=reset)
-        self.statistics.on_reassign(result.tree, reset_nodes=result.moved_nodes)
-        self.history.append(ReassignRecord(self.steps, time.perf_counter() - start, result.moved_labels,
-                                           len(result.moved_nodes), before))
+
+        def install(result: Reassignment) -> None:
+            self.layer.set_tree(result.tree, reset_nodes=result.moved_nodes if self.reset_moved_nodes else None)
+
+        result, record = rebuild_tree(self.layer.tree, self.statistics, self.algorithm, install, step=self.steps,
+                                      score=self.score, objective_by_depth=before)
+        self.history.append(record)
         return result
 
     def freeze(self) -> None:

@@ -296,3 +296,51 @@ def test_algorithm2_uninformed_labels_do_not_grow_a_chain():
     tree = Tree.huffman(np.ones(1000), 4)
     new = assign_labels_well_formed(tree, Uninformed(tree.num_leaves, 4, 1000)).tree
     assert new.max_depth <= 7
+
+
+# ---------------------------------------------------------------------------- Algorithm 1's rebuild
+def test_assign_labels_refuses_an_unknown_algorithm_in_one_line() -> None:
+    from hsm.assign import assign_labels
+
+    with pytest.raises(ValueError, match="algorithm must be 'depth' or 'well_formed', got 'bfs'"):
+        assign_labels(Tree.random(8, 2, 3, seed=0), None, "bfs")  # type: ignore[arg-type]
+
+
+def test_every_training_driver_rebuilds_through_the_one_algorithm_1_rebuild(monkeypatch) -> None:
+    """TreeLearner, the bag-of-words classifier's trainer and the sparse classifier's trainer all
+    call :func:`hsm.assign.rebuild_tree`: one AssignLabels call per recorded rebuild."""
+    import scipy.sparse as sp
+    import torch
+
+    import hsm
+    import hsm.assign as assign
+    from hsm.sparse_tree import SparseTreeClassifier
+
+    calls: list[str] = []
+    real = assign.assign_labels
+
+    def counted(tree, statistics, algorithm, score=None):
+        calls.append(algorithm)
+        return real(tree, statistics, algorithm, score=score)
+
+    monkeypatch.setattr(assign, "assign_labels", counted)
+
+    torch.manual_seed(0)
+    layer = hsm.HierarchicalSoftmax(4, hsm.Tree.random(12, 3, 3, seed=0))
+    learner = hsm.TreeLearner(layer, reassign_every=1)
+    for _ in range(3):
+        layer(torch.randn(5, 4), torch.randint(0, 12, (5,))).loss.backward()
+        learner.step()
+    assert calls == ["depth"] * 3 and len(learner.history) == 3
+
+    calls.clear()
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 30, size=int(rng.integers(1, 5))) for _ in range(60)]
+    labels = rng.integers(0, 7, size=len(docs))
+    clf = hsm.FastBowClassifier(dim=4, output="learned", arity=2, epochs=2, threads=1, rebuilds=2).fit(docs, labels)
+    assert calls == ["well_formed"] * len(clf.history.rebuilds) and calls
+
+    calls.clear()
+    features = sp.random(60, 20, density=0.3, format="csr", random_state=0, dtype=np.float32)
+    sparse = SparseTreeClassifier(output="learned", arity=2, epochs=2, threads=1).fit(features, labels, num_labels=7)
+    assert calls == ["well_formed"] * len(sparse.history.rebuilds) and calls
