@@ -41,12 +41,12 @@ from .assign import (
     assign_node_well_formed,
 )
 from .clipping import clip_grad_norm_
-from .fast_classifier import FastBowClassifier, ReleasedStatistics
+from .fast_classifier import FastBowClassifier
 from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, NonFiniteInputError, TopK
 from .objective import balance, max_objective, node_objective, node_objective_grad, purity
 from .optim import RowSparseAdagrad, RowSparseSGD
 from .sparse_tree import SparseTreeClassifier
-from .statistics import NodeStatistics
+from .statistics import NodeStatistics, ReleasedStatistics
 from .training import TreeLearner, evaluate, train_epoch
 from .tree import Tree
 

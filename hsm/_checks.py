@@ -7,18 +7,55 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from .tree import check_integer
 
-__all__ = ["NonFiniteInputError", "check_input", "check_logits_finite", "check_k", "check_target", "check_target_shape"]
+__all__ = ["NonFiniteInputError", "check_choice", "check_count", "check_fraction", "check_positive", "check_input", "check_logits_finite", "check_k", "check_target", "check_target_shape"]
 
 
 class NonFiniteInputError(ValueError):
     """The input of an output layer holds NaN or infinite values (a ValueError; :func:`hsm.training.train_epoch`
     reports it as the divergence it usually is, a FloatingPointError naming the step)."""
+
+
+def check_positive(value: Any, name: str) -> float:
+    """``value`` as a float; TypeError unless a real number, ValueError unless finite and > 0."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return float(value)
+
+
+def check_count(value: Any, name: str, minimum: int, shown: str | None = None) -> int:
+    """``value`` as an int ``>= minimum``: TypeError for a non-integer (:func:`hsm.tree.check_integer`),
+    ValueError naming ``shown`` (default ``name``) for a smaller one."""
+    count = check_integer(value, name)
+    if count < minimum:
+        raise ValueError(f"{shown or name} must be >= {minimum}, got {value}")
+    return count
+
+
+def check_choice(value: Any, name: str, choices: tuple[str, ...], described: str | None = None) -> Any:
+    """``value`` when it is one of ``choices``; else ValueError listing them (or ``described``)."""
+    if value not in choices:
+        listed = described or ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}"
+        raise ValueError(f"{name} must be {listed}, got {value!r}")
+    return value
+
+
+def check_fraction(value: Any, name: str) -> float:
+    """``value`` as a float; TypeError unless a real number, ValueError outside [0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{name} must be a real number, got {value!r}")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"{name} must lie in [0, 1], got {value}")
+    return float(value)
 
 
 def check_input(input: Tensor, in_features: int, parameter: Tensor | None = None) -> None:

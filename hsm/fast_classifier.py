@@ -86,30 +86,18 @@ import numpy as np
 import torch
 
 from ._atomic import atomic_write
+from ._checks import check_choice, check_count, check_fraction, check_positive
+from .fasttext_format import SettingError
 from .fast_trainer import FitHistory, HogwildTrainer, output_arrays
 from .kernels import _FASTMATH, _node_log_softmax, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
 from .objective import RankingScore, _ranking_score
-from .statistics import NodeStatistics
+from .statistics import NodeStatistics, ReleasedStatistics
 from .text_models import BagOfWordsClassifier
 from .tree import Tree, check_integer
 
-__all__ = ["FastBowClassifier", "FitHistory", "ModelFileError", "Prediction", "ReleasedStatistics", "SettingError",
+__all__ = ["FastBowClassifier", "FitHistory", "ModelFileError", "Prediction", "SettingError",
            "as_ragged", "fixed_depth_start"]
-
-
-class SettingError(ValueError):
-    """A setting whose value cannot work with these data (``min_count`` that keeps no word, a
-    ``dim`` too large for the memory). The message names the setting; :meth:`named` gives it
-    with another name, so that the command line can name its own option (``-minCount``)."""
-
-    def __init__(self, setting: str, template: str) -> None:
-        self.setting, self.template = setting, template
-        super().__init__(template.format(name=setting))
-
-    def named(self, name: str) -> str:
-        """The message with the setting called ``name``."""
-        return self.template.format(name=name)
 
 
 class ModelFileError(ValueError):
@@ -231,7 +219,7 @@ def as_ragged(docs: Any, name: str = "docs") -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(values), np.ascontiguousarray(offsets)
 
 
-def _as_labels(labels: Any, count: int, name: str = "labels") -> tuple[np.ndarray, np.ndarray]:
+def as_labels(labels: Any, count: int, name: str = "labels") -> tuple[np.ndarray, np.ndarray]:
     """Ragged ``(values, offsets)`` of one label per example (a 1-D int array), of a sequence of
     label sets (multi-label: each a non-empty int sequence) or of an object with ``values`` and
     ``offsets`` attributes (``hsm.data``'s multi-label ``Ragged``)."""
@@ -296,39 +284,6 @@ def unique_label_sets(values: np.ndarray, offsets: np.ndarray) -> tuple[np.ndarr
     return np.ascontiguousarray(values[keep]), new_offsets
 
 
-def _check_positive(value: Any, name: str) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
-    return float(value)
-
-
-def _count(value: Any, name: str, minimum: int, shown: str | None = None) -> int:
-    """``value`` as an int ``>= minimum``: TypeError for a non-integer (:func:`hsm.tree.check_integer`),
-    ValueError naming ``shown`` (default ``name``) for a smaller one."""
-    count = check_integer(value, name)
-    if count < minimum:
-        raise ValueError(f"{shown or name} must be >= {minimum}, got {value}")
-    return count
-
-
-def _choice(value: Any, name: str, choices: tuple[str, ...], described: str | None = None) -> Any:
-    """``value`` when it is one of ``choices``; else ValueError listing them (or ``described``)."""
-    if value not in choices:
-        listed = described or ", ".join(map(repr, choices[:-1])) + f" or {choices[-1]!r}"
-        raise ValueError(f"{name} must be {listed}, got {value!r}")
-    return value
-
-
-def _check_fraction(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"{name} must be a real number, got {value!r}")
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{name} must lie in [0, 1], got {value}")
-    return float(value)
-
-
 #: an inferred size (largest id + 1) is refused when it exceeds this many times the distinct ids
 #: seen, plus :data:`SPARSE_IDS_SLACK`: one stray id (a label 10**6 among labels 0..9) would
 #: otherwise build, and train, a model of a million rows that no example uses
@@ -359,7 +314,7 @@ def _available_memory() -> int | None:
     return _physical_memory()
 
 
-def _check_inferred_size(ids: np.ndarray, size: int, what: str, option: str) -> None:
+def check_inferred_size(ids: np.ndarray, size: int, what: str, option: str) -> None:
     """ValueError when ``size`` (the largest of ``ids`` plus one) is far beyond the distinct ids."""
     distinct = int(np.unique(ids).size)
     if size > SPARSE_IDS_FACTOR * distinct + SPARSE_IDS_SLACK:
@@ -423,13 +378,13 @@ def _training_sizes(values: np.ndarray, label_values: np.ndarray, num_words: int
     explicitly is taken as meant."""
     seen_words = int(values.max()) + 1 if values.size else 1
     if num_words is None:
-        _check_inferred_size(values, seen_words, "word", "num_words")
+        check_inferred_size(values, seen_words, "word", "num_words")
         num_words = seen_words
     elif check_integer(num_words, "num_words") < seen_words:
         raise ValueError(f"word id {seen_words - 1} is outside 0..num_words-1 = 0..{num_words - 1}")
     seen_labels = int(label_values.max()) + 1
     if num_labels is None:
-        _check_inferred_size(label_values, seen_labels, "label", "num_labels")
+        check_inferred_size(label_values, seen_labels, "label", "num_labels")
         num_labels = seen_labels
     elif check_integer(num_labels, "num_labels") < seen_labels:
         raise ValueError(f"unknown label {seen_labels - 1}: num_labels={num_labels} gives labels "
@@ -437,167 +392,6 @@ def _training_sizes(values: np.ndarray, label_values: np.ndarray, num_words: int
     if num_labels < 2:
         raise ValueError(f"a classifier needs K >= 2 labels, got K = {num_labels}")
     return num_words, num_labels
-
-
-# ---------------------------------------------------------------------------------------------- statistics
-class ReleasedStatistics:
-    """The node statistics of the authors' released code (``src/lomtree.cc``), as a
-    :class:`hsm.assign.StatisticsSource` for :func:`hsm.assign.assign_labels_well_formed`.
-
-    The fork keeps ``acc_probas[(node, label)]`` (SumProbas, an M-vector) and
-    ``acc_counts[(node, label)]`` (Counts) in hash maps (``LOMtree::updateStats``). A pair is
-    created, the first time the label reaches the node, with one pseudo-example (``initNodeStats``:
-    count 1, ``0.5 / M`` on every child plus ``0.5`` on child ``position mod M``, ``position`` being
-    the label's place in the node's label list); it is never decayed, never reset, and survives
-    the label's moving away (it is found again if the label comes back).
-
-    Here: between two rebuilds the tree is fixed, so (label, depth) names the same pair as (node,
-    label); the training kernel adds to the current period's ``sum_probas`` [K', L, M],
-    ``path_counts`` [K', L] and ``label_counts`` [K'] (the :class:`hsm.NodeStatistics` layout), and
-    :meth:`flush` (called by :meth:`p_cond` and :meth:`on_reassign`) adds them to the store keyed
-    by (node, label) (sorted int64 keys ``node * K' + label``, merged with NumPy, no per-pair Python).
-
-    Differences from the fork, for reasons of interface: ``position`` is the label's rank by id
-    among the node's real labels (the fork lists them in the order they arrived: child by child at
-    the start, in the greedy's order later); a label that Algorithm 2 sends to a node that has no id
-    yet during the rebuild (a new internal node) is read with the prior (the fork knows which freed
-    id the node will get); and q_i uses the label's count over all of training plus the
-    pseudo-count (``label_weights``: the :class:`~hsm.assign.StatisticsSource` protocol has one
-    weight per label), where the fork uses ``acc_counts[(node, label)]`` (the examples seen at
-    that node; :meth:`node_weights` gives them), which differs only for a label that moved. ``prior`` scales the pseudo-example
-    (1 in the fork). ``decay`` (1 in the fork, the default) multiplies the whole store at every
-    rebuild, pseudo-examples included: an option that separates the keying from the decay.
-    """
-
-    def __init__(self, tree: Tree, prior: float = 1.0, decay: float = 1.0) -> None:
-        if not isinstance(tree, Tree):
-            raise TypeError(f"tree must be an hsm.Tree, got {type(tree).__name__}")
-        self.prior = _check_positive(prior, "prior")
-        if isinstance(decay, bool) or not isinstance(decay, (int, float, np.integer, np.floating)):
-            raise TypeError(f"decay must be a real number, got {decay!r}")
-        if not 0.0 <= decay <= 1.0:
-            raise ValueError(f"decay must lie in [0, 1], got {decay}")
-        self.decay = float(decay)
-        self.arity = tree.arity
-        self.num_labels = tree.num_labels
-        self.num_leaves = tree.num_leaves
-        self.keys = np.zeros(0, dtype=np.int64)
-        self.sums = np.zeros((0, self.arity))
-        self.counts = np.zeros(0)
-        self.total_label_counts = np.zeros(self.num_leaves)
-        self.label_counts = np.zeros(self.num_leaves, dtype=np.float32)
-        self._install(tree)
-
-    def _install(self, tree: Tree) -> None:
-        self.tree = tree
-        self.sum_probas = np.zeros((self.num_leaves, tree.max_depth, self.arity), dtype=np.float32)
-        self.path_counts = np.zeros((self.num_leaves, tree.max_depth), dtype=np.float32)
-        labels, depths = np.nonzero(tree.path_mask[: self.num_labels])
-        nodes = tree.path_nodes[labels, depths]
-        self._create(nodes, labels)
-
-    def _prior_rows(self, nodes: np.ndarray, labels: np.ndarray) -> np.ndarray:
-        """The pseudo-example of each (node, label) pair: ``prior`` x (0.5/M + 0.5 on child
-        ``rank mod M``), rank = the label's rank by id among the pairs of the same node."""
-        order = np.lexsort((labels, nodes))
-        sorted_nodes = nodes[order]
-        starts = np.r_[0, np.flatnonzero(np.diff(sorted_nodes)) + 1] if order.size else np.zeros(0, np.int64)
-        first_of = np.repeat(starts, np.diff(np.r_[starts, order.size]))
-        rank = np.empty(order.size, dtype=np.int64)
-        rank[order] = np.arange(order.size) - first_of
-        rows = np.full((labels.size, self.arity), 0.5 / self.arity)
-        rows[np.arange(labels.size), rank % self.arity] += 0.5
-        return rows * self.prior
-
-    def _create(self, nodes: np.ndarray, labels: np.ndarray) -> None:
-        """Add the pairs not in the store yet, each with its pseudo-example (``initNodeStats``)."""
-        keys = nodes * self.num_leaves + labels
-        found = self._find(keys) >= 0
-        if found.all():
-            return
-        new_keys = keys[~found]
-        rows = self._prior_rows(nodes, labels)[~found]
-        keys = np.concatenate([self.keys, new_keys])
-        order = np.argsort(keys, kind="stable")
-        self.keys = keys[order]
-        self.sums = np.concatenate([self.sums, rows])[order]
-        self.counts = np.concatenate([self.counts, np.full(new_keys.size, self.prior)])[order]
-
-    def _find(self, keys: np.ndarray) -> np.ndarray:
-        """Index of each key in the store, -1 where absent."""
-        if self.keys.size == 0:
-            return np.full(keys.shape, -1, dtype=np.int64)
-        where = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
-        return np.where(self.keys[where] == keys, where, -1)
-
-    def flush(self) -> None:
-        """Add the current period's sums (collected on :attr:`tree`) to the (node, label) store."""
-        tree = self.tree
-        labels, depths = np.nonzero(tree.path_mask[: self.num_labels] & (self.path_counts[: self.num_labels] > 0))
-        if labels.size:
-            where = self._find(tree.path_nodes[labels, depths] * self.num_leaves + labels)
-            assert (where >= 0).all(), "every pair of the tree in place was created when it was installed"
-            self.sums[where] += self.sum_probas[labels, depths]
-            self.counts[where] += self.path_counts[labels, depths]
-        self.total_label_counts += self.label_counts
-        self.sum_probas[:] = 0.0
-        self.path_counts[:] = 0.0
-        self.label_counts[:] = 0.0
-
-    # -------------------------------------------------------------- StatisticsSource
-    def label_weights(self) -> np.ndarray:
-        """Examples per label (all of training) plus the pseudo-count; 0 for dummy leaves."""
-        self.flush()
-        weights = self.total_label_counts + self.prior
-        weights[self.num_labels :] = 0.0
-        return weights
-
-    def p_cond(self, depth: int, labels: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        """SumProbas / Counts of each (node, label) pair; a pair never seen gets the pseudo-example
-        it would be created with (its rank among the same node's real labels in this query, which
-        are the labels the rebuild sends to that node); dummy leaves get the uniform 1/M."""
-        self.flush()
-        labels = np.asarray(labels, dtype=np.int64)
-        nodes = np.asarray(nodes, dtype=np.int64)
-        out = np.full((labels.size, self.arity), 1.0 / self.arity)
-        real = labels < self.num_labels
-        where = np.where(real & (nodes >= 0), self._find(nodes * self.num_leaves + labels), -1)
-        seen = where >= 0
-        out[seen] = self.sums[where[seen]] / self.counts[where[seen], None]
-        fresh = real & ~seen
-        if fresh.any():
-            real_rows = np.flatnonzero(real)
-            priors = self._prior_rows(nodes[real_rows], labels[real_rows]) / self.prior
-            pick = fresh[real_rows]
-            out[real_rows[pick]] = priors[pick]
-        return out
-
-    def node_weights(self, depth: int, labels: np.ndarray, nodes: np.ndarray) -> np.ndarray:
-        """The fork's q_i weights at a node (``LOMtree::computeNodeStats``): ``acc_counts[(node,
-        label)]``, the examples of the label seen at that node plus the pseudo-example; the
-        pseudo-count for a pair never seen; 0 for dummy leaves. Not in the
-        :class:`~hsm.assign.StatisticsSource` protocol: :func:`hsm.assign.assign_labels_well_formed`
-        reads one weight per label (:meth:`label_weights`); this is for an AssignLabels that
-        takes per-node weights."""
-        self.flush()
-        labels = np.asarray(labels, dtype=np.int64)
-        nodes = np.asarray(nodes, dtype=np.int64)
-        real = labels < self.num_labels
-        where = np.where(real & (nodes >= 0), self._find(nodes * self.num_leaves + labels), -1)
-        out = np.where(real, self.prior, 0.0)
-        out[where >= 0] = self.counts[where[where >= 0]]
-        return out
-
-    def on_reassign(self, new_tree: Tree, reset_nodes: Any = None, apply_decay: bool = True) -> None:
-        """After a rebuild: flush, multiply the store by ``decay`` (1: the fork, nothing decays),
-        create the new tree's new pairs; nothing is reset (``reset_nodes`` is accepted for
-        :class:`hsm.NodeStatistics`' interface)."""
-        self.flush()
-        if apply_decay and self.decay != 1.0:
-            self.sums *= self.decay
-            self.counts *= self.decay
-            self.total_label_counts *= self.decay
-        self._install(new_tree)
 
 
 # ---------------------------------------------------------------------------------------------- the classifier
@@ -694,29 +488,29 @@ class FastBowClassifier:
         seed: int = 0,
         depth: Literal["free", "fixed"] = "free",
     ) -> None:
-        self.dim = _count(dim, "dim", 1)
-        self.output = _choice(output, "output", ("flat", "huffman", "learned"))
-        self.arity = _count(arity, "arity", 2, shown="arity M")
-        self.lr = _check_positive(lr, "lr")
-        self.epochs = _count(epochs, "epochs", 1)
+        self.dim = check_count(dim, "dim", 1)
+        self.output = check_choice(output, "output", ("flat", "huffman", "learned"))
+        self.arity = check_count(arity, "arity", 2, shown="arity M")
+        self.lr = check_positive(lr, "lr")
+        self.epochs = check_count(epochs, "epochs", 1)
         if threads is not None and check_integer(threads, "threads") < 1:
             raise ValueError(f"threads must be >= 1 or None, got {threads}")
         self.threads = threads
-        self.reduce = _choice(reduce, "reduce", ("mean", "sum"), described="'mean' (fastText) or 'sum' (ICML §7.1)")
-        self.lr_schedule = _choice(lr_schedule, "lr_schedule", ("auto", "linear", "constant_then_linear"))
-        self.rebuilds = _count(rebuilds, "rebuilds", 0)
-        self.schedule = _choice(schedule, "schedule", ("first_half", "every_tokens"))
-        self.rebuild_tokens = _count(rebuild_tokens, "rebuild_tokens", 1)
-        self.statistics_policy = _choice(statistics, "statistics", ("ours", "released"))
-        self.decay = _check_fraction(decay, "decay")
-        self.prior = _check_positive(prior, "prior")
-        self.prior_mode = _choice(prior_mode, "prior_mode", ("current_child", "uniform"))
+        self.reduce = check_choice(reduce, "reduce", ("mean", "sum"), described="'mean' (fastText) or 'sum' (ICML §7.1)")
+        self.lr_schedule = check_choice(lr_schedule, "lr_schedule", ("auto", "linear", "constant_then_linear"))
+        self.rebuilds = check_count(rebuilds, "rebuilds", 0)
+        self.schedule = check_choice(schedule, "schedule", ("first_half", "every_tokens"))
+        self.rebuild_tokens = check_count(rebuild_tokens, "rebuild_tokens", 1)
+        self.statistics_policy = check_choice(statistics, "statistics", ("ours", "released"))
+        self.decay = check_fraction(decay, "decay")
+        self.prior = check_positive(prior, "prior")
+        self.prior_mode = check_choice(prior_mode, "prior_mode", ("current_child", "uniform"))
         self.score: RankingScore = _ranking_score(score, default="eq12")
         self.reset_moved_nodes = bool(reset_moved_nodes)
         self.bias = bool(bias)
         self.shuffle = bool(shuffle)
-        self.seed = _count(seed, "seed", 0)  # numpy's generators take seeds >= 0
-        self.depth = _choice(depth, "depth", ("free", "fixed"))
+        self.seed = check_count(seed, "seed", 0)  # numpy's generators take seeds >= 0
+        self.depth = check_choice(depth, "depth", ("free", "fixed"))
         if self.depth == "fixed" and self.output != "learned":
             raise ValueError(f"depth='fixed' (Algorithm 3) applies to a learned tree, got output={self.output!r}: "
                              f"use output='learned' or depth='free'")
@@ -829,7 +623,7 @@ class FastBowClassifier:
         """
         values, offsets = as_ragged(docs)
         num_docs = offsets.size - 1
-        label_values, label_offsets = _as_labels(labels, num_docs)
+        label_values, label_offsets = as_labels(labels, num_docs)
         if warm_start:
             self._check_fitted()
             self._check_ids(values, offsets, "docs")
@@ -941,7 +735,7 @@ class FastBowClassifier:
         ``examples``. ``labels``: one label per document or label sets (multi-label)."""
         self._check_fitted()
         values, offsets = as_ragged(docs)
-        label_values, label_offsets = _as_labels(labels, offsets.size - 1)
+        label_values, label_offsets = as_labels(labels, offsets.size - 1)
         if label_values.size and label_values.max() >= self.num_labels:
             raise ValueError(f"unknown label {int(label_values.max())}: the model has labels 0..{self.num_labels - 1}")
         predicted = self.predict((values, offsets), k).labels
@@ -969,9 +763,9 @@ class FastBowClassifier:
         labels or a setting out of range (named)."""
         from .fasttext_format import FastTextDictionary, read_lines
 
-        word_ngrams = _count(word_ngrams, "word_ngrams", 1)
-        min_count = _count(min_count, "min_count", 1)
-        bucket = _count(bucket, "bucket", 1)
+        word_ngrams = check_count(word_ngrams, "word_ngrams", 1)
+        min_count = check_count(min_count, "min_count", 1)
+        bucket = check_count(bucket, "bucket", 1)
         if not isinstance(label, str) or not label:
             raise ValueError(f"label must be a non-empty prefix such as '__label__', got {label!r}")
         lines = read_lines(path)
@@ -1006,7 +800,7 @@ class FastBowClassifier:
         labels. A ``k`` above K predicts all K labels, as fastText does. A line's labels are a
         set: one written twice counts once (fastText counts it twice). What ``python -m hsm test``
         prints (with :meth:`test` and ``threshold=0`` the same numbers on the same rows)."""
-        k = _count(k, "k", 1)
+        k = check_count(k, "k", 1)
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
             raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
         data, _ = self._file_rows(path)
@@ -1030,7 +824,7 @@ class FastBowClassifier:
         """fastText's ``predict`` on a file: for every line (labelled or not), its top ``k`` labels
         (as written in the training file, prefix included) with their probabilities, most likely
         first, those below ``threshold`` left out. What ``python -m hsm predict`` prints."""
-        k = _count(k, "k", 1)
+        k = check_count(k, "k", 1)
         if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0 <= threshold <= 1:
             raise ValueError(f"threshold must be a probability in [0, 1], got {threshold!r}")
         data, lines = self._file_rows(path)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Literal, Protocol
 
 import numba
 import numpy as np
@@ -26,13 +26,11 @@ import torch
 from .assign import ReassignRecord, Reassignment, rebuild_tree
 from .kernels import _FASTMATH, _run
 from .layers import FlatSoftmax, HierarchicalSoftmax
-from .statistics import NodeStatistics
+from .objective import RankingScore
+from .statistics import NodeStatistics, ReleasedStatistics
 from .tree import Tree
 
-if TYPE_CHECKING:  # the classifier imports this module
-    from .fast_classifier import FastBowClassifier, ReleasedStatistics
-
-__all__ = ["FitHistory", "HogwildTrainer", "first_half_plan", "output_arrays", "path_arrays", "statistics_arrays",
+__all__ = ["FitHistory", "HogwildTrainer", "TrainedClassifier", "first_half_plan", "output_arrays", "path_arrays", "statistics_arrays",
            "token_plan"]
 
 _SCHEDULE_LINEAR, _SCHEDULE_CONSTANT_THEN_LINEAR = 0, 1
@@ -261,11 +259,37 @@ class FitHistory:
     orders: list[np.ndarray] = field(default_factory=list)
 
 
+class TrainedClassifier(Protocol):
+    """What :class:`HogwildTrainer` reads of the classifier it trains (a
+    :class:`hsm.fast_classifier.FastBowClassifier`): its settings, and the model, output layer and
+    statistics it updates in place."""
+
+    dim: int
+    arity: int
+    epochs: int
+    lr: float
+    lr_schedule: str
+    schedule: str
+    rebuilds: int
+    rebuild_tokens: int
+    depth: Literal["free", "fixed"]
+    output: str
+    reduce: str
+    score: RankingScore
+    seed: int
+    shuffle: bool
+    threads: int | None
+    reset_moved_nodes: bool
+    model: torch.nn.Module
+    layer: HierarchicalSoftmax | FlatSoftmax
+    statistics: NodeStatistics | ReleasedStatistics | None
+
+
 class HogwildTrainer:
     """One training run of ``classifier`` (its settings, model, layer and statistics, which it
     updates in place): :meth:`train` returns the :class:`FitHistory`."""
 
-    def __init__(self, classifier: FastBowClassifier) -> None:
+    def __init__(self, classifier: TrainedClassifier) -> None:
         self.classifier = classifier
 
     def train(self, values: np.ndarray, offsets: np.ndarray, label_values: np.ndarray, label_offsets: np.ndarray,

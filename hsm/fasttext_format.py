@@ -37,7 +37,22 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-__all__ = ["EOS", "EncodedLines", "FastTextDictionary", "fasttext_hash", "read_lines"]
+__all__ = ["EOS", "EncodedLines", "FastTextDictionary", "SettingError", "fasttext_hash", "read_lines"]
+
+
+class SettingError(ValueError):
+    """A setting whose value cannot work with these data (``min_count`` that keeps no word, a
+    ``dim`` too large for the memory). The message names the setting; :meth:`named` gives it
+    with another name, so that the command line can name its own option (``-minCount``)."""
+
+    def __init__(self, setting: str, template: str) -> None:
+        self.setting, self.template = setting, template
+        super().__init__(template.format(name=setting))
+
+    def named(self, name: str) -> str:
+        """The message with the setting called ``name``."""
+        return self.template.format(name=name)
+
 
 EOS = "</s>"  #: fastText's end-of-sentence word, the last word of every line
 _SPLIT = re.compile(r"[ \t\n\v\f\r\0]+")  # fastText's readWord: these six characters and NUL
@@ -177,7 +192,6 @@ class FastTextDictionary:
         # most frequent first, ties in order of first appearance (Counter keeps it; sorted is stable)
         kept_words = [w for w, c in sorted(words.items(), key=lambda item: -item[1]) if c >= min_count]
         if not kept_words:  # even </s>, on every line, is rarer: no example would have an input
-            from .fast_classifier import SettingError
 
             raise SettingError("min_count", f"{{name}} {min_count} leaves no word (the most frequent, {EOS}, "
                                             f"occurs {words[EOS]} times); lower {{name}}")

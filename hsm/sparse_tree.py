@@ -32,10 +32,9 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from ._checks import NonFiniteInputError
+from ._checks import NonFiniteInputError, check_choice, check_count, check_fraction, check_positive
 from .assign import ReassignRecord, Reassignment, rebuild_tree
-from .fast_classifier import (Prediction, _as_labels, _check_fraction, _check_inferred_size, _check_positive, _choice,
-                              _count)
+from .fast_classifier import Prediction, as_labels, check_inferred_size
 from .fast_trainer import FitHistory, HogwildTrainer, _example_rate, path_arrays, statistics_arrays
 from .kernels import _FASTMATH, _run
 from .objective import RankingScore, _ranking_score
@@ -452,32 +451,32 @@ class SparseTreeClassifier:
                  multi_label: Literal["sample", "all"] = "sample", optimizer: Literal["sgd", "adagrad"] = "sgd",
                  node_loss: Literal["softmax", "binary"] = "softmax", depth: Literal["free", "fixed"] = "free",
                  changed_nodes: Literal["keep", "fresh_steps", "fresh"] = "keep", seed: int = 0) -> None:
-        self.output = _choice(output, "output", ("flat", "tree", "learned"))
+        self.output = check_choice(output, "output", ("flat", "tree", "learned"))
         if not isinstance(start, Tree):
-            start = _choice(start, "start", ("huffman", "kmeans"), described="'huffman', 'kmeans' or a Tree")
+            start = check_choice(start, "start", ("huffman", "kmeans"), described="'huffman', 'kmeans' or a Tree")
         self.start = start
-        self.arity = None if arity is None else _count(arity, "arity", 2, shown="arity M")
-        self.lr = _check_positive(lr, "lr")
-        self.epochs = _count(epochs, "epochs", 1)
+        self.arity = None if arity is None else check_count(arity, "arity", 2, shown="arity M")
+        self.lr = check_positive(lr, "lr")
+        self.epochs = check_count(epochs, "epochs", 1)
         if threads is not None and check_integer(threads, "threads") < 1:
             raise ValueError(f"threads must be >= 1 or None, got {threads}")
         self.threads = threads
-        self.lr_schedule = _choice(lr_schedule, "lr_schedule", ("auto", "linear", "constant_then_linear"))
-        self.rebuilds = _count(rebuilds, "rebuilds", 0)
-        self.prior = _check_positive(prior, "prior")
-        self.decay = _check_fraction(decay, "decay")
+        self.lr_schedule = check_choice(lr_schedule, "lr_schedule", ("auto", "linear", "constant_then_linear"))
+        self.rebuilds = check_count(rebuilds, "rebuilds", 0)
+        self.prior = check_positive(prior, "prior")
+        self.decay = check_fraction(decay, "decay")
         self.score: RankingScore = _ranking_score(score, default="eq12")
-        self.multi_label = _choice(multi_label, "multi_label", ("sample", "all"))
-        self.optimizer = _choice(optimizer, "optimizer", ("sgd", "adagrad"))
-        self.node_loss = _choice(node_loss, "node_loss", ("softmax", "binary"))
+        self.multi_label = check_choice(multi_label, "multi_label", ("sample", "all"))
+        self.optimizer = check_choice(optimizer, "optimizer", ("sgd", "adagrad"))
+        self.node_loss = check_choice(node_loss, "node_loss", ("softmax", "binary"))
         if self.node_loss == "binary" and self.output == "learned":
             raise ValueError("node_loss='binary' has no distribution over children for Algorithm 1 to learn from: "
                              "use output='tree' or 'flat', or node_loss='softmax' to learn the tree")
-        self.depth = _choice(depth, "depth", ("free", "fixed"))
+        self.depth = check_choice(depth, "depth", ("free", "fixed"))
         if self.depth == "fixed" and (start == "huffman" or isinstance(start, Tree) and start.depth_limit is None):
             raise ValueError("depth='fixed' needs a fixed-depth start: start='kmeans' or a Tree with depth_limit "
                              "(Tree.balanced / Tree.random); a Huffman tree's leaves lie at many depths")
-        self.changed_nodes = _choice(changed_nodes, "changed_nodes", ("keep", "fresh_steps", "fresh"))
+        self.changed_nodes = check_choice(changed_nodes, "changed_nodes", ("keep", "fresh_steps", "fresh"))
         if self.changed_nodes == "fresh_steps" and self.optimizer != "adagrad":
             raise ValueError("changed_nodes='fresh_steps' restarts AdaGrad's sums: use optimizer='adagrad'")
         self.seed = check_integer(seed, "seed")
@@ -560,10 +559,10 @@ class SparseTreeClassifier:
         ValueError) naming the first row holding NaN or inf, all before anything is allocated."""
         features = _as_csr(features, "features", largest=LARGEST_FEATURE)
         n, num_features = features.shape
-        label_values, label_offsets = _as_labels(labels, n)
+        label_values, label_offsets = as_labels(labels, n)
         seen = int(label_values.max()) + 1
         if num_labels is None:
-            _check_inferred_size(label_values, seen, "label", "num_labels")
+            check_inferred_size(label_values, seen, "label", "num_labels")
             k = seen
         else:
             k = check_integer(num_labels, "num_labels")
@@ -644,8 +643,8 @@ class SparseTreeClassifier:
         would make the "most likely" label arbitrary)."""
         self._check_fitted()
         features = _as_csr(features, "features", self.num_features)
-        k = _count(k, "k", 1)
-        batch = _count(batch, "batch", 1)
+        k = check_count(k, "k", 1)
+        batch = check_count(batch, "batch", 1)
         k = min(k, self._num_labels)
         n = features.shape[0]
         labels = np.empty((n, k), dtype=np.int64)

@@ -43,10 +43,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from ._checks import check_positive
 from .assign import _node_terms
 from .tree import Tree
 
-__all__ = ["NodeStatistics", "node_objectives"]
+__all__ = ["NodeStatistics", "ReleasedStatistics", "node_objectives"]
 
 
 class NodeStatistics:
@@ -293,3 +294,163 @@ def node_objectives(tree: Tree, statistics: NodeStatistics) -> dict[str, np.ndar
         out_mass.append(total / weights.sum())
     return {"node": np.concatenate(out_node), "depth": np.concatenate(out_depth),
             "objective": np.concatenate(out_j), "mass": np.concatenate(out_mass)}
+
+
+class ReleasedStatistics:
+    """The node statistics of the authors' released code (``src/lomtree.cc``), as a
+    :class:`hsm.assign.StatisticsSource` for :func:`hsm.assign.assign_labels_well_formed`.
+
+    The fork keeps ``acc_probas[(node, label)]`` (SumProbas, an M-vector) and
+    ``acc_counts[(node, label)]`` (Counts) in hash maps (``LOMtree::updateStats``). A pair is
+    created, the first time the label reaches the node, with one pseudo-example (``initNodeStats``:
+    count 1, ``0.5 / M`` on every child plus ``0.5`` on child ``position mod M``, ``position`` being
+    the label's place in the node's label list); it is never decayed, never reset, and survives
+    the label's moving away (it is found again if the label comes back).
+
+    Here: between two rebuilds the tree is fixed, so (label, depth) names the same pair as (node,
+    label); the training kernel adds to the current period's ``sum_probas`` [K', L, M],
+    ``path_counts`` [K', L] and ``label_counts`` [K'] (the :class:`hsm.NodeStatistics` layout), and
+    :meth:`flush` (called by :meth:`p_cond` and :meth:`on_reassign`) adds them to the store keyed
+    by (node, label) (sorted int64 keys ``node * K' + label``, merged with NumPy, no per-pair Python).
+
+    Differences from the fork, for reasons of interface: ``position`` is the label's rank by id
+    among the node's real labels (the fork lists them in the order they arrived: child by child at
+    the start, in the greedy's order later); a label that Algorithm 2 sends to a node that has no id
+    yet during the rebuild (a new internal node) is read with the prior (the fork knows which freed
+    id the node will get); and q_i uses the label's count over all of training plus the
+    pseudo-count (``label_weights``: the :class:`~hsm.assign.StatisticsSource` protocol has one
+    weight per label), where the fork uses ``acc_counts[(node, label)]`` (the examples seen at
+    that node; :meth:`node_weights` gives them), which differs only for a label that moved. ``prior`` scales the pseudo-example
+    (1 in the fork). ``decay`` (1 in the fork, the default) multiplies the whole store at every
+    rebuild, pseudo-examples included: an option that separates the keying from the decay.
+    """
+
+    def __init__(self, tree: Tree, prior: float = 1.0, decay: float = 1.0) -> None:
+        if not isinstance(tree, Tree):
+            raise TypeError(f"tree must be an hsm.Tree, got {type(tree).__name__}")
+        self.prior = check_positive(prior, "prior")
+        if isinstance(decay, bool) or not isinstance(decay, (int, float, np.integer, np.floating)):
+            raise TypeError(f"decay must be a real number, got {decay!r}")
+        if not 0.0 <= decay <= 1.0:
+            raise ValueError(f"decay must lie in [0, 1], got {decay}")
+        self.decay = float(decay)
+        self.arity = tree.arity
+        self.num_labels = tree.num_labels
+        self.num_leaves = tree.num_leaves
+        self.keys = np.zeros(0, dtype=np.int64)
+        self.sums = np.zeros((0, self.arity))
+        self.counts = np.zeros(0)
+        self.total_label_counts = np.zeros(self.num_leaves)
+        self.label_counts = np.zeros(self.num_leaves, dtype=np.float32)
+        self._install(tree)
+
+    def _install(self, tree: Tree) -> None:
+        self.tree = tree
+        self.sum_probas = np.zeros((self.num_leaves, tree.max_depth, self.arity), dtype=np.float32)
+        self.path_counts = np.zeros((self.num_leaves, tree.max_depth), dtype=np.float32)
+        labels, depths = np.nonzero(tree.path_mask[: self.num_labels])
+        nodes = tree.path_nodes[labels, depths]
+        self._create(nodes, labels)
+
+    def _prior_rows(self, nodes: np.ndarray, labels: np.ndarray) -> np.ndarray:
+        """The pseudo-example of each (node, label) pair: ``prior`` x (0.5/M + 0.5 on child
+        ``rank mod M``), rank = the label's rank by id among the pairs of the same node."""
+        order = np.lexsort((labels, nodes))
+        sorted_nodes = nodes[order]
+        starts = np.r_[0, np.flatnonzero(np.diff(sorted_nodes)) + 1] if order.size else np.zeros(0, np.int64)
+        first_of = np.repeat(starts, np.diff(np.r_[starts, order.size]))
+        rank = np.empty(order.size, dtype=np.int64)
+        rank[order] = np.arange(order.size) - first_of
+        rows = np.full((labels.size, self.arity), 0.5 / self.arity)
+        rows[np.arange(labels.size), rank % self.arity] += 0.5
+        return rows * self.prior
+
+    def _create(self, nodes: np.ndarray, labels: np.ndarray) -> None:
+        """Add the pairs not in the store yet, each with its pseudo-example (``initNodeStats``)."""
+        keys = nodes * self.num_leaves + labels
+        found = self._find(keys) >= 0
+        if found.all():
+            return
+        new_keys = keys[~found]
+        rows = self._prior_rows(nodes, labels)[~found]
+        keys = np.concatenate([self.keys, new_keys])
+        order = np.argsort(keys, kind="stable")
+        self.keys = keys[order]
+        self.sums = np.concatenate([self.sums, rows])[order]
+        self.counts = np.concatenate([self.counts, np.full(new_keys.size, self.prior)])[order]
+
+    def _find(self, keys: np.ndarray) -> np.ndarray:
+        """Index of each key in the store, -1 where absent."""
+        if self.keys.size == 0:
+            return np.full(keys.shape, -1, dtype=np.int64)
+        where = np.minimum(np.searchsorted(self.keys, keys), self.keys.size - 1)
+        return np.where(self.keys[where] == keys, where, -1)
+
+    def flush(self) -> None:
+        """Add the current period's sums (collected on :attr:`tree`) to the (node, label) store."""
+        tree = self.tree
+        labels, depths = np.nonzero(tree.path_mask[: self.num_labels] & (self.path_counts[: self.num_labels] > 0))
+        if labels.size:
+            where = self._find(tree.path_nodes[labels, depths] * self.num_leaves + labels)
+            assert (where >= 0).all(), "every pair of the tree in place was created when it was installed"
+            self.sums[where] += self.sum_probas[labels, depths]
+            self.counts[where] += self.path_counts[labels, depths]
+        self.total_label_counts += self.label_counts
+        self.sum_probas[:] = 0.0
+        self.path_counts[:] = 0.0
+        self.label_counts[:] = 0.0
+
+    # -------------------------------------------------------------- StatisticsSource
+    def label_weights(self) -> np.ndarray:
+        """Examples per label (all of training) plus the pseudo-count; 0 for dummy leaves."""
+        self.flush()
+        weights = self.total_label_counts + self.prior
+        weights[self.num_labels :] = 0.0
+        return weights
+
+    def p_cond(self, depth: int, labels: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """SumProbas / Counts of each (node, label) pair; a pair never seen gets the pseudo-example
+        it would be created with (its rank among the same node's real labels in this query, which
+        are the labels the rebuild sends to that node); dummy leaves get the uniform 1/M."""
+        self.flush()
+        labels = np.asarray(labels, dtype=np.int64)
+        nodes = np.asarray(nodes, dtype=np.int64)
+        out = np.full((labels.size, self.arity), 1.0 / self.arity)
+        real = labels < self.num_labels
+        where = np.where(real & (nodes >= 0), self._find(nodes * self.num_leaves + labels), -1)
+        seen = where >= 0
+        out[seen] = self.sums[where[seen]] / self.counts[where[seen], None]
+        fresh = real & ~seen
+        if fresh.any():
+            real_rows = np.flatnonzero(real)
+            priors = self._prior_rows(nodes[real_rows], labels[real_rows]) / self.prior
+            pick = fresh[real_rows]
+            out[real_rows[pick]] = priors[pick]
+        return out
+
+    def node_weights(self, depth: int, labels: np.ndarray, nodes: np.ndarray) -> np.ndarray:
+        """The fork's q_i weights at a node (``LOMtree::computeNodeStats``): ``acc_counts[(node,
+        label)]``, the examples of the label seen at that node plus the pseudo-example; the
+        pseudo-count for a pair never seen; 0 for dummy leaves. Not in the
+        :class:`~hsm.assign.StatisticsSource` protocol: :func:`hsm.assign.assign_labels_well_formed`
+        reads one weight per label (:meth:`label_weights`); this is for an AssignLabels that
+        takes per-node weights."""
+        self.flush()
+        labels = np.asarray(labels, dtype=np.int64)
+        nodes = np.asarray(nodes, dtype=np.int64)
+        real = labels < self.num_labels
+        where = np.where(real & (nodes >= 0), self._find(nodes * self.num_leaves + labels), -1)
+        out = np.where(real, self.prior, 0.0)
+        out[where >= 0] = self.counts[where[where >= 0]]
+        return out
+
+    def on_reassign(self, new_tree: Tree, reset_nodes: Any = None, apply_decay: bool = True) -> None:
+        """After a rebuild: flush, multiply the store by ``decay`` (1: the fork, nothing decays),
+        create the new tree's new pairs; nothing is reset (``reset_nodes`` is accepted for
+        :class:`hsm.NodeStatistics`' interface)."""
+        self.flush()
+        if apply_decay and self.decay != 1.0:
+            self.sums *= self.decay
+            self.counts *= self.decay
+            self.total_label_counts *= self.decay
+        self._install(new_tree)

@@ -138,28 +138,46 @@ def test_an_interrupt_while_waiting_for_a_thread_leaves_the_pool_idle(monkeypatc
     that thread's step is done, then the interrupt is raised, so no worker is left running (a
     worker still running would hand its end to the next fit's wait, which would then return early)."""
     import signal
+    import sys
     import threading
     import time
 
     from hsm import fast_trainer, kernels
 
-    kernel, fired = fast_trainer._sgd_examples, []
+    kernel, fired, seen_waiting = fast_trainer._sgd_examples, [], []
     main = threading.main_thread().ident
+
+    def main_thread_function() -> str:
+        frame = sys._current_frames().get(main)
+        return frame.f_code.co_name if frame is not None else ""
 
     def slow_step_on_the_worker(*args):
         result = kernel(*args)
         if threading.current_thread() is not threading.main_thread() and not fired:
             fired.append(True)
-            time.sleep(0.3)  # the calling thread is waiting for this step by now
+            # the interrupt must reach the calling thread inside its wait for this step: wait for
+            # it to get there (it may still be running its own share, or be slowed by a busy machine)
+            deadline = time.monotonic() + 60
+            while main_thread_function() != "wait" and time.monotonic() < deadline:
+                time.sleep(0.005)
+            seen_waiting.append(main_thread_function())
             signal.pthread_kill(main, signal.SIGINT)
             time.sleep(0.3)  # and is interrupted while this step still runs
         return result
 
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     monkeypatch.setattr(fast_trainer, "_sgd_examples", slow_step_on_the_worker)
     labels = [int(d[0]) % 9 for d in DOCS]
-    with pytest.raises(KeyboardInterrupt):
+    interrupted = False
+    try:
         FastBowClassifier(dim=16, output="flat", lr=0.5, epochs=10, threads=2, seed=1).fit(DOCS, labels)
-    assert fired and all(worker.job is None for worker in kernels._WORKERS)
+    except KeyboardInterrupt:
+        interrupted = True
+    busy = kernels._WORKERS_BUSY.locked()
+    assert fired, f"no step ran on the pool's worker thread (pool busy now: {busy})"
+    assert seen_waiting == ["wait"], f"the calling thread was in {seen_waiting} when interrupted"
+    assert interrupted, "the fit ended without raising KeyboardInterrupt"
+    assert all(worker.job is None for worker in kernels._WORKERS)
     monkeypatch.undo()
     clf = FastBowClassifier(dim=16, output="flat", lr=0.5, epochs=10, threads=2, seed=1).fit(DOCS, labels)
     assert clf.test(DOCS, labels)["precision_at_1"] > 0.9

@@ -3,7 +3,7 @@
 ``icml-fast-ablation`` asks which of the tree-learning choices the paper leaves open decides
 whether a learned tree beats the M-ary Huffman tree it starts from (ICML §7.1 claims up to +3.3
 P@1): the node-statistics policy (ours, :class:`hsm.NodeStatistics`, or the released fastText fork's,
-:class:`hsm.fast_classifier.ReleasedStatistics`) crossed with the rebuild schedule (Algorithm 1's
+:class:`hsm.statistics.ReleasedStatistics`) crossed with the rebuild schedule (Algorithm 1's
 AssignLabels 50 times in the first half of training, ICML §11.1, or the fork's check every
 ``lrUpdateRate`` tokens to the end of training), plus two variants of our statistics (the thesis'
 uniform prior; statistics halved at every rebuild with moved nodes re-initialised). Every variant
