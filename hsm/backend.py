@@ -26,21 +26,18 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Protocol
+from typing import Any, Callable, NamedTuple, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from . import kernels, search
+from . import kernels
 from ._checks import check_logits_finite, check_target, check_target_shape
 from .tree import Tree
 
-if TYPE_CHECKING:  # the layer module imports this one
-    from .layers import HierarchicalSoftmax
-
-__all__ = ["KERNELS", "TORCH", "KernelBackend", "NodeDistributions", "OutputBackend", "TorchBackend", "TreeTables",
-           "grouped_logits", "pair_log_softmax", "plan_groups"]
+__all__ = ["KERNELS", "TORCH", "FusedGradient", "KernelBackend", "NodeDistributions", "OutputBackend", "TorchBackend",
+           "TreeLayer", "TreeTables", "grouped_logits", "needs_graph", "pair_log_softmax", "plan_groups", "select_backend"]
 
 
 # ------------------------------------------------------------------ grouped node evaluation
@@ -338,15 +335,11 @@ class _TreePathLogProbKernel(torch.autograd.Function):
                                            bias_values, need_input, need_weight, adagrad)
         if adagrad is not None:
             # a placeholder .grad that refuses to be clipped or edited (the update is already applied)
-            from .optim import FusedGradient
-
             for param in (weight, ctx.bias):
                 if param is not None and param.grad is None:
                     param.grad = FusedGradient(param)
             return (torch.from_numpy(grad_h) if need_input else None), None, None, None, None, None, None, None
         if ctx.fused is not None:  # the update waits for step(): a stale placeholder must not take the gradient
-            from .optim import FusedGradient
-
             for param in (weight, ctx.bias):
                 if param is not None and isinstance(param.grad, FusedGradient):
                     param.grad = None
@@ -368,7 +361,7 @@ def _row_gradient(rows: Tensor, values: Tensor, shape, sparse: bool) -> Tensor:
     return values.new_zeros(shape).index_copy_(0, rows[0], values)
 
 
-class _EmptyBatch(torch.autograd.Function):
+class EmptyBatch(torch.autograd.Function):
     """The forward pass of an empty batch: an empty ``output`` [0] that is part of the autograd
     graph, so ``loss.backward()`` works as for any batch and leaves zero gradients (an empty sparse
     gradient with ``sparse=True``, what a batch touching no node would give)."""
@@ -431,10 +424,81 @@ class NodeDistributions(NamedTuple):
     depth: np.ndarray | None = None  #: [P] position of the pair's node on its example's path
 
 
-class OutputBackend(Protocol):
-    """How a :class:`hsm.HierarchicalSoftmax` computes eq. 5 on a batch and its exact top-1."""
+class TreeLayer(Protocol):
+    """What the engines here and the searches of :mod:`hsm.search` read of a tree output layer
+    (:class:`hsm.HierarchicalSoftmax` is the one implementation): its parameters, its tree and
+    the host-side tables derived from it. They never see the layer itself."""
 
-    def path_log_prob(self, layer: "HierarchicalSoftmax", input: Tensor, target: Tensor,
+    weight: Tensor  #: [N, M * d] node weights
+    bias: Tensor | None  #: [N, M] node biases
+    slot_penalty: Tensor | None  #: [N, M]: -inf on slots without a real label below, or None
+    arity: int
+    num_labels: int
+    sparse: bool
+    use_kernels: bool
+    tree: Tree
+    tables: "TreeTables"  #: the tree's host-side tables
+    fused_optimizer: Any  #: a RowSparseAdagrad fused into the compiled backward, or None
+
+    def workspace(self) -> list:
+        """Per-thread scratch buffers for the inference paths."""
+        ...  # pragma: no cover - protocol
+
+
+def select_backend(layer: TreeLayer, input: Tensor) -> "OutputBackend":
+    """The compiled kernels where they apply (float32 CPU tensors, ``layer.use_kernels``), PyTorch
+    otherwise."""
+    weight, bias = layer.weight, layer.bias
+    if (layer.use_kernels and input.device.type == "cpu" and input.dtype == torch.float32
+            and weight.dtype == torch.float32 and weight.device.type == "cpu"
+            and (bias is None or bias.dtype == torch.float32)):
+        return KERNELS
+    return TORCH
+
+
+class FusedGradient(Tensor):
+    """What ``.grad`` holds for the weight and bias of a layer fused with
+    :meth:`RowSparseAdagrad.fuse` after a backward pass that already applied their update: a
+    placeholder with the parameter's shape, dtype and device and no storage. Anything that reads
+    or changes it (``clip_grad_norm_``, ``clip_grad_value_``, an L2 term, a gradient norm for a
+    log, AMP's unscaling) raises a RuntimeError saying that the update was applied in backward,
+    instead of silently leaving the layer out as a gradient of None would; zeroing it
+    (``zero_grad(set_to_none=False)``) is allowed, and :meth:`RowSparseAdagrad.step` skips it."""
+
+    _ALLOWED = frozenset({"zero_", "detach_", "requires_grad_"})
+
+    @staticmethod
+    def __new__(cls, param: Tensor) -> "FusedGradient":
+        return Tensor._make_wrapper_subclass(cls, param.shape, dtype=param.dtype, device=param.device)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        if name == "__get__":  # attribute reads (shape, dtype, is_sparse, ...)
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **(kwargs or {}))
+        if name in cls._ALLOWED:
+            return args[0]
+        raise RuntimeError(_FUSED_MESSAGE.format(name=name))
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        raise RuntimeError(_FUSED_MESSAGE.format(name=getattr(func, "__name__", str(func))))
+
+    def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105 - a repr must not compute
+        return f"FusedGradient(shape={list(self.shape)}, dtype={self.dtype}: update applied in backward)"
+
+
+_FUSED_MESSAGE = ("a fused layer's gradient was used between backward() and step() ({name}), but "
+                  "RowSparseAdagrad.fuse(layer) already applied the layer's update inside backward(), so "
+                  "clipping, an L2 term or averaging cannot reach it: set layer.fused_optimizer = None to edit "
+                  "gradients (the update then waits for step())")
+
+
+class OutputBackend(Protocol):
+    """How a :class:`hsm.HierarchicalSoftmax` computes eq. 5 on a batch (forward and backward)."""
+
+    def path_log_prob(self, layer: TreeLayer, input: Tensor, target: Tensor,
                       collect: bool) -> tuple[Tensor, Tensor, NodeDistributions | None]:
         """``(output [B], loss [], node distributions or None)``: ``output[b] = log p(target[b] |
         input[b])`` (eq. 5), ``loss`` the mean negative log-likelihood, differentiable with respect
@@ -442,17 +506,13 @@ class OutputBackend(Protocol):
         a :class:`~hsm.TreeLearner`). Checks ``target`` (ValueError naming an unknown label)."""
         ...  # pragma: no cover - protocol
 
-    def top1(self, layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Tensor]:
-        """``(labels [B], nodes visited [B])`` of the exact most likely label per row (B >= 1)."""
-        ...  # pragma: no cover - protocol
 
-
-def _needs_graph(layer: "HierarchicalSoftmax", input: Tensor) -> bool:
+def needs_graph(layer: TreeLayer, input: Tensor) -> bool:
     """Whether a forward pass must support ``backward`` (else only ``logit - logsumexp`` is computed)."""
     return torch.is_grad_enabled() and (input.requires_grad or layer.weight.requires_grad)
 
 
-def pair_log_softmax(layer: "HierarchicalSoftmax", input: Tensor, example: np.ndarray, node: np.ndarray) -> Tensor:
+def pair_log_softmax(layer: TreeLayer, input: Tensor, example: np.ndarray, node: np.ndarray) -> Tensor:
     """Node log-softmax [P, M] for arbitrary (example, node) pairs, grouped by node, in chunks of
     ``PAIR_CHUNK`` pairs (an untrained model's exact search can visit every node for every example)."""
     chunk = PAIR_CHUNK
@@ -462,7 +522,7 @@ def pair_log_softmax(layer: "HierarchicalSoftmax", input: Tensor, example: np.nd
         ex, nd = example[start:start + chunk], node[start:start + chunk]
         node_t = torch.from_numpy(np.ascontiguousarray(nd)).to(device)
         logits = grouped_logits(input, layer.weight, plan_groups(ex, nd, device), len(nd), layer.arity,
-                                workspace=layer._workspace())
+                                workspace=layer.workspace())
         log_probs = torch.log_softmax(_add_offsets(logits, layer.bias, layer.slot_penalty, node_t), dim=1)
         # a node whose logits overflow has no finite entry (NaN, or -inf everywhere): every search
         # (top-1, exact top-k, beam) goes through here, so each refuses such a row by name
@@ -478,26 +538,26 @@ class TorchBackend:
     matmul per bucket, and :class:`_TreePathLogProb`'s direct backward."""
 
     @staticmethod
-    def plan(layer: "HierarchicalSoftmax", target: Tensor) -> _PathPlan:
+    def plan(layer: TreeLayer, target: Tensor) -> _PathPlan:
         """The (example, node, child) pairs of the targets' paths, grouped by node."""
-        nodes, children, mask = layer._tables.paths
+        nodes, children, mask = layer.tables.paths
         example, _, node, child = kernels.path_pairs(np.ascontiguousarray(target.detach().cpu().numpy(),
                                                                           dtype=np.int64),
-                                                     nodes, children, mask, layer._tables.full_paths)
+                                                     nodes, children, mask, layer.tables.full_paths)
         device = layer.weight.device
         return _PathPlan(torch.from_numpy(example).to(device), torch.from_numpy(np.ascontiguousarray(node)).to(device),
                          torch.from_numpy(np.ascontiguousarray(child)).to(device),
-                         plan_groups(example, node, device), layer._tables.full_paths)
+                         plan_groups(example, node, device), layer.tables.full_paths)
 
-    def path_log_prob(self, layer: "HierarchicalSoftmax", input: Tensor, target: Tensor,
+    def path_log_prob(self, layer: TreeLayer, input: Tensor, target: Tensor,
                       collect: bool) -> tuple[Tensor, Tensor, NodeDistributions | None]:
         check_target(target, input.shape[0], layer.num_labels)
         batch = input.shape[0]
         plan = self.plan(layer, target)
-        if not _needs_graph(layer, input) and not collect:
+        if not needs_graph(layer, input) and not collect:
             # inference: log p(y) = logit[y] - logsumexp(logits) per node, nothing kept for backward
             logits = grouped_logits(input, layer.weight, plan.buckets, plan.node.numel(), layer.arity,
-                                    workspace=layer._workspace())
+                                    workspace=layer.workspace())
             logits = _add_offsets(logits, layer.bias, layer.slot_penalty, plan.node)
             picked = logits.gather(1, plan.child.unsqueeze(1)).squeeze(1) - torch.logsumexp(logits, dim=1)
             output = _sum_over_paths(picked, plan, batch)
@@ -507,29 +567,26 @@ class TorchBackend:
         distributions = NodeDistributions(pair_log_probs.detach().exp(), plan.full) if collect else None
         return output, -output.mean(), distributions
 
-    def top1(self, layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Tensor]:
-        return search.top1_search(layer, input)
-
 
 class KernelBackend:
     """Eq. 5 in the compiled kernels of :mod:`hsm.kernels` (float32 contiguous CPU tensors): one
-    pass for the forward, one for the backward, one for the top-1 search."""
+    pass for the forward, one for the backward."""
 
     @staticmethod
-    def operand(layer: "HierarchicalSoftmax", tensor: Tensor | None) -> np.ndarray:
+    def operand(layer: TreeLayer, tensor: Tensor | None) -> np.ndarray:
         """Bias or slot penalty for the kernels: its numpy view, or a [0, M] array for none."""
         return _np(tensor) if tensor is not None else np.empty((0, layer.arity), dtype=np.float32)
 
     @staticmethod
-    def plan(layer: "HierarchicalSoftmax", labels: np.ndarray) -> _KernelPlan | None:
+    def plan(layer: TreeLayer, labels: np.ndarray) -> _KernelPlan | None:
         """The batch's pairs grouped by node, or None when a label is not one of the tree's."""
-        nodes, children, mask = layer._tables.paths
-        full = layer._tables.full_paths
+        nodes, children, mask = layer.tables.paths
+        full = layer.tables.full_paths
         valid, example, depth, node, child, order, starts = kernels.batch_plan(
             np.ascontiguousarray(labels, dtype=np.int64), layer.num_labels, nodes, children, mask, full)
         return _KernelPlan(example, node, child, depth, order, starts, full) if valid else None
 
-    def path_log_prob(self, layer: "HierarchicalSoftmax", input: Tensor, target: Tensor,
+    def path_log_prob(self, layer: TreeLayer, input: Tensor, target: Tensor,
                       collect: bool) -> tuple[Tensor, Tensor, NodeDistributions | None]:
         check_target_shape(target, input.shape[0])
         labels = target.detach().cpu().numpy()
@@ -537,7 +594,7 @@ class KernelBackend:
         if plan is None:
             check_target(target, input.shape[0], layer.num_labels)  # names the bad label
         penalty = self.operand(layer, layer.slot_penalty)
-        if not _needs_graph(layer, input) and not collect:
+        if not needs_graph(layer, input) and not collect:
             output = kernels.run_path_forward(_np(input), _np(layer.weight), self.operand(layer, layer.bias), penalty,
                                               plan.example, plan.node, plan.child, plan.order, plan.starts,
                                               layer.arity, np.empty((0, layer.arity), dtype=np.float32))
@@ -548,17 +605,6 @@ class KernelBackend:
                                                                 getattr(layer, "fused_optimizer", None))
         distributions = NodeDistributions(pair_probs, plan.full, labels, plan.example, plan.depth) if collect else None
         return output, loss, distributions
-
-    def top1(self, layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Tensor]:
-        tables = layer._tables
-        labels, values, visited = kernels.run_top1_search(_np(input), _np(layer.weight),
-                                                          self.operand(layer, layer.bias),
-                                                          self.operand(layer, layer.slot_penalty),
-                                                          tables.child_node, tables.child_label,
-                                                          tables.paths[0].shape[1])
-        # a NaN value: a node the search evaluated had overflowing logits (kernels.top1_search)
-        check_logits_finite(np.flatnonzero(~np.isfinite(values)), input.shape[0], input.dtype)
-        return torch.from_numpy(labels), torch.from_numpy(visited)
 
 
 TORCH = TorchBackend()

@@ -6,8 +6,8 @@ softmax's frequency-sorted cutoffs are meaningful):
 
 * ``train``: forward + backward (``loss.backward()``), gradients zeroed with ``set_to_none``;
 * ``train_sgd`` / ``train_adagrad``: the same plus the optimiser step (sparse gradients for the
-  tree's node parameters, dense for the baselines): :class:`hsm.layers.RowSparseSGD` and
-  :class:`hsm.layers.RowSparseAdagrad` (``torch.optim.SGD``'s and ``torch.optim.Adagrad``'s
+  tree's node parameters, dense for the baselines): :class:`hsm.optim.RowSparseSGD` and
+  :class:`hsm.optim.RowSparseAdagrad` (``torch.optim.SGD``'s and ``torch.optim.Adagrad``'s
   updates, one pass over the touched rows of a sparse gradient); for the tree,
   ``train_sgd_torch`` and ``train_adagrad_torch`` also time ``torch.optim.SGD`` / ``Adagrad`` themselves;
 * ``logprob``: ``log p(target | h)`` without gradient (``layer(h, y).output`` under ``no_grad``);
@@ -388,7 +388,8 @@ def _time_one(config: dict[str, Any], device: torch.device) -> dict[str, Any]:
     cpu_ms: dict[str, float] = {}
     if "train" in metrics:
         ms["train"], cpu_ms["train"] = _median_times(train, repeats, budget, device)
-    from .layers import RowSparseAdagrad, RowSparseSGD
+    from . import search
+    from .optim import RowSparseAdagrad, RowSparseSGD
 
     optimizers = [("train_sgd", RowSparseSGD), ("train_adagrad", RowSparseAdagrad)]
     if tree is not None:  # torch's own sparse paths, for reference
@@ -418,7 +419,7 @@ def _time_one(config: dict[str, Any], device: torch.device) -> dict[str, Any]:
                 # visit every node; scale the weights to a confident model (what a trained one is),
                 # and report how many nodes the search visited
                 layer.weight.mul_(config.get("predict_scale", 10.0))
-                visited = [float(layer._predict_top1(next_batch()[0])[1].float().mean()) for _ in range(3)]
+                visited = [float(search.top1(layer, next_batch()[0])[1].float().mean()) for _ in range(3)]
                 row["predict_nodes_visited"] = float(np.mean(visited))
             ms["predict"], cpu_ms["predict"] = _median_times(lambda: layer.predict(next_batch()[0]), repeats,
                                                              budget, device)
@@ -663,7 +664,8 @@ def algorithm1_overhead(vocab: int = 250_000, arity: int = 65, depth: int = 3, d
     papers' schedule: ``reassign_per_epoch`` re-assignments per epoch of ``epoch_tokens`` targets
     (the Gutenberg training set of this project: 40.75M tokens)."""
     from .assign import assign_labels_depth_constrained, assign_labels_well_formed
-    from .layers import HierarchicalSoftmax, RowSparseAdagrad
+    from .layers import HierarchicalSoftmax
+    from .optim import RowSparseAdagrad
     from .training import TreeLearner
     from .tree import Tree
 
@@ -759,7 +761,8 @@ def profile_train_step(vocab: int = 250_000, depth: int = 3, dim: int = 200, bat
     tree softmax; the ``top`` operators by self CPU time, in ms per step and share of the total."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .layers import HierarchicalSoftmax, RowSparseAdagrad
+    from .layers import HierarchicalSoftmax
+    from .optim import RowSparseAdagrad
     from .tree import Tree
 
     torch.manual_seed(seed)

@@ -43,16 +43,10 @@ from torch import Tensor, nn
 from . import backend, search
 from ._checks import NonFiniteInputError, check_input, check_logits_finite, check_k, check_target, check_target_shape
 from ._loss_options import check_loss_options, forward_rows, over_leading_dims
-from .backend import KERNELS, TORCH, OutputBackend, NodeDistributions, TreeTables, _EmptyBatch, autocast_on
-from .optim import RowSparseAdagrad, RowSparseSGD
+from .backend import EmptyBatch, NodeDistributions, TreeTables, autocast_on
 from .tree import Tree, check_integer
 
-# the names these lived under before the fast path, the search and the optimisers had modules of their own
-_check_input, _check_k, _check_target, _check_target_shape = check_input, check_k, check_target, check_target_shape
-_merge_topk = search.merge_topk
-
-__all__ = ["FlatSoftmax", "HierarchicalSoftmax", "HSMOutput", "NonFiniteInputError", "RowSparseAdagrad", "RowSparseSGD",
-           "TopK"]
+__all__ = ["FlatSoftmax", "HierarchicalSoftmax", "HSMOutput", "NonFiniteInputError", "TopK"]
 
 
 class HSMOutput(NamedTuple):
@@ -372,7 +366,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             raise ValueError(f"the new tree has {tree.num_labels} labels, the layer {self.tree.num_labels}")
         self.tree = tree
         self._register_tree_buffers()
-        self._tables = TreeTables.from_tree(tree)  # the host-side tables the backends read
+        self.tables = TreeTables.from_tree(tree)  # the host-side tables the engines and searches read
         if reset_nodes is not None and len(reset_nodes):
             self.reset_parameters(reset_nodes)
 
@@ -426,7 +420,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         state["fused_optimizer"] = None  # a copy is not updated by the original's optimiser
         return state
 
-    def _workspace(self) -> list:
+    def workspace(self) -> list:
         """Per-thread buffers for the inference paths (so concurrent callers never share one)."""
         local = self.__dict__.get("_thread_local")
         if local is None:
@@ -448,14 +442,6 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         """The dtype the layer computes in (its parameters'): what an autocast input is converted to."""
         return self.weight.dtype
 
-    def _backend(self, input: Tensor) -> OutputBackend:
-        """The compiled kernels where they apply (float32 CPU tensors), PyTorch otherwise."""
-        if (self.use_kernels and input.device.type == "cpu" and input.dtype == torch.float32
-                and self.weight.dtype == torch.float32 and self.weight.device.type == "cpu"
-                and (self.bias is None or self.bias.dtype == torch.float32)):
-            return KERNELS
-        return TORCH
-
     @_layer_entry
     def forward(self, input: Tensor, target: Tensor) -> HSMOutput:
         """Eq. 5, ``output = log p(target | input)`` per row, and ``loss``, the mean (or, with
@@ -474,7 +460,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         """Eq. 5: ``output[b] = sum over the path of target[b] of log softmax(W_n h_b + b_n)[c_d]``.
 
         Shapes: ``input`` [B, d], ``target`` [B] -> ``output`` [B], ``loss`` [] (the mean of
-        ``-output``). The backend (:meth:`_backend`) groups the (example, path node) pairs by
+        ``-output``). The engine (:func:`hsm.backend.select_backend`) groups the (example, path node) pairs by
         node, so each node's parameters are read once per batch and its gradient is written once;
         the result equals :meth:`forward_reference` (tests check values and gradients). In
         training mode with a :class:`~hsm.TreeLearner` attached, the node distributions of the
@@ -488,10 +474,10 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         check_input(input, self.in_features, self.weight)
         if input.shape[0] == 0:
             check_target_shape(target, 0)
-            output = _EmptyBatch.apply(input, self.weight, self.bias, self.sparse)
+            output = EmptyBatch.apply(input, self.weight, self.bias, self.sparse)
             return HSMOutput(output, -output.mean())
         collect = self.statistics is not None and self.training
-        output, loss, distributions = self._backend(input).path_log_prob(self, input, target, collect)
+        output, loss, distributions = backend.select_backend(self, input).path_log_prob(self, input, target, collect)
         # a finite input whose logits overflow: refused before the statistics see it
         if not math.isfinite(float(loss.detach())):
             check_logits_finite(torch.nonzero(~torch.isfinite(output.detach())).flatten(), input.shape[0], input.dtype)
@@ -533,10 +519,6 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             padded[mask.view(-1)] = probs
             probs = padded.view(batch, length, self.arity)
         self.statistics.accumulate(target, probs, mask)
-
-    def _pair_log_softmax(self, input: Tensor, example: np.ndarray, node: np.ndarray) -> Tensor:
-        """Node log-softmax [P, M] for arbitrary (example, node) pairs (:func:`hsm.backend.pair_log_softmax`)."""
-        return backend.pair_log_softmax(self, input, example, node)
 
     @_layer_entry
     @over_leading_dims
@@ -590,15 +572,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         with NaN or infinite values, on every path (there is no meaningful most likely label for
         them). An empty batch gives an empty [0] tensor."""
         check_input(input, self.in_features, self.weight)
-        return self._predict_top1(input)[0]
-
-    @torch.no_grad()
-    def _predict_top1(self, input: Tensor) -> tuple[Tensor, Tensor]:
-        """(labels, nodes visited per row) of the exact top-1 search described in :meth:`predict`."""
-        if input.shape[0] == 0:
-            empty = torch.zeros(0, dtype=torch.long, device=input.device)
-            return empty, empty.clone()
-        return self._backend(input).top1(self, input)
+        return search.top1(self, input)[0]
 
     @_layer_entry
     @over_leading_dims

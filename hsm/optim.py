@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from .backend import FusedGradient
 
 if TYPE_CHECKING:  # the layer module imports this one
     from .layers import HierarchicalSoftmax
@@ -55,45 +56,6 @@ def _check_no_weight_decay(optimizer: str, weight_decay: Any) -> None:
     if _check_hyperparameter(optimizer, "weight_decay", weight_decay) != 0:
         raise ValueError(f"invalid {optimizer} settings: weight_decay={weight_decay} is not supported (it would "
                          f"update every row at every step); use torch.optim.{optimizer} for weight decay")
-
-
-class FusedGradient(Tensor):
-    """What ``.grad`` holds for the weight and bias of a layer fused with
-    :meth:`RowSparseAdagrad.fuse` after a backward pass that already applied their update: a
-    placeholder with the parameter's shape, dtype and device and no storage. Anything that reads
-    or changes it (``clip_grad_norm_``, ``clip_grad_value_``, an L2 term, a gradient norm for a
-    log, AMP's unscaling) raises a RuntimeError saying that the update was applied in backward,
-    instead of silently leaving the layer out as a gradient of None would; zeroing it
-    (``zero_grad(set_to_none=False)``) is allowed, and :meth:`RowSparseAdagrad.step` skips it."""
-
-    _ALLOWED = frozenset({"zero_", "detach_", "requires_grad_"})
-
-    @staticmethod
-    def __new__(cls, param: Tensor) -> "FusedGradient":
-        return Tensor._make_wrapper_subclass(cls, param.shape, dtype=param.dtype, device=param.device)
-
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        name = getattr(func, "__name__", str(func))
-        if name == "__get__":  # attribute reads (shape, dtype, is_sparse, ...)
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **(kwargs or {}))
-        if name in cls._ALLOWED:
-            return args[0]
-        raise RuntimeError(_FUSED_MESSAGE.format(name=name))
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        raise RuntimeError(_FUSED_MESSAGE.format(name=getattr(func, "__name__", str(func))))
-
-    def __repr__(self, *, tensor_contents=None) -> str:  # noqa: D105 - a repr must not compute
-        return f"FusedGradient(shape={list(self.shape)}, dtype={self.dtype}: update applied in backward)"
-
-
-_FUSED_MESSAGE = ("a fused layer's gradient was used between backward() and step() ({name}), but "
-                  "RowSparseAdagrad.fuse(layer) already applied the layer's update inside backward(), so "
-                  "clipping, an L2 term or averaging cannot reach it: set layer.fused_optimizer = None to edit "
-                  "gradients (the update then waits for step())")
 
 
 class _RowSparseOptimizer(torch.optim.Optimizer):

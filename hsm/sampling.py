@@ -591,12 +591,12 @@ class SampledSoftmax(torch.nn.Module):
             self.generator.manual_seed(seed)
 
     def _check(self, input: Tensor) -> None:
-        """The output layers' input checks (:func:`hsm.layers._check_input`): TypeError for a
+        """The output layers' input checks (:func:`hsm._checks.check_input`): TypeError for a
         non-tensor or another dtype than the layer's, ValueError for another shape or device and
         for NaN / infinite rows (named)."""
-        from .layers import _check_input
+        from ._checks import check_input
 
-        _check_input(input, self.in_features, self.linear.weight)
+        check_input(input, self.in_features, self.linear.weight)
 
     def _scores(self, input: Tensor, classes: Tensor) -> Tensor:
         """Scores of ``classes`` ([S] shared by the batch, or [B, S]), reading only those rows of the
@@ -686,10 +686,11 @@ class SampledSoftmax(torch.nn.Module):
 
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None):
-        from .layers import TopK, _check_k
+        from ._checks import check_k
+        from .layers import TopK
 
         self._check(input)
-        _check_k(k, self.num_labels, method, beam)
+        check_k(k, self.num_labels, method, beam)
         values, indices = self.log_prob(input).topk(int(k), dim=-1)
         visited = torch.full((input.shape[0],), self.num_labels, dtype=torch.long, device=input.device)
         return TopK(values, indices, visited)

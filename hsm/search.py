@@ -33,7 +33,6 @@ k = 2 the compiled search's count is the nodes it evaluated, each once.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -41,11 +40,9 @@ from torch import Tensor
 
 from . import kernels
 from ._checks import check_logits_finite
+from .backend import KERNELS, TreeLayer, needs_graph, pair_log_softmax, select_backend
 
-if TYPE_CHECKING:  # the layer module imports this one
-    from .layers import HierarchicalSoftmax
-
-__all__ = ["all_log_probs", "beam_search", "exact_topk", "merge_topk", "top1_search"]
+__all__ = ["all_log_probs", "beam_search", "exact_topk", "merge_topk", "top1", "top1_search"]
 
 
 def merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -83,7 +80,28 @@ def merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, value
 
 
 @torch.no_grad()
-def top1_search(layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Tensor]:
+def top1(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
+    """``(labels [B], nodes visited [B])``: the exact most likely label of each row of ``input``
+    [B, d], in the engine the layer uses for it (:func:`hsm.backend.select_backend`): the compiled
+    :func:`hsm.kernels.top1_search` on float32 CPU tensors, :func:`top1_search` otherwise. Both run
+    the same greedy bound, then branch and bound. Raises :class:`hsm.NonFiniteInputError` naming
+    the rows whose node logits overflow."""
+    if input.shape[0] == 0:
+        empty = torch.zeros(0, dtype=torch.long, device=input.device)
+        return empty, empty.clone()
+    operands = _kernel_operands(layer, input)
+    if operands is None:
+        return top1_search(layer, input)
+    tables = layer.tables
+    labels, values, visited = kernels.run_top1_search(*operands, tables.child_node, tables.child_label,
+                                                      tables.paths[0].shape[1])
+    # a NaN value: a node the search evaluated had overflowing logits (kernels.top1_search)
+    check_logits_finite(np.flatnonzero(~np.isfinite(values)), input.shape[0], input.dtype)
+    return torch.from_numpy(labels), torch.from_numpy(visited)
+
+
+@torch.no_grad()
+def top1_search(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
     """(labels [B], nodes visited per row [B]) of the exact most likely label of each row of
     ``input`` [B, d] (B >= 1): a greedy descent gives each row a label and so a lower bound on the
     best log-probability; then the tree is explored level by level from the root, keeping a node
@@ -121,7 +139,7 @@ def top1_search(layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Te
     score = input.new_zeros(batch)
     while example.size:
         visited += np.bincount(example, minlength=batch)
-        cand = score.unsqueeze(1) + layer._pair_log_softmax(input, example, node)
+        cand = score.unsqueeze(1) + pair_log_softmax(layer, input, example, node)
         update_best(example, node, cand)
         seen = np.full(batch, -1, dtype=np.int64)
         seen[example] = node
@@ -149,7 +167,7 @@ def top1_search(layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Te
             fresh = ~cached
             visited += np.bincount(example[fresh], minlength=batch)
             fresh_t = torch.from_numpy(fresh).to(device)
-            cand[fresh_t] = score[fresh_t].unsqueeze(1) + layer._pair_log_softmax(input, example[fresh], node[fresh])
+            cand[fresh_t] = score[fresh_t].unsqueeze(1) + pair_log_softmax(layer, input, example[fresh], node[fresh])
             update_best(example[fresh], node[fresh], cand[fresh_t])
         ex_t = torch.from_numpy(example).to(device)
         keep = torch.from_numpy(is_node[node]).to(device) & (cand > best_value[ex_t].unsqueeze(1))
@@ -161,7 +179,7 @@ def top1_search(layer: "HierarchicalSoftmax", input: Tensor) -> tuple[Tensor, Te
 
 
 @torch.no_grad()
-def exact_topk(layer: "HierarchicalSoftmax", input: Tensor, k: int, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+def exact_topk(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tensor, Tensor, Tensor]:
     """(values [B, k], labels [B, k], nodes visited [B]): the exact k most likely labels. A beam
     search of width ``beam`` (>= k) gives k labels and a bound; then the tree is explored level by
     level, keeping a node only while its path log-probability is above the current k-th best label.
@@ -175,7 +193,7 @@ def exact_topk(layer: "HierarchicalSoftmax", input: Tensor, k: int, beam: int) -
     if k >= 2 and input.shape[0] > 0:
         operands = _kernel_operands(layer, input)
         if operands is not None:
-            tables = layer._tables
+            tables = layer.tables
             values, labels, visited = kernels.run_topk_search(*operands, tables.child_node, tables.child_label, k,
                                                               tables.paths[0].shape[1])
             check_logits_finite(np.flatnonzero(np.isnan(values).any(axis=1)), input.shape[0], input.dtype)
@@ -196,45 +214,41 @@ def exact_topk(layer: "HierarchicalSoftmax", input: Tensor, k: int, beam: int) -
     return values, indices, visited
 
 
-def all_log_probs(layer: "HierarchicalSoftmax", input: Tensor) -> Tensor | None:
+def all_log_probs(layer: TreeLayer, input: Tensor) -> Tensor | None:
     """``log p(y | input[b])`` of every label [B, K] in the compiled kernels
     (:func:`hsm.kernels.all_log_probs`: each node's log-softmax once per row, summed down the tree,
     O(N M d) per row), or None where they do not apply: not float32 CPU tensors, or an autograd
     graph is needed (grad mode on and the input or the weights require grad; the kernels give no
     gradient), and the caller computes it in PyTorch. ``input`` [B, d], already checked. Raises
     :class:`hsm.NonFiniteInputError` naming the rows whose node logits overflow."""
-    from .backend import _needs_graph
-
     operands = _kernel_operands(layer, input)
-    if operands is None or _needs_graph(layer, input):
+    if operands is None or needs_graph(layer, input):
         return None
     if input.shape[0] == 0:
         return input.new_empty((0, layer.num_labels))
-    tables = layer._tables
+    tables = layer.tables
     out = kernels.run_all_log_probs(*operands, tables.child_node, tables.child_label, layer.num_labels)
     check_logits_finite(np.flatnonzero(np.isnan(out[:, 0])), input.shape[0], input.dtype)
     return torch.from_numpy(out)
 
 
-def _kernel_operands(layer: "HierarchicalSoftmax", input: Tensor) -> tuple[np.ndarray, ...] | None:
+def _kernel_operands(layer: TreeLayer, input: Tensor) -> tuple[np.ndarray, ...] | None:
     """``(h, weight, bias, penalty)`` as the compiled kernels take them, or None where the layer
-    does not use the kernels for ``input`` (:meth:`hsm.HierarchicalSoftmax._backend`)."""
-    from .backend import KERNELS
-
-    if layer._backend(input) is not KERNELS:
+    does not use the kernels for ``input`` (:func:`hsm.backend.select_backend`)."""
+    if select_backend(layer, input) is not KERNELS:
         return None
     as_np = lambda tensor: tensor.detach().contiguous().numpy()  # noqa: E731
     return (as_np(input), as_np(layer.weight), KERNELS.operand(layer, layer.bias),
             KERNELS.operand(layer, layer.slot_penalty))
 
 
-def _expand(layer: "HierarchicalSoftmax", input: Tensor, example: Tensor, node: Tensor,
+def _expand(layer: TreeLayer, input: Tensor, example: Tensor, node: Tensor,
             score: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """One level of a search: for the (example, node) pairs with path log-probabilities ``score``
     [P], the children's path log-probabilities ``candidate`` [P, M] (score plus the node's
     log-softmax), the child node and child label of each slot, and which slots hold a label
     (``leaf``) and which an inner node (``inner``)."""
-    candidate = score[:, None] + layer._pair_log_softmax(input, example.cpu().numpy(), node.cpu().numpy())
+    candidate = score[:, None] + pair_log_softmax(layer, input, example.cpu().numpy(), node.cpu().numpy())
     child_nodes, child_labels, usable = layer.child_node[node], layer.child_label[node], layer.slot_mask[node]
     leaf = (child_labels >= 0) & usable
     inner = (child_nodes >= 0) & usable
@@ -242,7 +256,7 @@ def _expand(layer: "HierarchicalSoftmax", input: Tensor, example: Tensor, node: 
 
 
 @torch.no_grad()
-def beam_search(layer: "HierarchicalSoftmax", input: Tensor, k: int, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+def beam_search(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tensor, Tensor, Tensor]:
     """(values [B, k], labels [B, k], nodes visited [B]) of a beam search of width ``beam``: level
     by level, every label met is merged into the row's top k, and the ``beam`` most likely inner
     nodes of the row go on (approximate; width 1 is the greedy descent)."""

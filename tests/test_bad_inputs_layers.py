@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from hsm.layers import (FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError, RowSparseAdagrad, RowSparseSGD)
+from hsm.layers import FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError
+from hsm.optim import RowSparseAdagrad, RowSparseSGD
 from hsm.sampling import SampledSoftmax, class_frequencies
 from hsm.statistics import NodeStatistics
 from hsm.synthetic import planted_hierarchy

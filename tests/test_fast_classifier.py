@@ -13,7 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hsm.fast_classifier import FastBowClassifier, ReleasedStatistics, as_ragged
+from hsm.fast_classifier import FastBowClassifier, as_ragged
+from hsm.statistics import ReleasedStatistics
 from hsm.layers import FlatSoftmax
 from hsm.statistics import NodeStatistics
 from hsm.text_models import make_bags

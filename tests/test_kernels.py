@@ -9,7 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hsm.kernels as kernels
-from hsm.layers import RowSparseAdagrad
+import hsm.search
+from hsm.optim import RowSparseAdagrad
 from hsm.statistics import NodeStatistics
 from hsm.tree import Tree
 
@@ -68,7 +69,7 @@ def test_kernel_top1_is_the_arg_max_of_log_prob(tree, threads):
     for scale in (0.01, 6.0):  # near uniform (visits everything) and confident (prunes)
         layer = scaled_layer(tree, scale=scale, seed=2)
         h = torch.randn(41, layer.in_features)
-        labels, visited = layer._predict_top1(h)
+        labels, visited = hsm.search.top1(layer, h)
         log_prob = float64_reference(layer).log_prob(h.double())
         best = log_prob.max(1).values
         # the chosen label is (within float32 rounding) as likely as the best one

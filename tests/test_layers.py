@@ -7,6 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hsm.backend
+import hsm.search
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
 from hsm.tree import Tree
 
@@ -234,7 +236,7 @@ def test_fast_predict_is_exact_for_confident_and_uniform_models(tree):
     for scale in (0.01, 8.0):  # near uniform: the search visits everything; confident: it prunes
         layer = _layer(tree, scale=scale, seed=5)
         h = torch.randn(33, 6, dtype=torch.double)
-        labels, visited = layer._predict_top1(h)
+        labels, visited = hsm.search.top1(layer, h)
         assert (labels == layer.log_prob(h).argmax(1)).all()
         assert (visited >= 1).all()
 
@@ -246,11 +248,11 @@ def test_grouped_evaluation_in_chunks(monkeypatch):
     h = torch.randn(8, 6, dtype=torch.double)
     example = np.repeat(np.arange(8), tree.num_nodes)
     node = np.tile(np.arange(tree.num_nodes), 8)
-    whole = layer._pair_log_softmax(h, example, node)
+    whole = hsm.backend.pair_log_softmax(layer, h, example, node)
     import hsm.backend as backend_module
 
     monkeypatch.setattr(backend_module, "PAIR_CHUNK", 37)
-    torch.testing.assert_close(layer._pair_log_softmax(h, example, node), whole)
+    torch.testing.assert_close(hsm.backend.pair_log_softmax(layer, h, example, node), whole)
     expected = torch.log_softmax(layer._node_logits(h[example], torch.as_tensor(node)[:, None])[:, 0], -1)
     torch.testing.assert_close(whole, expected)
 
@@ -289,17 +291,17 @@ def test_inference_path_reuses_buffers_correctly(tree):
         assert not got.output.requires_grad
 
 
-def test_names_moved_to_their_own_modules_still_import_from_layers():
-    """Experiments, notebooks and saved scripts import these from hsm.layers and hsm."""
+def test_each_name_has_one_home_and_the_package_exports_it():
+    """The optimisers live in hsm.optim and the input checks in hsm._checks; hsm.layers keeps no
+    aliases of them (hsm exports the optimisers)."""
     import hsm
     import hsm.layers as layers
-    from hsm import _checks, optim, search
+    from hsm import _checks, optim
 
-    assert layers.RowSparseAdagrad is optim.RowSparseAdagrad is hsm.RowSparseAdagrad
-    assert layers.RowSparseSGD is optim.RowSparseSGD is hsm.RowSparseSGD
+    assert hsm.RowSparseAdagrad is optim.RowSparseAdagrad and hsm.RowSparseSGD is optim.RowSparseSGD
     assert layers.NonFiniteInputError is _checks.NonFiniteInputError is hsm.NonFiniteInputError
-    assert layers._check_input is _checks.check_input and layers._check_k is _checks.check_k
-    assert layers._merge_topk is search.merge_topk
+    for alias in ("RowSparseAdagrad", "RowSparseSGD", "_check_input", "_check_k", "_merge_topk"):
+        assert not hasattr(layers, alias), alias
 
 
 def test_flat_softmax_refuses_overflowing_logits_on_the_cpu():

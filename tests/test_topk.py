@@ -76,7 +76,7 @@ def test_kernel_topk_for_k_1_and_its_visits(tree, threads):
     layer = _confident_layer(tree)
     h = torch.randn(23, layer.in_features)
     operands = search._kernel_operands(layer, h)
-    tables = layer._tables
+    tables = layer.tables
     for k in (1, min(5, tree.num_labels)):
         values, labels, visited = kernels.run_topk_search(*operands, tables.child_node, tables.child_label, k,
                                                           tables.paths[0].shape[1])
@@ -137,8 +137,8 @@ def test_k_outside_1_to_k_is_refused():
     with pytest.raises(ValueError, match="k"):
         layer.topk(h, 51)
     with pytest.raises(ValueError, match="k must be >= 1"):
-        kernels.run_topk_search(*search._kernel_operands(layer, h), layer._tables.child_node,
-                                layer._tables.child_label, 0, 3)
+        kernels.run_topk_search(*search._kernel_operands(layer, h), layer.tables.child_node,
+                                layer.tables.child_label, 0, 3)
 
 
 def test_overflowing_logits_are_refused_by_name():
@@ -179,7 +179,7 @@ def test_topk_and_log_prob_property(num_labels, arity, well_formed, batch, k, se
     reference = _reference_log_prob(layer, h)
     with torch.no_grad():
         torch.testing.assert_close(search.all_log_probs(layer, h).double(), reference, **TOL)
-    tables = layer._tables
+    tables = layer.tables
     values, labels, _ = kernels.run_topk_search(*search._kernel_operands(layer, h), tables.child_node,
                                                 tables.child_label, k, tables.paths[0].shape[1])
     _check_exact_topk(values, labels, reference, k)

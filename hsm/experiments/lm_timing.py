@@ -47,7 +47,8 @@ from hsm import config as hsm_config
 from hsm.bench import ADAPTIVE_CUTOFFS, adaptive_cutoffs, cost_model, machine_limits
 from hsm.experiments import check_device, check_scale, experiment, option_choices, option_int
 from hsm.experiments.lm import _slice, _sync, load_lm_corpus
-from hsm.layers import FlatSoftmax, HierarchicalSoftmax, RowSparseAdagrad
+from hsm.layers import FlatSoftmax, HierarchicalSoftmax
+from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.results import check_replace, make_record, output_path, provenance, write_results
 from hsm.training import TreeLearner

@@ -12,7 +12,8 @@ from hsm import config as hsm_config
 from hsm._atomic import atomic_write
 from hsm.data.lm import LMCorpus
 from hsm.experiments import check_device
-from hsm.layers import HierarchicalSoftmax, RowSparseAdagrad
+from hsm.layers import HierarchicalSoftmax
+from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.tree import Tree
 

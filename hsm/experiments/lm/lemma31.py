@@ -24,7 +24,8 @@ import torch
 
 from hsm import config as hsm_config
 from hsm.experiments import check_device, check_scale, experiment, option_floats, option_int, option_ints
-from hsm.layers import HierarchicalSoftmax, RowSparseAdagrad
+from hsm.layers import HierarchicalSoftmax
+from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.results import check_replace, make_record, output_path, provenance, write_results
 from hsm.statistics import NodeStatistics, node_objectives

@@ -26,7 +26,8 @@ from hsm import config as hsm_config
 from hsm._atomic import atomic_write
 from hsm.data.lm import LMCorpus
 from hsm.experiments import check_device
-from hsm.layers import FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError, RowSparseAdagrad
+from hsm.layers import FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError
+from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.results import load_checkpoint as _load_checkpoint
 from hsm.results import read_json_or_none
