@@ -86,10 +86,11 @@ import numpy as np
 import torch
 
 from ._atomic import atomic_write
-from ._checks import check_choice, check_count, check_fraction, check_positive
+from ._checks import check_choice, check_logits_finite, check_count, check_fraction, check_positive
 from .fasttext_format import SettingError
 from .fast_trainer import FitHistory, HogwildTrainer, output_arrays
-from .kernels import _FASTMATH, _node_log_softmax, _run
+from . import kernels
+from .kernels import _FASTMATH
 from .layers import FlatSoftmax, HierarchicalSoftmax
 from .objective import RankingScore, _ranking_score
 from .statistics import NodeStatistics, ReleasedStatistics
@@ -121,56 +122,6 @@ def _representations(values, offsets, embedding, mean, out):  # pragma: no cover
                 out[b, j] /= np.float32(last - first)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
-def _topk_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, lo,
-                 hi):  # pragma: no cover - compiled
-    """The exact k most likely labels of rows ``lo..hi-1`` of ``h`` (k = ``labels.shape[1]``),
-    most likely first: fastText's ``dfsM`` with its bound (a node whose path log-probability is
-    not above the k-th best label found so far is not opened: it bounds every label below it,
-    ICML §11.1), depth first with the most likely child on top of the stack, so good labels, and so
-    a tight bound, come early. ``child_node`` / ``child_label`` [N, M]: -1 where the slot holds no
-    usable node / real label (empty slots have -inf in ``penalty``)."""
-    arity = child_node.shape[1]
-    k = labels.shape[1]
-    lp = np.empty(arity, dtype=np.float32)
-    order = np.empty(arity, dtype=np.int64)
-    stack_node = np.empty(max_depth * arity + 1, dtype=np.int64)
-    stack_score = np.empty(max_depth * arity + 1, dtype=np.float32)
-    for b in range(lo, hi):
-        for r in range(k):
-            values[b, r] = -np.inf
-            labels[b, r] = -1
-        stack_node[0] = 0
-        stack_score[0] = 0.0
-        top = 1
-        while top > 0:
-            top -= 1
-            n = stack_node[top]
-            score = stack_score[top]
-            if score <= values[b, k - 1]:
-                continue
-            _node_log_softmax(h, b, weight, bias, penalty, n, arity, lp)
-            order[:] = np.argsort(lp)  # ascending: the most likely child is pushed last, popped first
-            for q in range(arity):
-                m = order[q]
-                v = score + lp[m]
-                if v <= values[b, k - 1]:
-                    continue
-                if child_label[n, m] >= 0:
-                    r = k - 1  # insert into the sorted top k
-                    while r > 0 and values[b, r - 1] < v:
-                        values[b, r] = values[b, r - 1]
-                        labels[b, r] = labels[b, r - 1]
-                        r -= 1
-                    values[b, r] = v
-                    labels[b, r] = child_label[n, m]
-                elif child_node[n, m] >= 0:
-                    stack_node[top] = child_node[n, m]
-                    stack_score[top] = v
-                    top += 1
-
-
-# ---------------------------------------------------------------------------------------------- inputs
 def as_ragged(docs: Any, name: str = "docs") -> tuple[np.ndarray, np.ndarray]:
     """``(values, offsets)`` int64 arrays of a list of documents (each a sequence of int word ids),
     of a ``(values, offsets)`` tuple (``offsets`` from 0 to ``len(values)``, non-decreasing), or of
@@ -661,8 +612,9 @@ class FastBowClassifier:
     @torch.no_grad()
     def predict(self, docs: Any, k: int = 1) -> Prediction:
         """The ``k`` most likely labels of every document and their log-probabilities, exact:
-        a compiled depth-first branch and bound for trees (:func:`_topk_search`, fastText's
-        ``dfsM``), rows split over ``threads``; ``torch.topk`` of the full softmax for flat.
+        the layer's compiled best-first branch and bound for trees (:func:`hsm.kernels.topk_search`,
+        exact like fastText's ``dfsM``; equal values ordered by label id), rows split over torch's
+        threads; ``torch.topk`` of the full softmax for flat.
 
         Documents go through in blocks of :data:`PREDICT_BLOCK` floats of ``f(x)`` (whole
         multiples of 4,096 rows up to d = 4,096), so that memory does not grow with the number
@@ -695,20 +647,11 @@ class FastBowClassifier:
                 labels.append(top.indices.numpy())
                 log_probs.append(top.values.numpy())
             return Prediction(np.concatenate(labels).astype(np.int64), np.concatenate(log_probs).astype(np.float64))
-        tree = layer.tree
-        usable = tree.slot_mask
-        child_node = np.ascontiguousarray(np.where(usable, tree.child_node, -1), dtype=np.int64)
-        real = usable & (tree.child_label >= 0) & (tree.child_label < tree.num_labels)
-        child_label = np.ascontiguousarray(np.where(real, tree.child_label, -1), dtype=np.int64)
+        tables = layer.tables
         weight, bias, penalty = output_arrays(layer, self.dim)[:3]
-        rows = h.numpy()
-        labels = np.empty((rows.shape[0], k), dtype=np.int64)
-        values = np.empty((rows.shape[0], k), dtype=np.float32)
-        parts = max(1, min(self.threads or torch.get_num_threads(), rows.shape[0] // 64))
-        bounds = np.linspace(0, rows.shape[0], parts + 1).astype(np.int64)
-        _run(lambda index, lo, hi: _topk_search(rows, weight, bias, penalty, child_node, child_label, tree.max_depth,
-                                                labels, values, lo, hi),
-             [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])])
+        values, labels, _ = kernels.run_topk_search(h.numpy(), weight, bias, penalty, tables.child_node,
+                                                    tables.child_label, k, tables.paths[0].shape[1])
+        check_logits_finite(np.flatnonzero(np.isnan(values).any(axis=1)), values.shape[0], torch.float32)
         return Prediction(labels, values.astype(np.float64))
 
     @torch.no_grad()
