@@ -38,7 +38,7 @@ from typing import Any, Literal, Protocol
 import numba
 import numpy as np
 
-from .objective import TIE_TOLERANCE, RankingScore, _ranking_score, ranking_scores
+from .objective import TIE_TOLERANCE, RankingScore, check_ranking_score, ranking_scores
 from .tree import Tree
 
 __all__ = [
@@ -86,7 +86,7 @@ def _node_terms_kernel(p_cond, weights, group, num_groups):  # pragma: no cover 
     return coef, marginal
 
 
-def _node_terms(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
+def node_terms(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, num_groups: int) -> tuple[np.ndarray, np.ndarray]:
     """(2/M) q_i (1 - q_i) per label and p_j = sum_i q_i p_{j|i} per node (eq. 7), where q_i is the
     label's share of its node's weight and ``group[i]`` the node of label i."""
     return _node_terms_kernel(np.ascontiguousarray(p_cond, dtype=np.float64), np.ascontiguousarray(weights, dtype=np.float64),
@@ -97,7 +97,7 @@ def _segment_scores(p_cond: np.ndarray, weights: np.ndarray, group: np.ndarray, 
                     score: RankingScore) -> np.ndarray:
     """Eq. 10 / 12 scores [n, M] for labels of several nodes at once (:func:`hsm.objective.ranking_scores`,
     materialised; the greedy computes the same numbers on the fly, :func:`_pair_score`)."""
-    coef, marginal = _node_terms(p_cond, weights, group, num_groups)
+    coef, marginal = node_terms(p_cond, weights, group, num_groups)
     return ranking_scores(coef, p_cond, marginal[group], times_p_cond=score == "eq12")
 
 
@@ -121,7 +121,7 @@ def pair_scores(p_cond: Any, counts: Any, score: RankingScore | None = None) -> 
     """The [K, M] scores of eq. 10 (``score="eq10"``) or eq. 12 (``score="eq12"``, the default) at
     one node, with ``q = counts / counts.sum()`` (the Counts statistics of Algorithm 1) and p_j from
     eq. 7."""
-    score = _ranking_score(score, default="eq12")
+    score = check_ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     return _segment_scores(p_cond, counts, np.zeros(len(counts), dtype=np.int64), 1, score)
 
@@ -282,7 +282,7 @@ def _run_greedy(
     group = np.ascontiguousarray(group, dtype=np.int64)
     num_groups = capacity.shape[0]
     p_cond = np.ascontiguousarray(p_cond, dtype=np.float64)
-    coef, marginal = _node_terms(p_cond, weights, group, num_groups)
+    coef, marginal = node_terms(p_cond, weights, group, num_groups)
     result, stuck = _greedy_kernel(p_cond, marginal, coef, group, _rank_in_group(group),
                                    capacity.astype(np.int64).copy(), well_formed, score == "eq12")
     if stuck >= 0:
@@ -317,7 +317,7 @@ def assign_node(p_cond: Any, counts: Any, capacity: Any, score: RankingScore | N
 
     Returns the child index of every label, shape [K].
     """
-    score = _ranking_score(score, default="eq12")
+    score = check_ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     cap = _capacity_row(capacity, p_cond.shape[1])
     if cap.sum() < len(counts):
@@ -336,7 +336,7 @@ def assign_node_well_formed(
     :class:`AssignmentDeadlock` for M = 2 and M >= 4 as soon as K > M (the book's Algorithms chapter,
     "Algorithm 2: well-formed trees, and a CheckFull that deadlocks").
     """
-    score = _ranking_score(score, default="eq12")
+    score = check_ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     num_labels, arity = p_cond.shape
     if num_labels < arity or (num_labels - 1) % (arity - 1) != 0:
@@ -396,7 +396,7 @@ def greedy_assign_reference(
 ) -> Any:
     """Plain-Python transcription of the capacity greedy (the test oracle for :func:`assign_node`):
     sort all pairs, scan them once. With ``return_order`` also returns the accepted pairs in order."""
-    score = _ranking_score(score, default="eq12")
+    score = check_ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     cap = list(_capacity_row(capacity, p_cond.shape[1]))
     scores = pair_scores(p_cond, counts, score)
@@ -414,7 +414,7 @@ def greedy_assign_reference(
 
 def assignment_score(p_cond: Any, counts: Any, assignment: Any, score: RankingScore | None = None) -> float:
     """The first-order gain the greedy maximises: sum_i score[i, assignment[i]] (eqs. 13 / 14)."""
-    scores = pair_scores(p_cond, counts, _ranking_score(score, default="eq12"))
+    scores = pair_scores(p_cond, counts, check_ranking_score(score, default="eq12"))
     assignment = np.asarray(assignment, dtype=np.int64)
     return float(scores[np.arange(len(assignment)), assignment].sum())
 
@@ -423,7 +423,7 @@ def brute_force_assign(p_cond: Any, counts: Any, capacity: Any,
                        score: RankingScore | None = None) -> tuple[np.ndarray, float]:
     """The best assignment under the capacities by enumeration (M**K candidates; small K only).
     Lemma 1 claims the greedy attains this; it does not always (see the book's Lemmas chapter)."""
-    score = _ranking_score(score, default="eq12")
+    score = check_ranking_score(score, default="eq12")
     p_cond, counts = _validate_node_inputs(p_cond, counts)
     num_labels, arity = p_cond.shape
     if arity**num_labels > 2_000_000:
@@ -492,7 +492,7 @@ def assign_labels_depth_constrained(
     :class:`AssignmentError` when, as it can, a subtree receives more labels than it has leaves.
     ``score``: "eq12" (default) or "eq10".
     """
-    score = _ranking_score(score, default="eq12")
+    score = check_ranking_score(score, default="eq12")
     if tree.depth_limit is None:
         raise ValueError("Algorithm 3 needs a fixed-depth tree (Tree.random / balanced / complete)")
     arity, depth, num_labels = tree.arity, tree.depth_limit, tree.num_labels
@@ -531,7 +531,7 @@ def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource,
     were trained for another place in the tree: :meth:`HierarchicalSoftmax.set_tree` can reset
     them). ``score``: "eq12" (default) or "eq10".
     """
-    score = _ranking_score(score, default="eq12")
+    score = check_ranking_score(score, default="eq12")
     arity = tree.arity
     num_leaves = tree.num_leaves
     if (num_leaves - 1) % (arity - 1) != 0 or not tree.is_well_formed():

@@ -41,7 +41,7 @@ def greedy_fill(distances: np.ndarray, capacity: int, order: np.ndarray | None =
     return assignment
 
 
-def _kmeans_fill(points: np.ndarray, n_clusters: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+def kmeans_fill(points: np.ndarray, n_clusters: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     from sklearn.cluster import MiniBatchKMeans
 
     n_clusters = min(n_clusters, len(points))
@@ -75,12 +75,12 @@ def clustering_tree(embeddings: np.ndarray, arity: int, depth: int = 3, seed: in
     points = np.asarray(embeddings, dtype=np.float64)
     if points.ndim != 2 or len(points) < 2:
         raise ValueError(f"embeddings must be a [K, d] array with K >= 2, got shape {points.shape}")
-    cluster_of_word, centres = _kmeans_fill(points, arity**2, arity, seed)
+    cluster_of_word, centres = kmeans_fill(points, arity**2, arity, seed)
     # renumber clusters 0..C-1 (some may be empty after the fill)
     used, cluster_of_word = np.unique(cluster_of_word, return_inverse=True)
     centres = centres[used]
     if groups == "kmeans":
-        group_of_cluster, _ = _kmeans_fill(centres, arity, arity, seed + 1)
+        group_of_cluster, _ = kmeans_fill(centres, arity, arity, seed + 1)
     else:
         group_of_cluster = np.empty(len(centres), dtype=np.int64)
         group_of_cluster[np.random.default_rng(seed + 1).permutation(len(centres))] = (

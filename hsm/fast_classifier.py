@@ -90,9 +90,9 @@ from ._checks import check_choice, check_logits_finite, check_count, check_fract
 from .fasttext_format import SettingError
 from .fast_trainer import FitHistory, HogwildTrainer, output_arrays
 from . import kernels
-from .kernels import _FASTMATH
+from .kernels import FASTMATH
 from .layers import FlatSoftmax, HierarchicalSoftmax
-from .objective import RankingScore, _ranking_score
+from .objective import RankingScore, check_ranking_score
 from .statistics import NodeStatistics, ReleasedStatistics
 from .text_models import BagOfWordsClassifier
 from .tree import Tree, check_integer
@@ -106,7 +106,7 @@ class ModelFileError(ValueError):
     :meth:`FastBowClassifier.save`, written by another version of the format, or damaged."""
 
 # ---------------------------------------------------------------------------------------------- kernels
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _representations(values, offsets, embedding, mean, out):  # pragma: no cover - compiled
     """``out[b]`` = sum (or mean) of document b's embedding rows (:class:`BagOfWordsClassifier`)."""
     dim = embedding.shape[1]
@@ -242,7 +242,7 @@ SPARSE_IDS_FACTOR = 10
 SPARSE_IDS_SLACK = 1000
 
 
-def _physical_memory() -> int | None:
+def physical_memory() -> int | None:
     """Bytes of physical memory (None where the platform does not say)."""
     try:
         return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
@@ -262,7 +262,7 @@ def _available_memory() -> int | None:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    return _physical_memory()
+    return physical_memory()
 
 
 def check_inferred_size(ids: np.ndarray, size: int, what: str, option: str) -> None:
@@ -456,7 +456,7 @@ class FastBowClassifier:
         self.decay = check_fraction(decay, "decay")
         self.prior = check_positive(prior, "prior")
         self.prior_mode = check_choice(prior_mode, "prior_mode", ("current_child", "uniform"))
-        self.score: RankingScore = _ranking_score(score, default="eq12")
+        self.score: RankingScore = check_ranking_score(score, default="eq12")
         self.reset_moved_nodes = bool(reset_moved_nodes)
         self.bias = bool(bias)
         self.shuffle = bool(shuffle)

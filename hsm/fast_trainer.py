@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .assign import ReassignRecord, Reassignment, rebuild_tree
-from .kernels import _FASTMATH, _run
+from .kernels import FASTMATH, run_on_pool
 from .layers import FlatSoftmax, HierarchicalSoftmax
 from .objective import RankingScore
 from .statistics import NodeStatistics, ReleasedStatistics
@@ -43,8 +43,8 @@ _NEG_INF = np.float32(-np.inf)
 
 
 # ---------------------------------------------------------------------------------------------- kernels
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, inline="always")
-def _example_rate(lr, schedule, start, k, stride, phase, total):  # pragma: no cover - compiled
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
+def example_rate(lr, schedule, start, k, stride, phase, total):  # pragma: no cover - compiled
     """The step size of the k-th example of a chunk: training has done ``start + k * stride +
     phase`` of its ``total`` examples; ``schedule`` 0 decays the rate linearly to 0 (fastText),
     1 keeps it constant for the first half and then decays it linearly (ICML §11.1)."""
@@ -54,7 +54,7 @@ def _example_rate(lr, schedule, start, k, stride, phase, total):  # pragma: no c
     return np.float32(lr * min(1.0, 2.0 * (1.0 - progress)))
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _sgd_examples(values, offsets, order, targets, mean, embedding, weight, bias, penalty, path_nodes,
                   path_children, path_mask, lr, schedule, start, stride, phase, total, collect, sum_probas,
                   path_counts, label_counts, losses):  # pragma: no cover - compiled
@@ -79,7 +79,7 @@ def _sgd_examples(values, offsets, order, targets, mean, embedding, weight, bias
     one = np.float32(1.0)
     for k in range(order.shape[0]):
         i = order[k]
-        rate = _example_rate(lr, schedule, start, k, stride, phase, total)
+        rate = example_rate(lr, schedule, start, k, stride, phase, total)
         first, last = offsets[i], offsets[i + 1]
         for j in range(dim):
             h[j] = 0.0
@@ -403,7 +403,7 @@ class HogwildTrainer:
                                        float(parts), float(index), float(total), collect, sum_probas, path_counts,
                                        label_counts, losses[lo:hi])
 
-            _run(task, [(lo, hi) for _, lo, hi in pieces])
+            run_on_pool(task, [(lo, hi) for _, lo, hi in pieces])
             for (_, lo, _), k in zip(pieces, bad):
                 if k >= 0:
                     raise FloatingPointError(

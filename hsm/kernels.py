@@ -72,7 +72,7 @@ MIN_WORK_PER_THREAD = 250_000
 # Re-association and contraction let LLVM vectorise the dot products and axpys (sums in another
 # order: results differ from torch's in the last bits, well inside the tests' tolerances). Not
 # "fast": that would also assume no infinities, and empty slots carry a -inf logit.
-_FASTMATH = {"reassoc", "contract", "arcp"}
+FASTMATH = {"reassoc", "contract", "arcp"}
 # error_model="numpy" (division by zero gives inf, not a Python ZeroDivisionError): numba's check
 # before every division otherwise keeps LLVM from vectorising the loop (7x on the Adagrad update)
 
@@ -195,7 +195,7 @@ def _gather_rows(h, example, order, first, last, rows):  # pragma: no cover - co
     return rows[: last - first]
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _logits_of_group(h, weight, example, order, first, last, n, arity, logits, rows):  # pragma: no cover - compiled
     """``logits[q - first, m] = W_n[m] . h[example[order[q]]]`` for the pairs of one node.
 
@@ -271,7 +271,7 @@ def _logits_of_group(h, weight, example, order, first, last, n, arity, logits, r
         q += 2 if pair else 1
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _add_offsets_and_max(row, bias, penalty, n, arity):  # pragma: no cover - compiled
     """Add node ``n``'s bias and slot penalty (each may be a [0, M] array: none) to ``row``
     (its M logits) and return the largest, the shift of a stable softmax."""
@@ -287,7 +287,7 @@ def _add_offsets_and_max(row, bias, penalty, n, arity):  # pragma: no cover - co
     return top
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def path_forward(h, weight, bias, penalty, example, node, child, order, starts, arity, node_prob, pair_log_prob,
                  cursor):  # pragma: no cover - compiled
     """Eq. 5 for every pair, grouped by node.
@@ -331,7 +331,7 @@ def path_forward(h, weight, bias, penalty, example, node, child, order, starts, 
             pair_log_prob[p] = row[child[p]] - top - np.log(total)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy", inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy", inline="always")
 def _adagrad_update(p, s, g, clr, eps):  # pragma: no cover - compiled
     """torch.optim.Adagrad's update of one row, in place: per element ``s += g**2``;
     ``p -= clr * g / (sqrt(s) + eps)`` (the one copy every Adagrad kernel here calls)."""
@@ -341,7 +341,7 @@ def _adagrad_update(p, s, g, clr, eps):  # pragma: no cover - compiled
         p[j] -= clr * g[j] / (np.sqrt(total) + eps)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, need_weight, clr,
                    eps):  # pragma: no cover - compiled
     """:func:`adagrad_rows` on node n's weight row (``grad_w[0]``) and bias row (``grad_b[0]``)."""
@@ -357,7 +357,7 @@ def _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, ne
         _adagrad_update(p, s, g, clr, eps)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def path_backward(h, weight, example, node, child, order, starts, node_prob, grad_output,
                   grad_pair_h, grad_weight, grad_bias, need_h, need_weight, cursor,
                   bias, state_weight, state_bias, clr, eps):  # pragma: no cover - compiled
@@ -510,7 +510,7 @@ def path_backward(h, weight, example, node, child, order, starts, node_prob, gra
             _fused_adagrad(weight, bias, state_weight, state_bias, n, grad_w, grad_b, need_weight, clr, eps)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _node_log_softmax(h, b, weight, bias, penalty, n, arity, out):  # pragma: no cover - compiled
     dim = h.shape[1]
     for m in range(arity):
@@ -522,7 +522,7 @@ def _node_log_softmax(h, b, weight, bias, penalty, n, arity, out):  # pragma: no
     return _log_softmax_in_place(out, bias, penalty, n, arity)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _log_softmax_in_place(out, bias, penalty, n, arity):  # pragma: no cover - compiled
     """Node ``n``'s log-softmax over its M logits ``out`` (bias and slot penalty added here), in
     place; returns the log normaliser."""
@@ -536,7 +536,7 @@ def _log_softmax_in_place(out, bias, penalty, n, arity):  # pragma: no cover - c
     return log_z  # not finite when the node's logits overflow the dtype (finite but huge inputs)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited,
                 cursor):  # pragma: no cover - compiled
     """Exact arg max of ``log p(y | h_b)`` for every row (ICML §11.1's branch and bound).
@@ -678,7 +678,7 @@ def _queue_pop(values, codes, size):  # pragma: no cover - compiled
     return size
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def topk_search(h, weight, bias, penalty, child_node, child_label, values, labels, visited,
                 cursor):  # pragma: no cover - compiled
     """Exact k most likely labels of every row (k = ``values.shape[1]``), best first: a best-first
@@ -760,7 +760,7 @@ def parents_first(child_node):  # pragma: no cover - compiled
     return order[:count].copy()
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def all_log_probs(h, weight, bias, penalty, child_node, child_label, order, chunk, out,
                   cursor):  # pragma: no cover - compiled
     """``log p(y | h_b)`` of every label y (eq. 5 for all K at once), O(N M d) per row.
@@ -806,7 +806,7 @@ def all_log_probs(h, weight, bias, penalty, child_node, child_label, order, chun
                     out[b, y] = np.nan
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def adagrad_rows(param, state, rows, grad, clr, eps, r_lo, r_hi):  # pragma: no cover - compiled
     """Row-sparse Adagrad (torch.optim.Adagrad's update on the touched rows): per element
     ``state += g**2``; ``param -= clr * g / (sqrt(state) + eps)``. ``rows`` must be distinct."""
@@ -817,7 +817,7 @@ def adagrad_rows(param, state, rows, grad, clr, eps, r_lo, r_hi):  # pragma: no 
         _adagrad_update(p, s, grad[r], clr, eps)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def adagrad_dense(param, state, grad, clr, eps, lo, hi):  # pragma: no cover - compiled
     """Adagrad on elements ``lo..hi-1`` of flat (1-D) arrays: :func:`adagrad_rows`' update for a
     dense gradient, in one pass where torch's takes four (``addcmul_``, ``sqrt``, ``add_``,
@@ -826,7 +826,7 @@ def adagrad_dense(param, state, grad, clr, eps, lo, hi):  # pragma: no cover - c
     _adagrad_update(param[lo:hi], state[lo:hi], grad[lo:hi], clr, eps)
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def accumulate_statistics(sum_probas, path_counts, label_counts, target, example, depth, node_prob):  # pragma: no cover - compiled
     """Algorithm 1's NodeCompute for one batch (:meth:`hsm.statistics.NodeStatistics.accumulate`):
     for every pair, ``sum_probas[y, depth] += softmax`` and ``path_counts[y, depth] += 1``; for
@@ -844,7 +844,7 @@ def accumulate_statistics(sum_probas, path_counts, label_counts, target, example
 
 
 # ------------------------------------------------------------------ the log-bilinear model
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def lbl_forward(weight, ids, context_weight, gathered, out, chunk, cursor):  # pragma: no cover - compiled
     """The log-bilinear representation ``out[b] = sum_k R_k U[w_{t-k}]`` (:class:`hsm.models.LogBilinearLM`).
 
@@ -877,7 +877,7 @@ def lbl_forward(weight, ids, context_weight, gathered, out, chunk, cursor):  # p
                     out[lo + b, j] += part[b, j]
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def lbl_backward(grad_out, gathered, context_weight, grad_context, rows, need_context, need_rows,
                  cursor):  # pragma: no cover - compiled
     """Gradients of :func:`lbl_forward`: ``grad_context[k] = g^T gathered[k]`` (dL/dR_{k+1}) and
@@ -1068,7 +1068,7 @@ class _SingleThreadedBlas:
 _BLAS_ONE_THREAD = _SingleThreadedBlas()
 
 
-def _run(task: Callable[[int, int, int], None], shares: list[tuple[int, int]]) -> None:
+def run_on_pool(task: Callable[[int, int, int], None], shares: list[tuple[int, int]]) -> None:
     """``task(share_index, lo, hi)`` for every share: the first on this thread, the rest on the
     pool (or all here, one after the other, while another thread is using the pool)."""
     with _BLAS_ONE_THREAD:
@@ -1102,7 +1102,7 @@ def _run_shares(task: Callable[[int, int, int], None], shares: list[tuple[int, i
 def _run_claiming(task: Callable[[], None], threads: int) -> None:
     """``task()`` on ``threads`` threads at once: kernels whose threads claim their work from a
     shared cursor (:func:`_claim`)."""
-    _run(lambda i, lo, hi: task(), [(0, 0)] * threads)
+    run_on_pool(lambda i, lo, hi: task(), [(0, 0)] * threads)
 
 
 def _threads_for(work: float, items: int) -> int:
@@ -1238,7 +1238,7 @@ def run_adagrad_dense(param, state, grad, clr, eps) -> None:
     def task(i: int, lo: int, hi: int) -> None:
         adagrad_dense(param, state, grad, clr, eps, lo, hi)
 
-    _run(task, shares)
+    run_on_pool(task, shares)
 
 
 def run_adagrad_rows(param, state, rows, grad, clr, eps) -> None:
@@ -1248,4 +1248,4 @@ def run_adagrad_rows(param, state, rows, grad, clr, eps) -> None:
     def task(i: int, lo: int, hi: int) -> None:
         adagrad_rows(param, state, rows, grad, clr, eps, lo, hi)
 
-    _run(task, shares)
+    run_on_pool(task, shares)

@@ -276,7 +276,7 @@ TIE_TOLERANCE = 1e-12
 #: :math:`p_{j|i}`") or ``"eq12"`` (Eq. 12, with respect to :math:`\log p_{j|i}`: Eq. 10 times :math:`p_{j|i}`).
 RankingScore = Literal["eq10", "eq12"]
 
-def _ranking_score(score: str | None, default: RankingScore) -> RankingScore:
+def check_ranking_score(score: str | None, default: RankingScore) -> RankingScore:
     """The :data:`RankingScore` a public function was asked for (``default`` for None): the one check
     of the ``score`` keyword, so every function that takes it rejects a bad value with the same
     message."""
@@ -353,7 +353,7 @@ def node_objective_grad(
     :data:`TIE_TOLERANCE` instead (:func:`hsm.assign.pair_scores`); the two differ only where
     :math:`0 < |p_{j|i} - p_j| \\le 10^{-12}`, i.e. where :math:`p_{j|i} = p_j` up to rounding.
     """
-    score = _ranking_score(score, default="eq10")
+    score = check_ranking_score(score, default="eq10")
     q, p_cond, _ = _check_distribution_inputs(q, p_cond, atol)
     num_children = p_cond.shape[1]
     p = q @ p_cond

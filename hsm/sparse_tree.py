@@ -35,9 +35,9 @@ import scipy.sparse as sp
 from ._checks import NonFiniteInputError, check_choice, check_count, check_fraction, check_positive
 from .assign import ReassignRecord, Reassignment, rebuild_tree
 from .fast_classifier import Prediction, as_labels, check_inferred_size
-from .fast_trainer import FitHistory, HogwildTrainer, _example_rate, path_arrays, statistics_arrays
-from .kernels import _FASTMATH, _run
-from .objective import RankingScore, _ranking_score
+from .fast_trainer import FitHistory, HogwildTrainer, example_rate, path_arrays, statistics_arrays
+from .kernels import FASTMATH, run_on_pool
+from .objective import RankingScore, check_ranking_score
 from .statistics import NodeStatistics
 from .tree import Tree, check_integer
 
@@ -54,7 +54,7 @@ LARGEST_FEATURE = 1e18
 
 
 # ---------------------------------------------------------------------------------------------- kernels
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def _node_logits(indices, data, first, last, weight, bias, n, logit):  # pragma: no cover - compiled
     """``logit[m] = b_n[m] + W_n[m] . x`` for the M slots of node ``n``, x the CSR row
     ``indices/data[first:last]`` (one contiguous run of M floats of ``weight`` per non-zero)."""
@@ -69,7 +69,7 @@ def _node_logits(indices, data, first, last, weight, bias, n, logit):  # pragma:
             logit[m] += weight[f, base + m] * v
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, inline="always")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, inline="always")
 def _node_step(indices, data, first, last, weight, n, alpha, residual, squares):  # pragma: no cover - compiled
     """``W_n[m] += alpha[m] * x`` for the M slots of node ``n``; with AdaGrad (``squares`` has
     rows) each feature's step is first divided by ``sqrt(1 + squares[f, n])`` after adding
@@ -87,7 +87,7 @@ def _node_step(indices, data, first, last, weight, n, alpha, residual, squares):
             weight[f, base + m] += alpha[m] * v
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, penalty, path_nodes, path_children,
                          path_mask, lr, schedule, start, stride, phase, total, collect, sum_probas, path_counts,
                          label_counts, losses, squares):  # pragma: no cover - compiled
@@ -108,7 +108,7 @@ def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, pe
     alpha = np.empty(arity, dtype=np.float32)
     for k in range(order.shape[0]):
         i = order[k]
-        rate = _example_rate(lr, schedule, start, k, stride, phase, total)
+        rate = example_rate(lr, schedule, start, k, stride, phase, total)
         first, last = indptr[i], indptr[i + 1]
         y = targets[i]
         loss = 0.0
@@ -147,7 +147,7 @@ def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, pe
     return -1
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _binary_sparse_examples(indptr, indices, data, order, label_values, label_offsets, weight, bias, penalty,
                             path_nodes, path_children, path_mask, lr, schedule, start, stride, phase, total, losses,
                             squares):  # pragma: no cover - compiled
@@ -167,7 +167,7 @@ def _binary_sparse_examples(indptr, indices, data, order, label_values, label_of
     visited = np.empty(num_nodes, dtype=np.int64)
     for k in range(order.shape[0]):
         i = order[k]
-        rate = _example_rate(lr, schedule, start, k, stride, phase, total)
+        rate = example_rate(lr, schedule, start, k, stride, phase, total)
         first, last = indptr[i], indptr[i + 1]
         count = 0
         for j in range(label_offsets[i], label_offsets[i + 1]):
@@ -212,7 +212,7 @@ def _binary_sparse_examples(indptr, indices, data, order, label_values, label_of
     return -1
 
 
-@numba.njit(cache=True, nogil=True, fastmath=_FASTMATH, error_model="numpy")
+@numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
 def _label_log_probs(indptr, indices, data, lo, hi, weight, bias, penalty, path_nodes, path_children, path_mask,
                      binary, out):  # pragma: no cover - compiled
     """``out[i - lo, y]`` = log p(y | x_i) (eq. 3) for rows ``lo <= i < hi`` and every label y:
@@ -288,7 +288,7 @@ def kmeans_label_tree(centroids: sp.csr_matrix | np.ndarray, arity: int, seed: i
     fewer than M labels), the shape Algorithm 3 re-assigns, instead of a well-formed tree."""
     from sklearn.decomposition import TruncatedSVD
 
-    from .clustering import _kmeans_fill, clustering_tree
+    from .clustering import kmeans_fill, clustering_tree
 
     num_labels = centroids.shape[0]
     arity = check_integer(arity, "arity")
@@ -304,7 +304,7 @@ def kmeans_label_tree(centroids: sp.csr_matrix | np.ndarray, arity: int, seed: i
         points = np.asarray(centroids.todense() if sp.issparse(centroids) else centroids, dtype=np.float64)
     points = points / np.maximum(np.linalg.norm(points, axis=1, keepdims=True), 1e-12)
     if num_labels <= arity**2:
-        clusters, _ = _kmeans_fill(points, arity, arity, seed)
+        clusters, _ = kmeans_fill(points, arity, arity, seed)
         _, clusters = np.unique(clusters, return_inverse=True)
         tree = Tree.from_clusters(clusters, arity, 2)
     else:
@@ -368,7 +368,7 @@ class _SparseHogwildTrainer(HogwildTrainer):
                                               float(parts), float(index), float(total), collect, sums, paths, counts,
                                               losses[lo:hi], clf.squares)
 
-        _run(task, shares)
+        run_on_pool(task, shares)
         for index, k in enumerate(bad):
             if k >= 0:
                 raise FloatingPointError(f"training loss is not finite at epoch {epoch}, example "
@@ -465,7 +465,7 @@ class SparseTreeClassifier:
         self.rebuilds = check_count(rebuilds, "rebuilds", 0)
         self.prior = check_positive(prior, "prior")
         self.decay = check_fraction(decay, "decay")
-        self.score: RankingScore = _ranking_score(score, default="eq12")
+        self.score: RankingScore = check_ranking_score(score, default="eq12")
         self.multi_label = check_choice(multi_label, "multi_label", ("sample", "all"))
         self.optimizer = check_choice(optimizer, "optimizer", ("sgd", "adagrad"))
         self.node_loss = check_choice(node_loss, "node_loss", ("softmax", "binary"))
@@ -578,9 +578,9 @@ class SparseTreeClassifier:
         tree = None if self.output == "flat" else self._starting_tree(features, label_values, label_offsets, counts)
         slots = k if tree is None else tree.num_nodes * tree.arity
         need = 4 * num_features * slots
-        from .fast_classifier import _physical_memory
+        from .fast_classifier import physical_memory
 
-        have = _physical_memory()
+        have = physical_memory()
         if have is not None and need > 0.8 * have:
             raise ValueError(f"the weights of {num_features:,} features x {slots:,} slots need {need / 2**30:.1f} GiB, "
                              f"more than 80 % of this machine's {have / 2**30:.1f} GiB: keep fewer features "
@@ -632,7 +632,7 @@ class SparseTreeClassifier:
             _label_log_probs(features.indptr, features.indices, features.data, a, b, self.weight, self.bias, penalty,
                              nodes, children, mask, self.node_loss == "binary", out[a - lo:b - lo])
 
-        _run(task, shares)
+        run_on_pool(task, shares)
 
     def predict(self, features: sp.spmatrix, k: int = 1, batch: int = 4096) -> Prediction:
         """The ``k`` most likely labels of every row (exact) and their log-probabilities, computed

@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ._checks import check_positive
-from .assign import _node_terms
+from .assign import node_terms
 from .tree import Tree
 
 __all__ = ["NodeStatistics", "ReleasedStatistics", "node_objectives"]
@@ -285,7 +285,7 @@ def node_objectives(tree: Tree, statistics: NodeStatistics) -> dict[str, np.ndar
         w = weights[lab]
         total = np.bincount(group, weights=w, minlength=len(uniq))
         q = w / total[group]
-        _, marginal = _node_terms(p_cond, w, group, len(uniq))
+        _, marginal = node_terms(p_cond, w, group, len(uniq))
         per_label = q * np.abs(marginal[group] - p_cond).sum(axis=1)
         objective = (2.0 / tree.arity) * np.bincount(group, weights=per_label, minlength=len(uniq))
         out_node.append(uniq)

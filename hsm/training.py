@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from .assign import ReassignRecord, Reassignment, rebuild_tree
 from .layers import HierarchicalSoftmax, NonFiniteInputError
-from .objective import RankingScore, _ranking_score
+from .objective import RankingScore, check_ranking_score
 from .tree import check_integer
 from .statistics import NodeStatistics, node_objectives
 
@@ -117,7 +117,7 @@ class TreeLearner:
             raise ValueError(f"reassign_every must be >= 1, got {reassign_every}")
         if freeze_after is not None and check_integer(freeze_after, "freeze_after") < 1:
             raise ValueError(f"freeze_after must be None or >= 1, got {freeze_after}")
-        score = _ranking_score(score, default="eq12")
+        score = check_ranking_score(score, default="eq12")
         if not isinstance(record_objective, (bool, np.bool_, int, np.integer)):
             raise TypeError(f"record_objective must be True, False or an int >= 0, got {record_objective!r}")
         if record_objective < 0:

@@ -38,10 +38,10 @@ import numpy as np
 
 __all__ = ["Tree"]
 
-_EMPTY = -1
+EMPTY_SLOT = -1
 
 
-def _as_int_array(values: Any, name: str) -> np.ndarray:
+def as_int_array(values: Any, name: str) -> np.ndarray:
     array = np.asarray(values)
     if array.dtype.kind == "b":  # True / False are flags, not node or label ids
         raise TypeError(f"{name} must hold integers, got booleans")
@@ -66,8 +66,8 @@ def _checked_arguments(child_node: Any, child_label: Any, num_labels: Any,
     """:class:`Tree`'s arguments checked one by one (the tree shape itself is checked by
     :meth:`Tree._derive`): the two ``[N, M]`` slot arrays as int64 and ``K`` as an int. Raises
     TypeError for non-integers, ValueError naming the first bad shape, size or slot."""
-    child_node = _as_int_array(child_node, "child_node")
-    child_label = _as_int_array(child_label, "child_label")
+    child_node = as_int_array(child_node, "child_node")
+    child_label = as_int_array(child_label, "child_label")
     if child_node.ndim != 2 or child_node.shape != child_label.shape:
         raise ValueError(
             f"child_node and child_label must be [N, M] arrays of the same shape, got "
@@ -89,9 +89,9 @@ def _checked_arguments(child_node: Any, child_label: Any, num_labels: Any,
     if both.any():
         n, j = np.argwhere(both)[0]
         raise ValueError(f"slot ({n}, {j}) holds both an internal node and a label")
-    if (child_node >= num_nodes).any() or (child_node < _EMPTY).any():
+    if (child_node >= num_nodes).any() or (child_node < EMPTY_SLOT).any():
         raise ValueError(f"child_node entries must be -1 or in [0, {num_nodes})")
-    if (child_label < _EMPTY).any():
+    if (child_label < EMPTY_SLOT).any():
         raise ValueError("child_label entries must be -1 or a leaf id >= 0")
     return child_node, child_label, num_labels
 
@@ -109,8 +109,8 @@ def _check_heap_layout(child_node: np.ndarray, child_label: np.ndarray, depth: i
                          f"true depth limit, or depth_limit=None for a tree of any shape")
     inner = (arity ** (depth - 1) - 1) // (arity - 1)  # nodes above the last internal level
     heap = np.arange(inner)[:, None] * arity + np.arange(arity)[None, :] + 1
-    if not (np.array_equal(child_node[:inner], heap) and (child_node[inner:] == _EMPTY).all()
-            and (child_label[:inner] == _EMPTY).all()):
+    if not (np.array_equal(child_node[:inner], heap) and (child_node[inner:] == EMPTY_SLOT).all()
+            and (child_label[:inner] == EMPTY_SLOT).all()):
         raise ValueError(f"depth_limit={depth}: child_node / child_label are not the heap layout of a complete "
                          f"{arity}-ary tree of depth {depth} (child j of node n is M n + j + 1, labels in the last "
                          f"level only); pass depth_limit=None for a tree of any shape")
@@ -182,9 +182,9 @@ class Tree:
     def _derive(self) -> None:
         """Walk the tree from the root once: parents, depths, paths, masks; check it is a tree."""
         num_nodes, arity = self.child_node.shape
-        parent = np.full(num_nodes, _EMPTY, dtype=np.int64)
-        parent_slot = np.full(num_nodes, _EMPTY, dtype=np.int64)
-        node_depth = np.full(num_nodes, _EMPTY, dtype=np.int64)
+        parent = np.full(num_nodes, EMPTY_SLOT, dtype=np.int64)
+        parent_slot = np.full(num_nodes, EMPTY_SLOT, dtype=np.int64)
+        node_depth = np.full(num_nodes, EMPTY_SLOT, dtype=np.int64)
         node_depth[0] = 0
         order = [0]
         frontier = np.array([0])
@@ -193,14 +193,14 @@ class Tree:
             n_idx, j_idx = np.nonzero(kids >= 0)
             children = kids[n_idx, j_idx]
             if children.size:
-                if (node_depth[children] != _EMPTY).any() or np.unique(children).size != children.size:
+                if (node_depth[children] != EMPTY_SLOT).any() or np.unique(children).size != children.size:
                     raise ValueError("child_node does not describe a tree (a node is reached twice or is the root)")
                 parent[children] = frontier[n_idx]
                 parent_slot[children] = j_idx
                 node_depth[children] = node_depth[frontier[n_idx]] + 1
                 order.extend(children.tolist())
             frontier = children
-        unreachable = np.nonzero(node_depth == _EMPTY)[0]
+        unreachable = np.nonzero(node_depth == EMPTY_SLOT)[0]
         self._unreachable_nodes = unreachable
         self.parent, self.parent_slot, self.node_depth = parent, parent_slot, node_depth
         self.bfs_order = np.asarray(order, dtype=np.int64)

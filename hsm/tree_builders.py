@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .tree import _EMPTY, Tree, _as_int_array, check_integer
+from .tree import EMPTY_SLOT, Tree, as_int_array, check_integer
 
 __all__ = ["balanced_tree", "cluster_tree", "complete_tree", "huffman_tree", "nested_tree", "random_tree",
            "taxonomy_tree"]
@@ -34,7 +34,7 @@ def complete_tree(
     """Fixed-depth tree: label ``i`` sits at leaf position ``leaf_position[i]`` of the complete
     M-ary tree of depth ``D`` (heap numbering). Requires ``M**D >= K`` (the depth constraint of
     Algorithm 3, ICML supplement); unused leaves are empty slots. ``Tree.complete``."""
-    positions = _as_int_array(leaf_position, "leaf_position")
+    positions = as_int_array(leaf_position, "leaf_position")
     num_labels = positions.size
     _check_arity_depth(num_labels, arity, depth)
     arity, depth = int(arity), int(depth)  # Python ints: M**D must not wrap around
@@ -47,8 +47,8 @@ def complete_tree(
     _check_complete_size(num_nodes, arity, depth, num_labels)
     first_bottom = (arity ** (depth - 1) - 1) // (arity - 1)  # first node of the last internal level
     child_node = np.arange(num_nodes)[:, None] * arity + np.arange(arity)[None, :] + 1
-    child_node[first_bottom:] = _EMPTY
-    child_label = np.full((num_nodes, arity), _EMPTY, dtype=np.int64)
+    child_node[first_bottom:] = EMPTY_SLOT
+    child_label = np.full((num_nodes, arity), EMPTY_SLOT, dtype=np.int64)
     bottom = first_bottom + positions // arity
     child_label[bottom, positions % arity] = np.arange(num_labels)
     return Tree(child_node, child_label, num_labels, depth_limit=depth, label_names=label_names)
@@ -66,7 +66,7 @@ def balanced_tree(
 
     ``depth`` defaults to the smallest D with ``M**D >= K`` (Algorithm 3's depth constraint).
     ``Tree.balanced``."""
-    order = _as_int_array(order, "order")
+    order = as_int_array(order, "order")
     num_labels = order.size
     if num_labels < 1:
         raise ValueError("cannot build a tree over zero labels")
@@ -151,8 +151,8 @@ def huffman_tree(
     root = len(merged_children) - 1
     new_id = {root: 0}
     queue = [root]
-    child_node = np.full((len(merged_children), arity), _EMPTY, dtype=np.int64)
-    child_label = np.full((len(merged_children), arity), _EMPTY, dtype=np.int64)
+    child_node = np.full((len(merged_children), arity), EMPTY_SLOT, dtype=np.int64)
+    child_label = np.full((len(merged_children), arity), EMPTY_SLOT, dtype=np.int64)
     head = 0
     while head < len(queue):
         old = queue[head]
@@ -199,7 +199,7 @@ def nested_tree(
     while head < len(queue):
         item = queue[head]
         head += 1
-        nodes_row, labels_row = [_EMPTY] * arity, [_EMPTY] * arity
+        nodes_row, labels_row = [EMPTY_SLOT] * arity, [EMPTY_SLOT] * arity
         for slot, child in enumerate(item):
             if isinstance(child, (int, np.integer)):
                 labels_row[slot] = int(child)
@@ -265,7 +265,7 @@ def cluster_tree(
     groups) instead puts group ``g``'s clusters under root child ``g``, filling that
     subtree's bottom nodes in cluster order; a group may hold at most ``M**(D-2)`` clusters.
     Unlike ``cluster_order``, a small group does not shift the groups after it."""
-    clusters = _as_int_array(cluster_of_label, "cluster_of_label")
+    clusters = as_int_array(cluster_of_label, "cluster_of_label")
     num_labels = clusters.size
     _check_arity_depth(num_labels, arity, depth)
     arity, depth = int(arity), int(depth)
@@ -275,7 +275,7 @@ def cluster_tree(
     if cluster_group is not None:
         if cluster_order is not None:
             raise ValueError("pass cluster_order or cluster_group, not both")
-        groups = _as_int_array(cluster_group, "cluster_group")
+        groups = as_int_array(cluster_group, "cluster_group")
         if groups.shape != (num_clusters,) or groups.min() < 0 or groups.max() >= arity:
             raise ValueError(f"cluster_group must give each of the {num_clusters} clusters a group in [0, {arity})")
         per_group = arity ** (depth - 2) if depth >= 2 else 1
@@ -289,7 +289,7 @@ def cluster_tree(
         clusters = bottom[clusters]
         num_clusters = arity ** (depth - 1)
     elif cluster_order is not None:
-        cluster_order = _as_int_array(cluster_order, "cluster_order")
+        cluster_order = as_int_array(cluster_order, "cluster_order")
         rank = np.empty(num_clusters, dtype=np.int64)
         rank[cluster_order] = np.arange(num_clusters)
         clusters = rank[clusters]

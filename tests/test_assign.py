@@ -77,12 +77,12 @@ def tied_node_instances(draw, max_labels=12, max_arity=5):
 def test_compiled_scores_are_the_objective_definition(instance, score):
     """The compiled greedy scores pairs with hsm.objective.ranking_scores, tie rule included
     (bit for bit), and so visits them in the order of the plain reference."""
-    from hsm.assign import _node_terms, _pair_score
+    from hsm.assign import _pair_score, node_terms
 
     p_cond, counts, capacity = instance
     k, m = p_cond.shape
     node = np.zeros(k, dtype=np.int64)
-    coefficient, marginal = _node_terms(p_cond, counts, node, 1)
+    coefficient, marginal = node_terms(p_cond, counts, node, 1)
     expected = ranking_scores(coefficient, p_cond, marginal[node], times_p_cond=score == "eq12")
     compiled = np.array([[_pair_score(p_cond, marginal, coefficient, score == "eq12", i, 0, j) for j in range(m)]
                          for i in range(k)])

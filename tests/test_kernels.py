@@ -188,7 +188,7 @@ def test_blas_runs_single_threaded_inside_kernels_and_is_restored():
                 seen.append(blas_threads())
             seen.append(blas_threads())
 
-        kernels._run(task, [(0, 1)])
+        kernels.run_on_pool(task, [(0, 1)])
         assert seen == [[1] * len(before)] * 2
         assert blas_threads() == before
 
@@ -206,10 +206,10 @@ def test_thread_shares_raise_a_workers_error_and_recover():
             done.append(i)
 
         with pytest.raises(RuntimeError, match="share 2 failed"):
-            kernels._run(failing, [(0, 1), (1, 2), (2, 3)])
+            kernels.run_on_pool(failing, [(0, 1), (1, 2), (2, 3)])
         assert sorted(done) == [0, 1]
         done.clear()
-        kernels._run(lambda i, lo, hi: done.append((lo, hi)), [(0, 1), (1, 2), (2, 3)])
+        kernels.run_on_pool(lambda i, lo, hi: done.append((lo, hi)), [(0, 1), (1, 2), (2, 3)])
         assert sorted(done) == [(0, 1), (1, 2), (2, 3)]
     finally:
         torch.set_num_threads(torch_threads)

@@ -66,7 +66,7 @@ options). Every name is re-exported here (``from hsm.experiments import lm; lm.t
 """
 from __future__ import annotations
 
-from hsm.clustering import _kmeans_fill, clustering_tree, greedy_fill
+from hsm.clustering import kmeans_fill, clustering_tree, greedy_fill
 from hsm.data.lm import UNK, LMCorpus
 from hsm.tree import Tree
 
