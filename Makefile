@@ -47,7 +47,7 @@ help:
 
 $(VENV_STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,book]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,book,experiments]"
 	touch $@
 
 venv: $(VENV_STAMP)
@@ -71,7 +71,7 @@ test: $(VENV_STAMP)
 LAB_STAMP := $(VENV)/.hsm-lab-installed
 LAB_ARGS ?=
 $(LAB_STAMP): $(VENV_STAMP) lab/jupyter_server_config.py lab/overrides.json
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,book,lab]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,book,experiments,lab]"
 	mkdir -p $(VENV)/etc/jupyter $(VENV)/share/jupyter/lab/settings
 	cp lab/jupyter_server_config.py $(VENV)/etc/jupyter/jupyter_server_config.py
 	cp lab/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json

@@ -2,7 +2,8 @@
 
 The pieces follow the paper's concepts:
 
-* :mod:`hsm.objective`: the node objective J_n (eqs. 6-12), purity, balance, the bounds;
+* :mod:`hsm.objective`: the node objective J_n (eqs. 6-12), purity, balance; :mod:`hsm.theory`: the
+  bounds around it (Lemmas 4-5, Theorem 1) and its sample estimates;
 * :class:`hsm.Tree`: M-ary label trees (random, balanced, Huffman, taxonomy, clustering);
 * :mod:`hsm.assign`: AssignLabels, Algorithms 2 (well-formed) and 3 (depth constraint);
 * :class:`hsm.HierarchicalSoftmax` / :class:`hsm.FlatSoftmax`: output layers with the interface

@@ -26,6 +26,10 @@ _COMMANDS = {
 }
 
 
+#: third-party packages the lab's commands import that the library does not require
+_LAB_PACKAGES = ("tqdm", "matplotlib", "sklearn")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     width = max(map(len, _COMMANDS))
@@ -40,12 +44,18 @@ def main(argv: list[str] | None = None) -> int:
     module_name, _, function = _COMMANDS[args.command][0].partition(":")
     try:
         module = importlib.import_module(module_name)
+        return int(getattr(module, function or "main")(argv[1:]) or 0)
     except ModuleNotFoundError as exc:
         if exc.name == module_name:
             print(f"hsm {args.command}: not available in this version ({module_name} is missing)", file=sys.stderr)
             return 2
+        package = (exc.name or "").split(".")[0]
+        if package in _LAB_PACKAGES:
+            # the book's lab (experiments, data sets, benchmarks) needs the `experiments` extra
+            print(f"hsm {args.command} needs {package}, installed with the lab's extra: "
+                  "pip install 'hsm-learned-trees[experiments]'", file=sys.stderr)
+            return 2
         raise
-    return int(getattr(module, function or "main")(argv[1:]) or 0)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from hsm.tree import Tree
+from ._optional import require
+from .tree import Tree
 
 __all__ = ["clustering_tree", "greedy_fill"]
 
@@ -42,7 +43,7 @@ def greedy_fill(distances: np.ndarray, capacity: int, order: np.ndarray | None =
 
 
 def kmeans_fill(points: np.ndarray, n_clusters: int, capacity: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.cluster import MiniBatchKMeans
+    MiniBatchKMeans = require("sklearn.cluster", "k-means label clustering").MiniBatchKMeans
 
     n_clusters = min(n_clusters, len(points))
     km = MiniBatchKMeans(n_clusters=n_clusters, random_state=seed, batch_size=4096, n_init=3)

@@ -27,6 +27,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
+from ._optional import require
+
 __all__ = ["LSTMTextClassifier", "TextVocabulary", "classification_metrics", "encode_texts"]
 
 PAD, UNK = 0, 1
@@ -121,7 +123,8 @@ def classification_metrics(y_true: Sequence[int] | np.ndarray, y_pred: Sequence[
     Macro-F1 is the mean of the per-class F1 scores (Schuurmans & Frasincar's main metric), which differs from
     the harmonic mean of macro-P and macro-R.
     """
-    from sklearn.metrics import accuracy_score, precision_recall_fscore_support
+    metrics = require("sklearn.metrics", "classification_scores")
+    accuracy_score, precision_recall_fscore_support = metrics.accuracy_score, metrics.precision_recall_fscore_support
 
     y_true, y_pred = np.asarray(y_true), np.asarray(y_pred)
     if y_true.shape != y_pred.shape or y_true.ndim != 1 or y_true.size == 0:

@@ -33,6 +33,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ._checks import NonFiniteInputError, check_choice, check_count, check_fraction, check_positive
+from ._optional import require
 from .assign import ReassignRecord, Reassignment, rebuild_tree
 from .fast_classifier import Prediction, as_labels, check_inferred_size
 from .fast_trainer import FitHistory, HogwildTrainer, example_rate, path_arrays, statistics_arrays
@@ -286,7 +287,7 @@ def kmeans_label_tree(centroids: sp.csr_matrix | np.ndarray, arity: int, seed: i
     (M**2 clusters grouped M by M); deeper trees are refused (raise ``arity``). ``fixed_depth``:
     the complete tree of that depth in heap layout (empty leaf positions where a cluster holds
     fewer than M labels), the shape Algorithm 3 re-assigns, instead of a well-formed tree."""
-    from sklearn.decomposition import TruncatedSVD
+    TruncatedSVD = require("sklearn.decomposition", "the k-means start tree").TruncatedSVD
 
     from .clustering import kmeans_fill, clustering_tree
 

@@ -252,8 +252,10 @@ Batch = tuple[Tensor, Tensor]
 def _progress(iterable: Iterable[Any], enabled: bool, **kwargs: Any) -> Iterable[Any]:
     if not enabled:
         return iterable
-    from tqdm.auto import tqdm
-
+    try:
+        from tqdm.auto import tqdm
+    except ModuleNotFoundError:  # tqdm comes with the lab's extra; the library trains without a bar
+        return iterable
     return tqdm(iterable, **kwargs)
 
 

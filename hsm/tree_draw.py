@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from ._optional import require
 from .tree import Tree
 
 __all__ = ["draw_label_tree", "draw_tree", "draw_tree_vertical", "tree_summary"]
@@ -62,7 +63,7 @@ def draw_tree(
     """Draw the top of ``tree`` with matplotlib and return the axes: each node shows its ``k``
     most frequent labels; at most ``max_children`` children per node are drawn (the busiest
     ones, by label mass under ``counts``, or by label count without counts)."""
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "drawing a tree")
 
     if ax is None:
         _, ax = plt.subplots(figsize=(12, 1.8 * (max_depth + 1)))
@@ -135,7 +136,7 @@ def draw_tree_vertical(
     children (by label mass under ``counts``), each followed in the right column by its
     ``grandchildren`` busiest children. A 65-ary node cannot show all its children side by side
     at a legible size, so the drawing keeps the busiest and says how many there are."""
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "drawing a tree")
 
     if children < 1 or grandchildren < 1:
         raise ValueError(f"children={children} and grandchildren={grandchildren}: "
@@ -206,7 +207,7 @@ def draw_label_tree(
     every edge that has no other text. ``marked_nodes`` (node ids) are drawn with a dashed
     orange outline, e.g. the nodes a re-assignment created. Empty (masked) slots are skipped.
     """
-    import matplotlib.pyplot as plt
+    plt = require("matplotlib.pyplot", "drawing a tree")
 
     if tree.num_leaves > MAX_DRAWN_LEAVES:
         raise ValueError(

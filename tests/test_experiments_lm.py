@@ -690,7 +690,8 @@ def test_each_clustering_tree_variant_has_its_own_run_key() -> None:
 
 
 def test_mean_objective_at_the_root_is_eq6_on_the_soft_estimates() -> None:
-    from hsm.objective import continuous_estimates, node_objective
+    from hsm.objective import node_objective
+    from hsm.theory import continuous_estimates
 
     corpus = _toy_corpus()
     torch.manual_seed(0)

@@ -16,22 +16,24 @@ from hypothesis.extra.numpy import arrays
 
 from hsm.objective import (
     TIE_TOLERANCE,
-    NodeEstimates,
     balance,
-    continuous_estimates,
-    corollary1_log10_nodes,
-    discrete_estimates,
-    lemma4_balance_lower_bound,
-    lemma5_purity_bound_printed,
-    lemma5_purity_bound_repaired,
     marginal,
     max_objective,
     node_objective,
     node_objective_full_grad,
     node_objective_grad,
     purity,
-    purity_bound_from_balance,
     ranking_scores,
+)
+from hsm.theory import (
+    NodeEstimates,
+    continuous_estimates,
+    corollary1_log10_nodes,
+    discrete_estimates,
+    lemma4_balance_lower_bound,
+    lemma5_purity_bound_printed,
+    lemma5_purity_bound_repaired,
+    purity_bound_from_balance,
     theorem1_log10_nodes,
     thesis_corollary32_error_bound,
 )

@@ -13,15 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hsm.assign import assign_node, assignment_score, brute_force_assign
-from hsm.objective import (
-    balance,
-    lemma4_balance_lower_bound,
-    lemma5_purity_bound_repaired,
-    marginal,
-    max_objective,
-    node_objective,
-    purity,
-)
+from hsm.objective import balance, marginal, max_objective, node_objective, purity
+from hsm.theory import lemma4_balance_lower_bound, lemma5_purity_bound_repaired
 
 FAST = settings(max_examples=60, deadline=None)
 
