@@ -79,7 +79,7 @@ import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import numba
 import numpy as np
@@ -96,6 +96,9 @@ from .objective import RankingScore, check_ranking_score
 from .statistics import NodeStatistics, ReleasedStatistics
 from .text_models import BagOfWordsClassifier
 from .tree import Tree, check_integer
+
+if TYPE_CHECKING:
+    from .label_addition import LabelAddition
 
 __all__ = ["FastBowClassifier", "FitHistory", "ModelFileError", "Prediction", "SettingError",
            "as_ragged", "fixed_depth_start"]
@@ -609,6 +612,47 @@ class FastBowClassifier:
         _representations(values, offsets, self.model.embedding.weight.data.numpy(), self.reduce == "mean", out)
         return torch.from_numpy(out)
 
+    def add_labels(self, docs_per_label: Sequence[Any], names: Sequence[str] | None = None,
+                   placement: str = "objective", seed: int = 0, local_steps: int = 0,
+                   local_lr: float = 0.1) -> "LabelAddition":
+        """Add labels this model was not trained on, without retraining: ``docs_per_label[i]``
+        holds a few documents (word-id arrays, as :meth:`fit` takes) of new label ``K + i``; their
+        representations place it in the tree by Algorithm 2's pair score
+        (:func:`hsm.label_addition.add_labels`, under the model's depth rule). ``names``: the new
+        labels' names, required when the model was trained on a file (its dictionary names every
+        label). Trained labels keep their paths and parameters (unless ``local_steps``). Algorithm
+        1's statistics are reset for the grown tree (they are training state). Tree outputs only
+        (``output="huffman"`` or ``"learned"``)."""
+        from .label_addition import add_labels
+
+        self._check_fitted()
+        if not isinstance(self.layer, HierarchicalSoftmax):
+            raise ValueError("add_labels places labels in a tree: this model's output is flat (train it with "
+                             "output='huffman' or 'learned')")
+        if isinstance(docs_per_label, (str, bytes)) or not isinstance(docs_per_label, Sequence) or not docs_per_label:
+            raise ValueError("docs_per_label must be a non-empty list with the documents of each new label")
+        if self.dictionary is not None and (names is None or len(names) != len(docs_per_label)):
+            raise ValueError(f"this model was trained on a file: give names for the {len(docs_per_label)} new labels")
+        if self.dictionary is not None:
+            prefix = self.dictionary.label_prefix
+            names = [name if name.startswith(prefix) else prefix + name for name in names]
+            clash = [name for name in names if name in set(self.dictionary.labels)]
+            if clash or len(set(names)) != len(names):
+                raise ValueError(f"label {clash[0] if clash else 'names'} already in the model: new labels need new "
+                                 "names")
+        examples = []
+        for index, docs in enumerate(docs_per_label):
+            values, offsets = as_ragged(docs, name=f"docs_per_label[{index}]")
+            if offsets.size < 2:
+                raise ValueError(f"docs_per_label[{index}] holds no document: a new label needs at least one")
+            examples.append(self.representations((values, offsets)))
+        result = add_labels(self.layer, examples, statistics=None, score=self.score, placement=placement, seed=seed,
+                            local_steps=local_steps, local_lr=local_lr)
+        self.statistics = None
+        if self.dictionary is not None:
+            self.dictionary.add_labels(names, [e.shape[0] for e in examples])
+        return result
+
     @torch.no_grad()
     def predict(self, docs: Any, k: int = 1) -> Prediction:
         """The ``k`` most likely labels of every document and their log-probabilities, exact:
@@ -813,6 +857,7 @@ class FastBowClassifier:
         state = {"format": "hsm.FastBowClassifier", "version": self.FORMAT_VERSION, "hsm_version": __version__,
                  "settings": self._settings(), "num_words": self.num_words, "num_labels": self.num_labels,
                  "start_tree": start, "model": self.model.state_dict(), "layer": self.layer.state_dict(),
+                 "tree": self.layer.tree.to_dict() if isinstance(self.layer, HierarchicalSoftmax) else None,
                  "dictionary": self.dictionary.state_dict() if self.dictionary is not None else None}
         atomic_write(path, lambda handle: torch.save(state, handle))
         return path
@@ -872,6 +917,15 @@ class FastBowClassifier:
         if state["start_tree"] is not None:
             classifier.start_tree = Tree.from_dict(state["start_tree"])
         classifier.model.load_state_dict(state["model"])
+        tree = state.get("tree")
+        if tree is not None and isinstance(classifier.layer, HierarchicalSoftmax):
+            # a model that labels were added to has its own shape of tree: build the layer on it
+            tree = Tree.from_dict(tree)
+            if tree.arity != classifier.arity or tree.num_labels != num_labels:
+                raise ValueError(f"the saved tree has M={tree.arity} and K={tree.num_labels}, the settings say "
+                                 f"M={classifier.arity} and K={num_labels}")
+            if tree.num_nodes != classifier.layer.num_nodes:
+                classifier.layer = HierarchicalSoftmax(classifier.dim, tree, bias=classifier.bias, sparse=True)
         classifier.layer.load_state_dict(state["layer"])
         if state["dictionary"] is not None:
             dictionary = FastTextDictionary.from_state_dict(state["dictionary"])

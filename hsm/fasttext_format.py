@@ -158,6 +158,17 @@ class FastTextDictionary:
         self._word_index = {word: i for i, word in enumerate(self.words)}
         self._label_index = {label: i for i, label in enumerate(self.labels)}
 
+    def add_labels(self, labels: Sequence[str], counts: Sequence[int]) -> None:
+        """Append labels (prefix included) with their example counts: ids ``num_labels, ...``
+        (:meth:`hsm.FastBowClassifier.add_labels`). ValueError for a label already here."""
+        for label in labels:
+            if label in self._label_index:
+                raise ValueError(f"label {label} is already in the dictionary")
+        for label in labels:
+            self._label_index[label] = len(self.labels)
+            self.labels.append(label)
+        self.label_counts = np.concatenate([self.label_counts, np.asarray(counts, dtype=np.int64)])
+
     @property
     def num_words(self) -> int:
         return len(self.words)

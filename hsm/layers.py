@@ -370,6 +370,37 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         if reset_nodes is not None and len(reset_nodes):
             self.reset_parameters(reset_nodes)
 
+    def grow(self, tree: Tree, weight: Tensor, bias: Tensor | None) -> None:
+        """Switch to a tree with more labels (and perhaps more internal nodes) together with its
+        node parameters ``weight`` [N', M * d] and ``bias`` [N', M] (None for a layer without
+        bias): what :func:`hsm.label_addition.add_labels` does after placing new labels.
+
+        The parameters are new ``nn.Parameter`` objects: build the optimiser after growing, or add
+        them to it. The node statistics of a :class:`~hsm.TreeLearner` and a fused optimiser belong
+        to the old tree and are detached (``TreeLearner.add_labels`` attaches statistics for the new
+        one). Raises TypeError / ValueError before changing anything when ``tree`` has another M,
+        fewer labels or nodes, or the parameters' shapes do not match it."""
+        if not isinstance(tree, Tree):
+            raise TypeError(f"tree must be an hsm.Tree, got {type(tree).__name__}")
+        if tree.arity != self.arity or tree.num_nodes < self.num_nodes or tree.num_labels < self.num_labels:
+            raise ValueError(f"a grown tree keeps M={self.arity} and has at least N={self.num_nodes} nodes and "
+                             f"K={self.num_labels} labels; got M={tree.arity}, N={tree.num_nodes}, K={tree.num_labels}")
+        shape = (tree.num_nodes, tree.arity * self.in_features)
+        if tuple(weight.shape) != shape:
+            raise ValueError(f"weight must be {list(shape)} for the grown tree, got {list(weight.shape)}")
+        if (bias is None) != (self.bias is None) or (bias is not None and tuple(bias.shape) != shape[:1] + (self.arity,)):
+            raise ValueError(f"bias must be {'None' if self.bias is None else [shape[0], self.arity]} for this layer")
+        device, dtype = self.weight.device, self.weight.dtype
+        self.weight = nn.Parameter(weight.detach().to(device=device, dtype=dtype).contiguous())
+        if bias is not None:
+            self.bias = nn.Parameter(bias.detach().to(device=device, dtype=dtype).contiguous())
+        self.num_nodes = tree.num_nodes
+        self.statistics = None
+        self.fused_optimizer = None
+        self.tree = tree
+        self._register_tree_buffers()
+        self.tables = TreeTables.from_tree(tree)
+
     def _register_tree_buffers(self) -> None:
         """(Re)derive the device-side tables of ``self.tree`` on the parameters' device and dtype.
 

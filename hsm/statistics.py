@@ -197,6 +197,19 @@ class NodeStatistics:
         self.current_child = torch.as_tensor(new_tree.path_children, device=self.device)
         self._tree = new_tree
 
+    def grown(self, new_tree: Tree, old_labels: int) -> "NodeStatistics":
+        """The statistics for ``new_tree``, a tree with labels added after its first ``old_labels``
+        (:func:`hsm.label_addition.add_labels`): the trained labels keep what was collected for
+        them at the depths they had (their nodes there are unchanged), new labels and the new
+        depths start empty; same prior, decay and device."""
+        grown = NodeStatistics(new_tree, prior=self.prior, decay=self.decay, device=self.device, dtype=self.dtype,
+                               prior_mode=self.prior_mode)
+        depth = min(self.max_depth, grown.max_depth)
+        grown.label_counts[:old_labels] = self.label_counts[:old_labels]
+        grown.sum_probas[:old_labels, :depth] = self.sum_probas[:old_labels, :depth]
+        grown.path_counts[:old_labels, :depth] = self.path_counts[:old_labels, :depth]
+        return grown
+
     def state_dict(self) -> dict[str, Any]:
         return {"sum_probas": self.sum_probas, "path_counts": self.path_counts, "label_counts": self.label_counts,
                 "stat_node": self.stat_node, "current_child": self.current_child, "prior": self.prior,

@@ -21,7 +21,7 @@ every step (the paper's linear decay) and freezes the tree half-way.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -29,6 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from .assign import ReassignRecord, Reassignment, rebuild_tree
+from .label_addition import LabelAddition, add_labels
 from .layers import HierarchicalSoftmax, NonFiniteInputError
 from .objective import RankingScore, check_ranking_score
 from .tree import check_integer
@@ -179,6 +180,24 @@ class TreeLearner:
         result, record = rebuild_tree(self.layer.tree, self.statistics, self.algorithm, install, step=self.steps,
                                       score=self.score, objective_by_depth=before)
         self.history.append(record)
+        return result
+
+    def add_labels(self, examples: Sequence[Tensor], label_names: Sequence[str] | None = None,
+                   placement: Literal["objective", "random"] = "objective", seed: int = 0, local_steps: int = 0,
+                   local_lr: float = 0.1) -> LabelAddition:
+        """Add labels the layer was not trained on, without retraining
+        (:func:`hsm.label_addition.add_labels`): ``examples[i]`` [n_i, d] are representations of a
+        few examples of new label ``K + i``; each is placed by Algorithm 2's pair score against
+        this learner's statistics, under the tree's rule (fixed depth or well formed). The layer
+        grows in place (new ``nn.Parameter`` objects: rebuild the optimiser); the statistics
+        follow the grown tree, keeping what the trained labels collected."""
+        old_labels = self.layer.num_labels
+        result = add_labels(self.layer, examples, statistics=self.statistics, score=self.score,
+                            label_names=label_names, placement=placement, seed=seed, local_steps=local_steps,
+                            local_lr=local_lr)
+        self.statistics = self.statistics.grown(result.tree, old_labels)
+        if not self.frozen:
+            self.layer.statistics = self.statistics
         return result
 
     def freeze(self) -> None:
