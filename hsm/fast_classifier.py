@@ -614,15 +614,17 @@ class FastBowClassifier:
 
     def add_labels(self, docs_per_label: Sequence[Any], names: Sequence[str] | None = None,
                    placement: str = "objective", seed: int = 0, local_steps: int = 0,
-                   local_lr: float = 0.1) -> "LabelAddition":
+                   local_lr: float = 0.1, reference_docs: Any = None) -> "LabelAddition":
         """Add labels this model was not trained on, without retraining: ``docs_per_label[i]``
         holds a few documents (word-id arrays, as :meth:`fit` takes) of new label ``K + i``; their
         representations place it in the tree by Algorithm 2's pair score
         (:func:`hsm.label_addition.add_labels`, under the model's depth rule). ``names``: the new
         labels' names, required when the model was trained on a file (its dictionary names every
         label). Trained labels keep their paths and parameters (unless ``local_steps``). Algorithm
-        1's statistics are reset for the grown tree (they are training state). Tree outputs only
-        (``output="huffman"`` or ``"learned"``)."""
+        1's statistics are reset for the grown tree (they are training state). ``reference_docs``:
+        a sample of documents the model already serves (its training data, say), which the new
+        labels' slots are calibrated against (``reference`` of :func:`~hsm.label_addition.add_labels`).
+        Tree outputs only (``output="huffman"`` or ``"learned"``)."""
         from .label_addition import add_labels
 
         self._check_fitted()
@@ -646,8 +648,9 @@ class FastBowClassifier:
             if offsets.size < 2:
                 raise ValueError(f"docs_per_label[{index}] holds no document: a new label needs at least one")
             examples.append(self.representations((values, offsets)))
+        reference = self.representations(reference_docs) if reference_docs is not None else None
         result = add_labels(self.layer, examples, statistics=None, score=self.score, placement=placement, seed=seed,
-                            local_steps=local_steps, local_lr=local_lr)
+                            local_steps=local_steps, local_lr=local_lr, reference=reference)
         self.statistics = None
         if self.dictionary is not None:
             self.dictionary.add_labels(names, [e.shape[0] for e in examples])

@@ -53,7 +53,7 @@ from .layers import HierarchicalSoftmax
 from .objective import RankingScore, check_ranking_score, ranking_scores
 from .tree import EMPTY_SLOT, Tree
 
-__all__ = ["LabelAddition", "add_labels", "MARGIN", "THRESHOLD_SHARE", "THRESHOLD_SPREADS"]
+__all__ = ["LabelAddition", "add_labels", "MARGIN", "REFERENCE_QUANTILE", "THRESHOLD_SHARE", "THRESHOLD_SPREADS"]
 
 #: nats by which a new label beats its best sibling, at its node, on the mean of its examples
 MARGIN = 4.0
@@ -61,6 +61,8 @@ MARGIN = 4.0
 THRESHOLD_SPREADS = 2.0
 #: and at least this share of the mean projection below it (one example has no spread)
 THRESHOLD_SHARE = 0.25
+#: with reference inputs, the threshold is at least this quantile of their projections
+REFERENCE_QUANTILE = 0.99
 
 
 @dataclass
@@ -192,7 +194,8 @@ def _node_marginal(tree: Tree, statistics: Any, node: int, depth: int, used: np.
 @torch.no_grad()
 def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, score: RankingScore | None = None,
                label_names: Sequence[str] | None = None, placement: Literal["objective", "random"] = "objective",
-               seed: int = 0, local_steps: int = 0, local_lr: float = 0.1) -> LabelAddition:
+               seed: int = 0, local_steps: int = 0, local_lr: float = 0.1,
+               reference: Tensor | None = None) -> LabelAddition:
     """Add ``len(examples)`` labels to a trained :class:`hsm.HierarchicalSoftmax` (in place) without
     retraining: new label ``K + i`` is placed by Algorithm 2's pair score from the representations
     ``examples[i]`` [n_i, d] of a few of its examples (module docstring), and its slot gets
@@ -200,6 +203,12 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     the nodes' marginals; ``score``: "eq12" (default) or "eq10"; ``label_names``: names of the new
     labels when the tree has names. ``placement="random"`` walks down to a random eligible child
     instead (the baseline that shows what the objective buys; ``seed`` draws it).
+
+    ``reference`` [R, d]: representations of inputs the model already serves (a sample of its
+    training data, any labels): the new slots' direction is measured from their mean, and each
+    threshold is kept above :data:`REFERENCE_QUANTILE` of their projections, so that few of them
+    move to a new label. Without it, the mean of all the new labels' examples stands for theirs
+    (0 for a single new label).
 
     ``local_steps`` > 0: after the placement, that many gradient steps (rate ``local_lr``) on the
     new labels' examples, moving only the slots on the new labels' paths (the new slots, and the
@@ -221,6 +230,13 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     if not (isinstance(local_lr, (int, float)) and math.isfinite(local_lr) and local_lr > 0):
         raise ValueError(f"local_lr must be a finite number > 0, got {local_lr!r}")
     rows = _check_examples(examples, layer.in_features, layer.weight.dtype)
+    if reference is not None:
+        reference = _check_examples([reference], layer.in_features, layer.weight.dtype)[0].to(torch.float64)
+        centre = reference.mean(dim=0)
+    elif len(rows) > 1:
+        centre = torch.cat(rows).to(torch.float64).mean(dim=0)
+    else:
+        centre = torch.zeros(layer.in_features, dtype=torch.float64)
     rng = np.random.default_rng(seed)
     tree, arity, dim = layer.tree, layer.arity, layer.in_features
     old_k, added = tree.num_labels, len(rows)
@@ -247,7 +263,6 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     for index, h in enumerate(rows):
         label = old_k + index
         h = h.to(work)
-        mean = h.mean(dim=0)
         node, depth = 0, 0
         while True:
             used = growing.used[node]
@@ -279,7 +294,7 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
                     growing.next_dummy += 1
                 slot = 1
                 used = growing.used[node]
-            _initialise_slot(weight, bias, node, slot, used, h, mean, arity)
+            _initialise_slot(weight, bias, node, slot, used, h, centre, reference, arity)
             growing.put(node, slot, label)
             slots.append((node, slot))
             paths.append(growing.path(node, slot))
@@ -293,9 +308,10 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
 
 
 def _initialise_slot(weight: Tensor, bias: Tensor | None, node: int, slot: int, used: np.ndarray, h: Tensor,
-                     mean: Tensor, arity: int) -> None:
+                     centre: Tensor, reference: Tensor | None, arity: int) -> None:
     """The new label's row at ``(node, slot)``: its best used sibling's plus ``alpha * u`` (module
-    docstring), computed in float64 and stored in the layer's dtype."""
+    docstring), ``u`` the unit direction from ``centre`` to the examples' mean, computed in float64
+    and stored in the layer's dtype."""
     work = h.dtype
     block = weight[node].to(work)
     offsets = bias[node].to(work) if bias is not None else torch.zeros(arity, dtype=work)
@@ -306,17 +322,22 @@ def _initialise_slot(weight: Tensor, bias: Tensor | None, node: int, slot: int, 
         row, offset = block[best].clone(), offsets[best].clone()
     else:
         row, offset = torch.zeros_like(block[0]), torch.zeros((), dtype=work)
-    norm = float(mean.norm())
-    u = mean / norm if norm > 0 else torch.zeros_like(mean)
-    projection = h @ u
-    centre = float(projection.mean())
+    direction = h.mean(dim=0) - centre
+    norm = float(direction.norm())
+    u = direction / norm if norm > 0 else torch.zeros_like(direction)
+    projection = (h - centre) @ u
+    mean_projection = float(projection.mean())
     spread = float(projection.std()) if h.shape[0] > 1 else 0.0
-    gap = max(THRESHOLD_SPREADS * spread, THRESHOLD_SHARE * abs(centre), 1e-6)
+    gap = max(THRESHOLD_SPREADS * spread, THRESHOLD_SHARE * abs(mean_projection), 1e-6)
+    threshold = mean_projection - gap
+    if reference is not None:
+        threshold = max(threshold, float(torch.quantile((reference - centre) @ u, REFERENCE_QUANTILE)))
+        gap = max(mean_projection - threshold, 1e-6)
     alpha = MARGIN / gap
-    threshold = centre - gap
     weight[node, slot] = (row + alpha * u).to(weight.dtype)
     if bias is not None:
-        bias[node, slot] = (offset - alpha * threshold).to(bias.dtype)
+        # alpha * ((h - centre) . u - threshold) = alpha * h . u - alpha * (centre . u + threshold)
+        bias[node, slot] = (offset - alpha * (float(centre @ u) + threshold)).to(bias.dtype)
 
 
 def _local_steps(layer: Any, rows: list[Tensor], labels: np.ndarray, paths: list[list[tuple[int, int]]],

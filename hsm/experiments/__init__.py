@@ -34,6 +34,7 @@ MODULES = [
     "hsm.experiments.taxonomy",  # Schuurmans & Frasincar: two-level softmax over natural taxonomies
     "hsm.experiments.taxonomy_cv",  # their model selection: k-fold cross-validation of h_dim and direction
     "hsm.experiments.sampling",  # Barber & Botev: sampling approximations of the softmax
+    "hsm.experiments.label_addition",  # labels added to a trained classifier without retraining
 ]
 
 

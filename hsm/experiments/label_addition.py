@@ -1,0 +1,201 @@
+"""``label-addition``: labels added to a trained classifier without retraining, against retraining.
+
+On ``gutenberg-books`` (one label per passage: its book), for each seed a tenth of the labels is
+held out: the learned-tree classifier (:class:`hsm.FastBowClassifier`, ``output="learned"``) and the
+M-ary Huffman-tree one train on the other labels' passages only. Then the held-out labels are added
+(:meth:`hsm.FastBowClassifier.add_labels`) from 1, 5 or 20 of their training passages each:
+
+* ``objective``: placed by Algorithm 2's pair score in the learned tree (the method);
+* ``random``: placed at random in the learned tree (what the objective buys);
+* ``huffman``: placed by the pair score in the fixed Huffman tree (what a learned tree buys).
+
+``retrain``, the ceiling, trains the learned-tree classifier on every label's passages. Each row
+gives P@1 on the test passages of the new labels and of the trained ones, and the seconds per
+added label. Every model trains on one thread, so a seed fixes the run.
+"""
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hsm.experiments import check_device, check_scale, experiment, option_choice, option_float, option_int, option_ints
+from hsm.results import ResumableParts, check_replace, output_path, provenance, write_results
+
+__all__ = ["METHODS", "label_addition", "held_out_labels", "summarise"]
+
+#: the ways labels reach the model: added (placement, base model) or trained with the rest
+METHODS = {"objective": ("objective", "learned"), "random": ("random", "learned"), "huffman": ("objective", "huffman")}
+#: the settings of the classifiers (the learned 20-ary tree of ICML Table 1 at d = 50, our best row)
+DEFAULTS: dict[str, Any] = {"dim": 50, "arity": 20, "lr": 0.5, "epochs": 5, "held_out": 0.1, "reference": 2000}
+#: the quick scale: 40 books, one seed, 1 and 5 examples per new label
+QUICK: dict[str, Any] = {"max_books": 40, "seeds": (0,), "examples": (1, 5)}
+
+
+def held_out_labels(num_labels: int, share: float, seed: int) -> np.ndarray:
+    """The labels held out from training (sorted): ``ceil(share * K)`` of them, drawn by ``seed``."""
+    count = max(1, math.ceil(share * num_labels))
+    return np.sort(np.random.default_rng(seed).choice(num_labels, size=count, replace=False))
+
+
+def _rows(split: Any) -> tuple[list[np.ndarray], np.ndarray]:
+    """The documents of an encoded split as a list of word-id arrays, and their (first) labels."""
+    values, offsets = split.values, split.offsets
+    docs = [values[offsets[i]:offsets[i + 1]] for i in range(offsets.size - 1)]
+    return docs, split.label_values[split.label_offsets[:-1]]
+
+
+def _p_at_1(clf: Any, docs: list[np.ndarray], labels: np.ndarray) -> float:
+    """P@1 (%) of ``clf`` on the documents whose gold label is ``labels``."""
+    if not docs:
+        return float("nan")
+    return 100.0 * float((clf.predict(docs).labels[:, 0] == labels).mean())
+
+
+def _train(kind: str, docs: list[np.ndarray], labels: np.ndarray, num_words: int, num_labels: int, seed: int,
+           settings: dict[str, Any]) -> tuple[Any, float]:
+    from hsm import FastBowClassifier
+
+    clf = FastBowClassifier(dim=settings["dim"], output=kind, arity=settings["arity"], lr=settings["lr"],
+                            epochs=settings["epochs"], threads=1, seed=seed)
+    start = time.perf_counter()
+    clf.fit(docs, labels, num_words=num_words, num_labels=num_labels)
+    return clf, time.perf_counter() - start
+
+
+def _seed_rows(train: Any, test: Any, num_words: int, seed: int, examples: tuple[int, ...], methods: list[str],
+               settings: dict[str, Any], log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """Every row of one held-out draw: the ceiling, then each method at each number of examples."""
+    train_docs, train_labels = _rows(train)
+    test_docs, test_labels = _rows(test)
+    num_labels = train.num_labels
+    held = held_out_labels(num_labels, settings["held_out"], seed)
+    # trained labels keep their order as ids 0 .. K_old - 1; the held-out ones follow, in order
+    is_new = np.zeros(num_labels, dtype=bool)
+    is_new[held] = True
+    order = np.concatenate([np.flatnonzero(~is_new), held])
+    new_id = np.empty(num_labels, dtype=np.int64)
+    new_id[order] = np.arange(num_labels)
+    old_count = num_labels - held.size
+    y_train, y_test = new_id[train_labels], new_id[test_labels]
+    old_rows = np.flatnonzero(y_train < old_count)
+    test_old = [test_docs[i] for i in np.flatnonzero(y_test < old_count)], y_test[y_test < old_count]
+    test_new = [test_docs[i] for i in np.flatnonzero(y_test >= old_count)], y_test[y_test >= old_count]
+    base = {"seed": seed, "held_out": int(held.size), "trained_labels": old_count,
+            "test_old": len(test_old[0]), "test_new": len(test_new[0])}
+    rows = []
+    ceiling, seconds = _train("learned", train_docs, y_train, num_words, num_labels, seed, settings)
+    rows.append({**base, "method": "retrain", "examples": None, "train_seconds": seconds,
+                 "p_at_1_old": _p_at_1(ceiling, *test_old), "p_at_1_new": _p_at_1(ceiling, *test_new)})
+    log(f"seed {seed}: retrain on all {num_labels} labels: P@1 old {rows[-1]['p_at_1_old']:.1f}, "
+        f"new {rows[-1]['p_at_1_new']:.1f} ({seconds:.0f} s)")
+    trained = {}
+    for kind in sorted({METHODS[m][1] for m in methods}):
+        clf, seconds = _train(kind, [train_docs[i] for i in old_rows], y_train[old_rows], num_words, old_count, seed,
+                              settings)
+        trained[kind] = clf
+        rows.append({**base, "method": f"{kind}-before", "examples": 0, "train_seconds": seconds,
+                     "p_at_1_old": _p_at_1(clf, *test_old), "p_at_1_new": None})
+        log(f"seed {seed}: {kind} tree on {old_count} labels: P@1 old {rows[-1]['p_at_1_old']:.1f} ({seconds:.0f} s)")
+    draw = np.random.default_rng(seed + 1000)
+    # a sample of the training passages the model already serves, which new slots are calibrated against
+    sample = draw.choice(old_rows, size=min(settings["reference"], old_rows.size), replace=False)
+    reference = [train_docs[i] for i in np.sort(sample)] if settings["reference"] else None
+    shuffled = {label: draw.permutation(np.flatnonzero(y_train == label)) for label in range(old_count, num_labels)}
+    for count in examples:
+        docs_per_label = [[train_docs[i] for i in shuffled[label][:count]] for label in range(old_count, num_labels)]
+        for method in methods:
+            placement, kind = METHODS[method]
+            clf = copy.deepcopy(trained[kind])
+            start = time.perf_counter()
+            clf.add_labels(docs_per_label, placement=placement, seed=seed, reference_docs=reference)
+            seconds = time.perf_counter() - start
+            rows.append({**base, "method": method, "examples": count, "seconds_per_label": seconds / held.size,
+                         "p_at_1_old": _p_at_1(clf, *test_old), "p_at_1_new": _p_at_1(clf, *test_new)})
+            log(f"seed {seed}: {method}, {count} example(s) per new label: P@1 old {rows[-1]['p_at_1_old']:.1f}, "
+                f"new {rows[-1]['p_at_1_new']:.1f}; {1000 * seconds / held.size:.1f} ms per label")
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (method, examples): the mean and spread over seeds of P@1 on new and trained labels, the
+    loss of the trained labels (P@1 before the addition minus after), and the new labels' P@1 as a
+    share of the retrained model's."""
+    by_seed = {(r["seed"], r["method"]): r for r in rows if r.get("examples") in (None, 0)}
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r.get("examples"):
+            groups.setdefault((r["method"], r["examples"]), []).append(r)
+    out = []
+    for (method, count), members in sorted(groups.items(), key=lambda item: (item[0][1], list(METHODS).index(item[0][0]))):
+        kind = METHODS[method][1]
+        new = np.array([r["p_at_1_new"] for r in members])
+        loss = np.array([by_seed[(r["seed"], f"{kind}-before")]["p_at_1_old"] - r["p_at_1_old"] for r in members])
+        share = np.array([r["p_at_1_new"] / by_seed[(r["seed"], "retrain")]["p_at_1_new"] for r in members])
+        sd = lambda a: float(a.std(ddof=1)) if a.size > 1 else None  # noqa: E731
+        out.append({"kind": "summary", "method": method, "examples": count, "seeds": len(members),
+                    "p_at_1_new_mean": float(new.mean()), "p_at_1_new_sd": sd(new),
+                    "old_loss_mean": float(loss.mean()), "old_loss_max": float(loss.max()),
+                    "share_of_retrain_mean": float(share.mean()),
+                    "seconds_per_label_max": float(max(r["seconds_per_label"] for r in members))})
+    return out
+
+
+@experiment("label-addition", "Labels added to a trained classifier without retraining (J_n placement, random, "
+            "Huffman) against retraining; gutenberg-books", "results/classification/label-addition-gutenberg-books.json")
+def label_addition(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
+                   **options: Any) -> Path:
+    """The held-out-label experiment (module docstring). Options: ``seeds`` (default 0,1,2; quick
+    0), ``examples`` (per new label, default 1,5,20; quick 1,5), ``methods`` (default all of
+    :data:`METHODS`), ``max_books`` (quick 40), ``dim``, ``arity``, ``lr``, ``epochs`` and
+    ``held_out`` (the share of labels, default 0.1) and ``reference`` (trained labels' training passages the
+    new slots are calibrated against, default 2,000; 0 for none). A stopped run resumes from its
+    partial file."""
+    from hsm.experiments.classification import encode_data, load_classification_data
+
+    quick = check_scale(scale) == "quick"
+    check_device(device)
+    if device != "cpu":
+        raise ValueError(f"the compiled classifier runs on the CPU, got device={device!r}")
+    options = dict(options)
+    seeds = option_ints("seeds", options.pop("seeds", QUICK["seeds"] if quick else (0, 1, 2)), minimum=0)
+    examples = option_ints("examples", options.pop("examples", QUICK["examples"] if quick else (1, 5, 20)), minimum=1)
+    method_names = options.pop("methods", ",".join(METHODS))
+    methods = [option_choice("methods", m, tuple(METHODS)) for m in str(method_names).split(",") if m]
+    max_books = option_int("max_books", options.pop("max_books", QUICK["max_books"] if quick else None), minimum=2,
+                           allow_none=True)
+    settings = {"dim": option_int("dim", options.pop("dim", DEFAULTS["dim"]), minimum=1),
+                "arity": option_int("arity", options.pop("arity", DEFAULTS["arity"]), minimum=2),
+                "lr": option_float("lr", options.pop("lr", DEFAULTS["lr"]), minimum=0.0),
+                "epochs": option_int("epochs", options.pop("epochs", DEFAULTS["epochs"]), minimum=1),
+                "held_out": option_float("held_out", options.pop("held_out", DEFAULTS["held_out"]), minimum=0.0,
+                                         maximum=0.5),
+                "reference": option_int("reference", options.pop("reference", DEFAULTS["reference"]), minimum=0)}
+    if options:
+        raise ValueError(f"unknown option(s) for label-addition: {', '.join(sorted(options))}")
+    suffix = "" if not quick else "-quick"
+    out = Path(out) if out is not None else output_path(f"results/classification/label-addition-gutenberg-books"
+                                                        f"{suffix}.json")
+    check_replace(out, scale, force)
+    log = lambda message: print(message, flush=True)  # noqa: E731
+    start = time.perf_counter()
+    data = load_classification_data("gutenberg-books", max_books=max_books)
+    vocab, train, test = encode_data(data)
+    config = {"experiment": "label-addition", "data": data.name, "max_books": max_books, "seeds": list(seeds),
+              "examples": list(examples), "methods": methods, **settings, "threads": 1,
+              "train_passages": len(train), "test_passages": len(test), "labels": train.num_labels}
+    parts = ResumableParts(out, config, "partial label-addition file", log=log)
+    rows = []
+    for seed in seeds:
+        rows += parts.run(f"seed{seed}", lambda seed=seed: _seed_rows(train, test, len(vocab), seed, examples, methods,
+                                                                       settings, log))
+    records = [dict(r, kind="run") for r in rows] + summarise(rows)
+    prov = provenance(config=config, wall_time_s=time.perf_counter() - start, scale=scale)
+    path = write_results(out, records, prov, force=force)
+    parts.finish()
+    return path
