@@ -10,8 +10,9 @@ M-ary Huffman-tree one train on the other labels' passages only. Then the held-o
 * ``huffman``: placed by the pair score in the fixed Huffman tree (what a learned tree buys).
 
 ``retrain``, the ceiling, trains the learned-tree classifier on every label's passages. Each row
-gives P@1 on the test passages of the new labels and of the trained ones, and the seconds per
-added label. Every model trains on one thread, so a seed fixes the run.
+gives P@1 on the test passages of the new labels and of the trained ones, the seconds per
+added label, and where the new labels' test passages go: the probability of the path down to the
+new label's node (set by the trained nodes) and of its slot there (set by the addition). Every model trains on one thread, so a seed fixes the run.
 """
 from __future__ import annotations
 
@@ -55,6 +56,27 @@ def _p_at_1(clf: Any, docs: list[np.ndarray], labels: np.ndarray) -> float:
     if not docs:
         return float("nan")
     return 100.0 * float((clf.predict(docs).labels[:, 0] == labels).mean())
+
+
+def _reach(clf: Any, docs: list[np.ndarray], labels: np.ndarray) -> tuple[float, float]:
+    """Where the new labels' test passages go: the mean probability of the path down to each gold
+    label's node (the trained nodes' routing), and the mean probability of the label's slot at that
+    node (its own parameters); their product is p(label | passage)."""
+    import torch
+
+    layer = clf.layer
+    tree = layer.tree
+    h = clf.representations(docs)
+    target = torch.as_tensor(labels)
+    with torch.no_grad():
+        log_p = layer(h, target).output.double().numpy()
+        node = torch.as_tensor([tree.path(int(y))[-1][0] for y in labels])
+        slot = torch.as_tensor([tree.path(int(y))[-1][1] for y in labels])
+        weight = layer.weight.view(tree.num_nodes, tree.arity, -1)[node]
+        logits = torch.einsum("bd,bmd->bm", h, weight) + (layer.bias[node] if layer.bias is not None else 0.0)
+        logits = logits.masked_fill(~torch.as_tensor(tree.slot_mask)[node], -math.inf)
+        final = torch.log_softmax(logits.double(), dim=1).gather(1, slot[:, None])[:, 0].numpy()
+    return float(np.exp(log_p - final).mean()), float(np.exp(final).mean())
 
 
 def _train(kind: str, docs: list[np.ndarray], labels: np.ndarray, num_words: int, num_labels: int, seed: int,
@@ -115,8 +137,10 @@ def _seed_rows(train: Any, test: Any, num_words: int, seed: int, examples: tuple
             start = time.perf_counter()
             clf.add_labels(docs_per_label, placement=placement, seed=seed, reference_docs=reference)
             seconds = time.perf_counter() - start
+            reach, final = _reach(clf, *test_new)
             rows.append({**base, "method": method, "examples": count, "seconds_per_label": seconds / held.size,
-                         "p_at_1_old": _p_at_1(clf, *test_old), "p_at_1_new": _p_at_1(clf, *test_new)})
+                         "p_at_1_old": _p_at_1(clf, *test_old), "p_at_1_new": _p_at_1(clf, *test_new),
+                         "path_to_node_probability": reach, "slot_probability": final})
             log(f"seed {seed}: {method}, {count} example(s) per new label: P@1 old {rows[-1]['p_at_1_old']:.1f}, "
                 f"new {rows[-1]['p_at_1_new']:.1f}; {1000 * seconds / held.size:.1f} ms per label")
     return rows
@@ -142,6 +166,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "p_at_1_new_mean": float(new.mean()), "p_at_1_new_sd": sd(new),
                     "old_loss_mean": float(loss.mean()), "old_loss_max": float(loss.max()),
                     "share_of_retrain_mean": float(share.mean()),
+                    "path_to_node_probability_mean": float(np.mean([r["path_to_node_probability"] for r in members])),
+                    "slot_probability_mean": float(np.mean([r["slot_probability"] for r in members])),
                     "seconds_per_label_max": float(max(r["seconds_per_label"] for r in members))})
     return out
 
