@@ -50,7 +50,7 @@ def test_solutions_open_collapsed():
 
 def test_make_lab_installs_jupyterlab_and_the_settings():
     makefile = (ROOT / "Makefile").read_text()
-    assert "\nlab: $(LAB_STAMP)" in makefile and ".[test,book,lab]" in makefile
+    assert "\nlab: $(LAB_STAMP)" in makefile and ".[test,book,experiments,lab]" in makefile
     assert "lab/overrides.json" in makefile and "lab/jupyter_server_config.py" in makefile
     assert '"jupyterlab>=4"' in (ROOT / "pyproject.toml").read_text()
     assert "Jupytext Notebook" in (ROOT / "lab" / "overrides.json").read_text()
