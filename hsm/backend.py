@@ -15,7 +15,7 @@ the sparse gradient has no duplicates):
   per-pair copies; the exact top-1 search in PyTorch (:func:`hsm.search.top1_search`);
 * :data:`KERNELS` (:class:`KernelBackend`, float32 contiguous CPU tensors): the compiled kernels of
   :mod:`hsm.kernels`, one pass each for the forward, the backward (optionally with the Adagrad update
-  fused in, :meth:`hsm.optim.RowSparseAdagrad.fuse`) and the top-1 search.
+  fused in, :meth:`hsm.optim.RowSparseAdagrad.fuse`); the searches are in :mod:`hsm.search`.
 
 Every backend method takes the layer and returns what the layer returns; the layer picks the
 backend per call (:meth:`hsm.HierarchicalSoftmax._backend`). Both are checked against the plain
@@ -458,12 +458,12 @@ def select_backend(layer: TreeLayer, input: Tensor) -> "OutputBackend":
 
 class FusedGradient(Tensor):
     """What ``.grad`` holds for the weight and bias of a layer fused with
-    :meth:`RowSparseAdagrad.fuse` after a backward pass that already applied their update: a
+    :meth:`hsm.optim.RowSparseAdagrad.fuse` after a backward pass that already applied their update: a
     placeholder with the parameter's shape, dtype and device and no storage. Anything that reads
     or changes it (``clip_grad_norm_``, ``clip_grad_value_``, an L2 term, a gradient norm for a
     log, AMP's unscaling) raises a RuntimeError saying that the update was applied in backward,
     instead of silently leaving the layer out as a gradient of None would; zeroing it
-    (``zero_grad(set_to_none=False)``) is allowed, and :meth:`RowSparseAdagrad.step` skips it."""
+    (``zero_grad(set_to_none=False)``) is allowed, and :meth:`hsm.optim.RowSparseAdagrad.step` skips it."""
 
     _ALLOWED = frozenset({"zero_", "detach_", "requires_grad_"})
 
