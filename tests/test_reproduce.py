@@ -204,6 +204,10 @@ def _check_options(invocation: dict) -> None:
         from hsm.experiments.classification.config import _parse_options
 
         _parse_options(scale, options)
+    elif name == "label-addition":
+        from hsm.experiments.label_addition import parse_options
+
+        parse_options(scale, options)
     elif name == "today-tools":
         from hsm.experiments.classification.today import _parse_today
 

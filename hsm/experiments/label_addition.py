@@ -28,7 +28,7 @@ import numpy as np
 from hsm.experiments import check_device, check_scale, experiment, option_choice, option_float, option_int, option_ints
 from hsm.results import ResumableParts, check_replace, output_path, provenance, write_results
 
-__all__ = ["METHODS", "label_addition", "held_out_labels", "summarise"]
+__all__ = ["METHODS", "held_out_labels", "label_addition", "parse_options", "summarise"]
 
 #: the ways labels reach the model: added (placement, base model) or trained with the rest
 METHODS = {"objective": ("objective", "learned"), "random": ("random", "learned"), "huffman": ("objective", "huffman")}
@@ -172,22 +172,11 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-@experiment("label-addition", "Labels added to a trained classifier without retraining (J_n placement, random, "
-            "Huffman) against retraining; gutenberg-books", "results/classification/label-addition-gutenberg-books.json")
-def label_addition(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
-                   **options: Any) -> Path:
-    """The held-out-label experiment (module docstring). Options: ``seeds`` (default 0,1,2; quick
-    0), ``examples`` (per new label, default 1,5,20; quick 1,5), ``methods`` (default all of
-    :data:`METHODS`), ``max_books`` (quick 40), ``dim``, ``arity``, ``lr``, ``epochs`` and
-    ``held_out`` (the share of labels, default 0.1) and ``reference`` (trained labels' training passages the
-    new slots are calibrated against, default 2,000; 0 for none). A stopped run resumes from its
-    partial file."""
-    from hsm.experiments.classification import encode_data, load_classification_data
-
+def parse_options(scale: str, options: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...], list[str],
+                                                                 int | None, dict[str, Any]]:
+    """(seeds, examples, methods, max_books, settings) from ``-o KEY=VALUE`` options at ``scale``;
+    ValueError naming a bad or unknown option."""
     quick = check_scale(scale) == "quick"
-    check_device(device)
-    if device != "cpu":
-        raise ValueError(f"the compiled classifier runs on the CPU, got device={device!r}")
     options = dict(options)
     seeds = option_ints("seeds", options.pop("seeds", QUICK["seeds"] if quick else (0, 1, 2)), minimum=0)
     examples = option_ints("examples", options.pop("examples", QUICK["examples"] if quick else (1, 5, 20)), minimum=1)
@@ -204,6 +193,26 @@ def label_addition(scale: str = "quick", device: str = "cpu", out: Path | str | 
                 "reference": option_int("reference", options.pop("reference", DEFAULTS["reference"]), minimum=0)}
     if options:
         raise ValueError(f"unknown option(s) for label-addition: {', '.join(sorted(options))}")
+    return seeds, examples, methods, max_books, settings
+
+
+@experiment("label-addition", "Labels added to a trained classifier without retraining (J_n placement, random, "
+            "Huffman) against retraining; gutenberg-books", "results/classification/label-addition-gutenberg-books.json")
+def label_addition(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
+                   **options: Any) -> Path:
+    """The held-out-label experiment (module docstring). Options: ``seeds`` (default 0,1,2; quick
+    0), ``examples`` (per new label, default 1,5,20; quick 1,5), ``methods`` (default all of
+    :data:`METHODS`), ``max_books`` (quick 40), ``dim``, ``arity``, ``lr``, ``epochs`` and
+    ``held_out`` (the share of labels, default 0.1) and ``reference`` (trained labels' training passages the
+    new slots are calibrated against, default 2,000; 0 for none). A stopped run resumes from its
+    partial file."""
+    from hsm.experiments.classification import encode_data, load_classification_data
+
+    quick = check_scale(scale) == "quick"
+    check_device(device)
+    if device != "cpu":
+        raise ValueError(f"the compiled classifier runs on the CPU, got device={device!r}")
+    seeds, examples, methods, max_books, settings = parse_options(scale, options)
     suffix = "" if not quick else "-quick"
     out = Path(out) if out is not None else output_path(f"results/classification/label-addition-gutenberg-books"
                                                         f"{suffix}.json")
