@@ -93,7 +93,7 @@ def _check_examples(examples: Any, dim: int, dtype: torch.dtype) -> list[Tensor]
             raise ValueError(f"examples[{index}] holds no example: a new label needs at least one")
         if not bool(torch.isfinite(rows).all()):
             raise ValueError(f"examples[{index}] holds NaN or infinite values")
-        out.append(rows.detach().to(dtype))
+        out.append(rows.detach().to(device="cpu", dtype=dtype))  # the descent runs on the host
     return out
 
 
@@ -256,8 +256,9 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     if growing.free is not None and growing.free[0] < added:
         raise ValueError(f"the fixed-depth tree has {int(growing.free[0])} empty leaves for {added} new labels: "
                          f"build it one level deeper (depth {tree.depth_limit + 1})")
-    weight = layer.weight.detach().view(tree.num_nodes, arity, dim).clone()
-    bias = layer.bias.detach().clone() if layer.bias is not None else None
+    # placed on the host (a few nodes per label); grow() moves the parameters back to the layer's device
+    weight = layer.weight.detach().cpu().view(tree.num_nodes, arity, dim).clone()
+    bias = layer.bias.detach().cpu().clone() if layer.bias is not None else None
     work = torch.float64
     slots, paths, new_nodes = [], [], []
     for index, h in enumerate(rows):
