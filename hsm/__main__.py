@@ -10,6 +10,7 @@ import importlib
 import sys
 
 from hsm._help import plain
+from hsm._optional import DISTRIBUTION
 
 # sub-command -> module exposing ``main(argv: list[str]) -> int`` ("module:function" for another name)
 _COMMANDS = {
@@ -53,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if package in _LAB_PACKAGES:
             # the book's lab (experiments, data sets, benchmarks) needs the `experiments` extra
             print(f"hsm {args.command} needs {package}, installed with the lab's extra: "
-                  "pip install 'hsm-learned-trees[experiments]'", file=sys.stderr)
+                  f"pip install '{DISTRIBUTION}[experiments]'", file=sys.stderr)
             return 2
         raise
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-__all__ = ["EXTRAS", "require"]
+__all__ = ["DISTRIBUTION", "EXTRAS", "install_hint", "require"]
 
 DISTRIBUTION = "hsm-learned-trees"
 

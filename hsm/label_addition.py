@@ -176,15 +176,15 @@ class _GrowingTree:
         return Tree(self.child_node, labels, num_labels, depth_limit=self.depth_limit, label_names=label_names)
 
 
-def _node_marginal(tree: Tree, statistics: Any, node: int, depth: int, used: np.ndarray, p_new: np.ndarray,
-                   count_new: int) -> np.ndarray:
+def _node_marginal(tree: Tree, statistics: Any, label_weights: np.ndarray | None, node: int, depth: int,
+                   used: np.ndarray, p_new: np.ndarray, count_new: int) -> np.ndarray:
     """p_j (eq. 7) of a node: the trained labels' p_{j|i} (from their statistics) and the new
     label's, weighted by their example counts; without statistics (or trained labels at the node),
     the uniform distribution over the used children stands for the trained labels, with weight 1."""
     if statistics is not None and node < tree.num_nodes:
         labels = tree.labels_under(node)
         if labels.size:
-            weights = np.asarray(statistics.label_weights(), dtype=np.float64)[labels]
+            weights = label_weights[labels]
             p_cond = np.asarray(statistics.p_cond(depth, labels, np.full(labels.size, node)), dtype=np.float64)
             return (weights @ p_cond + count_new * p_new) / (weights.sum() + count_new)
     trained = used / used.sum() if used.any() else np.full(used.size, 1.0 / used.size)
@@ -257,8 +257,12 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
         raise ValueError(f"the fixed-depth tree has {int(growing.free[0])} empty leaves for {added} new labels: "
                          f"build it one level deeper (depth {tree.depth_limit + 1})")
     # placed on the host (a few nodes per label); grow() moves the parameters back to the layer's device
-    weight = layer.weight.detach().cpu().view(tree.num_nodes, arity, dim).clone()
-    bias = layer.bias.detach().cpu().clone() if layer.bias is not None else None
+    # room for the nodes the additions may create (at most one per label), trimmed at the end
+    weight = torch.cat([layer.weight.detach().cpu().view(tree.num_nodes, arity, dim),
+                        layer.weight.new_zeros(added, arity, dim, device="cpu")])
+    bias = (torch.cat([layer.bias.detach().cpu(), layer.bias.new_zeros(added, arity, device="cpu")])
+            if layer.bias is not None else None)
+    label_weights = (np.asarray(statistics.label_weights(), dtype=np.float64) if statistics is not None else None)
     work = torch.float64
     slots, paths, new_nodes = [], [], []
     for index, h in enumerate(rows):
@@ -270,7 +274,7 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
             logits = h @ weight[node].to(work).T + (bias[node].to(work) if bias is not None else 0.0)
             masked = logits.masked_fill(~torch.as_tensor(used), -math.inf) if used.any() else logits
             p_cond = torch.softmax(masked, dim=1).mean(dim=0).numpy()
-            marginal = _node_marginal(tree, statistics, node, depth, used, p_cond, h.shape[0])
+            marginal = _node_marginal(tree, statistics, label_weights, node, depth, used, p_cond, h.shape[0])
             pair = ranking_scores(np.ones(1), p_cond[None], marginal[None], times_p_cond=score == "eq12")[0]
             if placement == "random":
                 pair = rng.random(arity)
@@ -286,9 +290,6 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
                 parent = node
                 node = growing.add_node(parent, slot)
                 new_nodes.append(node)
-                weight = torch.cat([weight, weight.new_zeros(1, arity, dim)])
-                if bias is not None:
-                    bias = torch.cat([bias, bias.new_zeros(1, arity)])
                 growing.put(node, 0, int(leaf))
                 for extra in range(2, arity):
                     growing.child_label[node, extra] = growing.next_dummy
@@ -301,7 +302,8 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
             paths.append(growing.path(node, slot))
             break
     new_tree = growing.tree(old_k + added, names)
-    layer.grow(new_tree, weight.view(new_tree.num_nodes, arity * dim), bias)
+    nodes = new_tree.num_nodes
+    layer.grow(new_tree, weight[:nodes].reshape(nodes, arity * dim), bias[:nodes] if bias is not None else None)
     if local_steps:
         _local_steps(layer, rows, np.arange(old_k, old_k + added), paths, local_steps, local_lr)
     return LabelAddition(new_tree, np.arange(old_k, old_k + added), np.asarray(slots, dtype=np.int64).reshape(-1, 2),

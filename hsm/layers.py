@@ -364,9 +364,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
             )
         if hasattr(self, "tree") and tree.num_labels != self.tree.num_labels:
             raise ValueError(f"the new tree has {tree.num_labels} labels, the layer {self.tree.num_labels}")
-        self.tree = tree
-        self._register_tree_buffers()
-        self.tables = TreeTables.from_tree(tree)  # the host-side tables the engines and searches read
+        self._install_tree(tree)
         if reset_nodes is not None and len(reset_nodes):
             self.reset_parameters(reset_nodes)
 
@@ -397,6 +395,11 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         self.num_nodes = tree.num_nodes
         self.statistics = None
         self.fused_optimizer = None
+        self._install_tree(tree)
+
+    def _install_tree(self, tree: Tree) -> None:
+        """``tree`` becomes the layer's, with the buffers and the host-side tables the engines and
+        searches read derived from it (:meth:`set_tree` and :meth:`grow` check it first)."""
         self.tree = tree
         self._register_tree_buffers()
         self.tables = TreeTables.from_tree(tree)

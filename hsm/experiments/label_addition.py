@@ -70,8 +70,9 @@ def _reach(clf: Any, docs: list[np.ndarray], labels: np.ndarray) -> tuple[float,
     target = torch.as_tensor(labels)
     with torch.no_grad():
         log_p = layer(h, target).output.double().numpy()
-        node = torch.as_tensor([tree.path(int(y))[-1][0] for y in labels])
-        slot = torch.as_tensor([tree.path(int(y))[-1][1] for y in labels])
+        last = tree.path_mask[labels].sum(axis=1) - 1  # the step to each gold label's leaf
+        node = torch.as_tensor(tree.path_nodes[labels, last])
+        slot = torch.as_tensor(tree.path_children[labels, last])
         weight = layer.weight.view(tree.num_nodes, tree.arity, -1)[node]
         logits = torch.einsum("bd,bmd->bm", h, weight) + (layer.bias[node] if layer.bias is not None else 0.0)
         logits = logits.masked_fill(~torch.as_tensor(tree.slot_mask)[node], -math.inf)
