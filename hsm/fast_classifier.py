@@ -638,7 +638,8 @@ class FastBowClassifier:
         if self.dictionary is not None:
             prefix = self.dictionary.label_prefix
             names = [name if name.startswith(prefix) else prefix + name for name in names]
-            clash = [name for name in names if name in set(self.dictionary.labels)]
+            known = set(self.dictionary.labels)
+            clash = [name for name in names if name in known]
             if clash or len(set(names)) != len(names):
                 raise ValueError(f"label {clash[0] if clash else 'names'} already in the model: new labels need new "
                                  "names")

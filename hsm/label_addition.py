@@ -103,7 +103,6 @@ class _GrowingTree:
 
     def __init__(self, tree: Tree, added: int) -> None:
         self.arity, self.depth_limit = tree.arity, tree.depth_limit
-        self.num_labels = tree.num_labels
         self.child_node = tree.child_node.copy()
         self.child_label = tree.child_label.copy()
         # dummies move up by `added`: the new labels take ids K .. K + added - 1
@@ -112,7 +111,6 @@ class _GrowingTree:
         self.next_dummy = tree.num_leaves + added
         self.used = tree.slot_mask.copy()  # slots with a real label below them
         self.parent, self.parent_slot = list(tree.parent), list(tree.parent_slot)
-        self.node_depth = list(tree.node_depth)
         self.free = None
         if tree.depth_limit is not None:  # empty leaf positions below each node, bottom-up
             free = np.zeros(tree.num_nodes, dtype=np.int64)
@@ -142,7 +140,6 @@ class _GrowingTree:
         self.child_label[parent, slot] = EMPTY_SLOT
         self.parent.append(parent)
         self.parent_slot.append(slot)
-        self.node_depth.append(self.node_depth[parent] + 1)
         return node
 
     def put(self, node: int, slot: int, label: int) -> None:
@@ -168,11 +165,8 @@ class _GrowingTree:
     def tree(self, num_labels: int, label_names: list[str] | None) -> Tree:
         """The final tree, dummy leaves renumbered ``num_labels, num_labels + 1, ...``."""
         labels = self.child_label.copy()
-        dummies = np.sort(labels[labels >= num_labels])
-        renumber = {int(old): num_labels + index for index, old in enumerate(dummies)}
-        for (n, j), value in np.ndenumerate(labels):
-            if value >= num_labels:
-                labels[n, j] = renumber[int(value)]
+        dummy = labels >= num_labels
+        labels[dummy] = num_labels + np.searchsorted(np.sort(labels[dummy]), labels[dummy])
         return Tree(self.child_node, labels, num_labels, depth_limit=self.depth_limit, label_names=label_names)
 
 
