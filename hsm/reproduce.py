@@ -121,6 +121,15 @@ def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str,
         return {"command": "bench", "argv": _bench_argv(config), "inferred": True}
     if isinstance(config.get("overrides"), Mapping) and isinstance(experiment, str):
         options = {k: _option_text(v) for k, v in config["overrides"].items()}
+        description = config.get("description")
+        if "description" not in options and isinstance(description, str):
+            # files written before the overrides kept the description: pass it again where it is
+            # not the preset's, or the rerun would describe another run
+            from hsm.experiments.lm.presets import SCALES
+
+            preset = SCALES.get(experiment, {}).get(scale)
+            if preset is not None and description != preset.description:
+                options["description"] = description
         if experiment != "lm-ptb-ablation" and isinstance(config.get("runs"), list):
             # no rows trained: the run only picked the learning rate
             options["runs"] = _option_text(config["runs"]) or "selection"

@@ -369,6 +369,15 @@ def test_lm_ptb_tiny_with_l2_says_so(tmp_path) -> None:
     assert notes and all("L2 0.0001" in note for note in notes)
 
 
+@needs_mirror
+def test_a_run_described_by_an_option_records_the_description_for_its_rerun(tmp_path) -> None:
+    out = lm.run_lm_ptb(scale="quick", out=tmp_path / "ptb.json", description="a tiny slice", **TINY)
+    prov = json.loads(out.read_text())["provenance"]
+    assert prov["config"]["description"] == "a tiny slice"
+    assert prov["config"]["overrides"]["description"] == "a tiny slice"
+    assert "description" not in prov["hsm_scale"]
+
+
 # ---------------------------------------------------------------------------- a table in parts
 @needs_mirror
 @pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(), reason="Gutenberg unavailable")

@@ -251,6 +251,20 @@ def test_an_inferred_command_changes_only_what_the_file_changed() -> None:
     assert R.invocation_of(path, json.loads(path.read_text()))["options"]["embeddings"] == "random"
 
 
+def test_a_language_model_run_with_its_own_description_is_re_run_with_it() -> None:
+    """A run described by ``-o description=...`` keeps its description when re-run, whether the
+    file recorded it among its overrides or (older files) only in its configuration."""
+    from hsm.experiments.lm.presets import SCALES
+
+    preset = SCALES["lm-ptb-ablation"]["full"]
+    config = {"experiment": "lm-ptb-ablation", "device": "cpu", "description": "a 4M-token slice",
+              "overrides": {"epochs": "1"}}
+    prov = {"hsm_scale": "full, reduced: epochs=1", "config": config}
+    assert R._inferred_invocation(prov, [])["options"] == {"epochs": "1", "description": "a 4M-token slice"}
+    config["description"] = preset.description
+    assert "description" not in R._inferred_invocation(prov, [])["options"]
+
+
 def test_records_that_gained_a_label_still_match_their_old_rows() -> None:
     old = [{"run": "flat", "value": 1.0}, {"run": "tree", "value": 2.0}]
     new = [{"run": "tree", "value": 2.0, "trained_on": "train"}, {"run": "flat", "value": 1.0, "trained_on": "train"}]

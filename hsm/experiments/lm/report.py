@@ -181,8 +181,11 @@ def _write(name: str, out: Path | None, default: str, records, sc: LMScale, scal
                               "clustering_embeddings": _EMBEDDINGS[sc.clustering_embeddings]},
                       wall_time_s=max(seconds, training_seconds or 0.0), scale=scale)
     # a run whose preset was overridden says so in its scale label (the landing page shows it)
-    overrides = {k: v for k, v in (options or {}).items() if k != "description"}
-    prov["hsm_scale"] = label or scale_label(scale, overrides, SCALES.get(name, {}).get(scale))
+    # the overrides are recorded whole, so that `reproduce` passes a run's own description again;
+    # the scale label names only those that change what runs
+    overrides = dict(options or {})
+    changes = {k: v for k, v in overrides.items() if k != "description"}
+    prov["hsm_scale"] = label or scale_label(scale, changes, SCALES.get(name, {}).get(scale))
     prov["config"]["overrides"] = overrides
     # wall_time_s covers the runs it rests on; runs finished earlier load from the run folder, so
     # this invocation alone can take seconds
