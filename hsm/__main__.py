@@ -2,7 +2,7 @@
 <command> --help`` describes each command.
 
 ``supervised``, ``test``, ``predict`` and ``predict-prob`` are fastText's commands, on hsm's
-classifier (:mod:`hsm.fasttext_cli`)."""
+classifier, and ``add-labels`` adds labels to a trained model (:mod:`hsm.fasttext_cli`)."""
 from __future__ import annotations
 
 import argparse
@@ -23,6 +23,7 @@ _COMMANDS = {
     "test": ("hsm.fasttext_cli:test", "print N, P@k, R@k of a model on a fastText file"),
     "predict": ("hsm.fasttext_cli:predict", "print the k most likely labels of every line of a file"),
     "predict-prob": ("hsm.fasttext_cli:predict_prob", "predict, with the labels' probabilities"),
+    "add-labels": ("hsm.fasttext_cli:add_labels", "add labels a tree model never saw, from a few lines each"),
     "warmup": ("hsm._warmup", "compile and cache the numba kernels now instead of in the first training step"),
 }
 

@@ -23,6 +23,9 @@ MIRROR_ENV = "HSM_DATA_MIRROR"
 CACHE_ENV = "HSM_CACHE"
 #: Environment variable selecting quick or full scale.
 SCALE_ENV = "HSM_SCALE"
+#: Environment variable naming the folder of finished and checkpointed training runs (default:
+#: ``lm-runs`` in the cache), which an interrupted or repeated experiment resumes from.
+RUNS_ENV = "HSM_RUNS"
 
 
 def scale() -> Scale:
@@ -64,6 +67,21 @@ def cache_dir() -> Path:
                 else f"cannot be created ({type(exc).__name__}: {exc.strerror or exc})")
         raise ValueError(f"{origin}: the cache directory {path} {what}. "
                          f"Fix: set {CACHE_ENV} to a writable directory.") from exc
+    return path
+
+
+def runs_dir(experiment: str) -> Path:
+    """The folder of an experiment's finished and checkpointed runs: ``HSM_RUNS/<experiment>``, else
+    ``cache_dir()/lm-runs/<experiment>``; created if missing. A run found there is read, not
+    trained again, so ``python -m hsm reproduce`` points ``HSM_RUNS`` at a fresh folder."""
+    value = os.environ.get(RUNS_ENV)
+    root = Path(value).expanduser() if value else cache_dir() / "lm-runs"
+    path = root / experiment
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"the runs folder {path} cannot be created ({exc.strerror or exc}). Fix: set {RUNS_ENV} "
+                         "to a writable directory.") from exc
     return path
 
 

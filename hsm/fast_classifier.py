@@ -657,6 +657,37 @@ class FastBowClassifier:
             self.dictionary.add_labels(names, [e.shape[0] for e in examples])
         return result
 
+    def add_labels_file(self, path: str | Path, placement: str = "objective", seed: int = 0, local_steps: int = 0,
+                        local_lr: float = 0.1, reference_path: str | Path | None = None,
+                        reference_lines: int = 2000) -> tuple["LabelAddition", dict[str, int]]:
+        """:meth:`add_labels` from a fastText file: every label of ``path`` the model does not know
+        is added, from the lines that carry it (a line with two new labels is an example of
+        both); lines with known labels only are skipped. ``reference_path``: a file the model
+        already serves (its training file, say), of which the first ``reference_lines`` lines
+        calibrate the new slots. Returns what :meth:`add_labels` did and counts: ``labels`` added,
+        ``lines`` used, ``skipped`` lines, and of the lines used, those with ``no_known_word`` (the
+        model reads them as an empty document: they say nothing of their label). ValueError naming the file when it holds no new label."""
+        reference_lines = check_count(reference_lines, "reference_lines", 1)
+        encoded, lines = self._file_rows(path)
+        rows_of = self.dictionary.unknown_labels(lines)
+        if not rows_of:
+            raise ValueError(f"{path}: no line has a label the model does not know ({self.num_labels} labels "
+                             "known); nothing to add")
+        docs = [encoded.subset(np.asarray(rows, dtype=np.int64)).docs for rows in rows_of.values()]
+        reference = None
+        if reference_path is not None:
+            seen = self._file_rows(reference_path)[0]
+            reference = seen.subset(np.arange(min(reference_lines, seen.offsets.size - 1))).docs
+        used = np.asarray(sorted({row for rows in rows_of.values() for row in rows}), dtype=np.int64)
+        # a line of words the model never saw is the empty document to it (at most </s>): no evidence
+        empty_line = self.dictionary.encode([""]).values
+        informative = np.concatenate([[0], np.cumsum(~np.isin(encoded.values, empty_line))])
+        known_words = (informative[encoded.offsets[1:]] - informative[encoded.offsets[:-1]])[used]
+        result = self.add_labels(docs, names=list(rows_of), placement=placement, seed=seed, local_steps=local_steps,
+                                 local_lr=local_lr, reference_docs=reference)
+        return result, {"labels": len(rows_of), "lines": int(used.size), "skipped": len(lines) - int(used.size),
+                        "no_known_word": int((known_words <= 0).sum())}
+
     @torch.no_grad()
     def predict(self, docs: Any, k: int = 1) -> Prediction:
         """The ``k`` most likely labels of every document and their log-probabilities, exact:

@@ -6,12 +6,16 @@
     python -m hsm test model.bin test.txt [k] [th]
     python -m hsm predict model.bin test.txt [k] [th]
     python -m hsm predict-prob model.bin test.txt [k] [th]
+    python -m hsm add-labels model.bin new.txt -output model2 [-reference train.txt -placement objective
+                             -localSteps 0 -localLr 0.1 -seed 0]
 
 The files are in fastText's format (``__label__`` labels, :mod:`hsm.fasttext_format`); ``-``
 reads the test file from standard input. ``supervised`` writes ``<output>.bin`` (hsm's model
 file, :meth:`hsm.FastBowClassifier.save`, not readable by fastText); ``test`` prints ``N``,
 ``P@k``, ``R@k`` as fastText prints them; ``predict`` prints the labels of each line, and
-``predict-prob`` each with its probability. The options and their defaults are fastText's
+``predict-prob`` each with its probability; ``add-labels`` adds every label of a file that the
+model does not know, from the lines that carry it, without retraining
+(:meth:`hsm.FastBowClassifier.add_labels_file`), and writes ``<output>.bin``. The options and their defaults are fastText's
 supervised ones where fastText has the option; ``-loss`` adds the tree outputs (``hs`` is
 fastText's binary Huffman tree, ``huffman`` the M-ary one, ``learned`` the tree learned by
 Algorithm 1 from it), with ``-arity`` M. Every loss trains as fastText does at the same options:
@@ -44,7 +48,7 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["predict", "predict_prob", "supervised", "test"]
+__all__ = ["add_labels", "predict", "predict_prob", "supervised", "test"]
 
 #: -loss -> (FastBowClassifier output, arity or None for -arity's)
 _LOSSES = {"softmax": ("flat", None), "hs": ("huffman", 2), "huffman": ("huffman", None),
@@ -215,6 +219,91 @@ def _supervised(argv: list[str]) -> int:
         print(f"Number of words:  {dictionary.num_words}", file=sys.stderr)
         print(f"Number of labels: {dictionary.num_labels}", file=sys.stderr)
         print(f"Trained in {seconds:.1f} s; wrote {target}", file=sys.stderr)
+    return 0
+
+
+def _add_labels_parser() -> _Parser:
+    parser = _Parser(prog="python -m hsm add-labels", allow_abbrev=False,
+                     description="Add the labels of a fastText file that a trained tree model does not know, "
+                                 "from the lines that carry them, without retraining: each new label is placed "
+                                 "in the tree by the node objective (Algorithm 2's pair score) and its slot "
+                                 "initialised from its lines. Trained labels keep their paths and parameters. "
+                                 "Writes <output>.bin; the model file given is not changed.")
+    add = parser.add_argument
+    add("model", help="model file (what supervised -output PREFIX wrote: PREFIX.bin), with a tree output")
+    add("input", help="file in fastText's format whose unknown labels are added (if -, read from stdin)")
+    add("-output", required=True, metavar="PREFIX", help="writes PREFIX.bin")
+    add("-reference", metavar="FILE", default=None,
+        help="a file the model already serves (its training file): its first 2000 lines calibrate the new "
+             "labels' slots, so that few of its lines move to a new label (recommended)")
+    add("-placement", choices=("objective", "random"), default="objective",
+        help="objective: the node objective's best child at each node; random: a random child (objective)")
+    add("-localSteps", type=int, default=0,
+        help="gradient steps on the new labels' lines after placing them, moving only the parameters on "
+             "their paths (0)")
+    add("-localLr", type=float, default=0.1, help="rate of those steps (0.1)")
+    add("-seed", type=int, default=0, help="seed of -placement random (0)")
+    add("-verbose", type=int, default=2, help="0: print nothing on stderr (2)")
+    return parser
+
+
+def add_labels(argv: list[str]) -> int:
+    """``python -m hsm add-labels <model> <new-data> -output PREFIX [options]``: add the unknown
+    labels of a file to a trained tree model and write PREFIX.bin (atomically)."""
+    return _interruptible("add-labels", _add_labels, argv)
+
+
+def _add_labels(argv: list[str]) -> int:
+    from .fast_classifier import FastBowClassifier
+
+    parser = _add_labels_parser()
+    if any(arg in ("-h", "--help", "-help") for arg in argv):
+        parser.print_help()
+        return 0
+    try:
+        args = parser.parse_args(argv)
+        if args.localSteps < 0:
+            raise _UsageError(f"-localSteps must be >= 0, got {args.localSteps}")
+        if not (math.isfinite(args.localLr) and args.localLr > 0):
+            raise _UsageError(f"-localLr must be a finite number > 0, got {args.localLr}")
+        for option, name in (("input", args.input), ("reference", args.reference)):
+            if name is not None and name != "-" and not Path(name).is_file():
+                raise _UsageError(f"{'-reference ' if option == 'reference' else ''}{name}: no such file")
+        path = Path(args.model)
+        if not path.is_file():
+            raise _UsageError(f"{args.model}: no such model file")
+        target = Path(args.output + ".bin")
+        _check_output(args.output, target)
+        classifier = FastBowClassifier.load(path)
+        if classifier.dictionary is None:
+            raise _UsageError(f"{args.model} was trained on arrays, not on a file: it has no dictionary to read "
+                              "labels with")
+    except _UsageError as error:
+        return _fail("add-labels", str(error))
+    except ValueError as error:
+        return _fail("add-labels", f"{args.model}: {error}")
+    start = time.perf_counter()
+    try:
+        result, counts = classifier.add_labels_file(args.input, placement=args.placement, seed=args.seed,
+                                                    local_steps=args.localSteps, local_lr=args.localLr,
+                                                    reference_path=args.reference)
+    except (ValueError, FileNotFoundError) as error:
+        return _fail("add-labels", str(error))
+    seconds = time.perf_counter() - start
+    try:
+        classifier.save(target)  # atomic: a failure leaves any previous file as it was
+    except (OSError, RuntimeError) as error:
+        detail = (getattr(error, "strerror", None) or str(error) or type(error).__name__).splitlines()[0]
+        return _fail("add-labels", f"cannot write {target} ({detail}); any previous {target.name} is unchanged",
+                     status=1)
+    if counts["no_known_word"]:
+        print(f"warning: {counts['no_known_word']} of the {counts['lines']} lines hold no word the model knows "
+              "(it reads them as an empty line): they say nothing of their labels", file=sys.stderr)
+    if args.verbose > 0:
+        print(f"Added {counts['labels']} labels from {counts['lines']} lines ({counts['skipped']} lines with known "
+              f"labels only skipped); {classifier.num_labels} labels now", file=sys.stderr)
+        print(f"Placed in {seconds:.2f} s ({1000 * result.seconds / counts['labels']:.1f} ms per label); "
+              f"wrote {target}", file=sys.stderr)
     return 0
 
 

@@ -169,6 +169,16 @@ class FastTextDictionary:
             self.labels.append(label)
         self.label_counts = np.concatenate([self.label_counts, np.asarray(counts, dtype=np.int64)])
 
+    def unknown_labels(self, lines: Sequence[str]) -> dict[str, list[int]]:
+        """The labels of ``lines`` this dictionary does not know, each with the rows of the lines
+        that carry it (in order of first appearance; a label written twice on a line counts once)."""
+        prefix, known = self.label_prefix, self._label_index
+        rows_of: dict[str, list[int]] = {}
+        for row, line in enumerate(lines):
+            for token in dict.fromkeys(t for t in _tokens(line) if t.startswith(prefix) and t not in known):
+                rows_of.setdefault(token, []).append(row)
+        return rows_of
+
     @property
     def num_words(self) -> int:
         return len(self.words)

@@ -33,6 +33,15 @@ which is set below the examples' projections (:data:`THRESHOLD_SPREADS` standard
 least :data:`THRESHOLD_SHARE` of their mean), and with :math:`\\alpha` chosen so that the mean
 example gets a margin of :data:`MARGIN` nats.
 
+A slot without a bias (the fastText-style command line trains its layers without) cannot hold
+the threshold: its decision passes through the origin. Given reference inputs, its row adds the
+direction that best separates the examples from them through the origin (a logistic regression
+without intercept, the reference weighted up until at most ``1 - REFERENCE_QUANTILE`` of it is
+on the new label's side); it finds fewer of the new label's inputs than a slot with a bias.
+
+The placement reads and writes parameters only through :class:`NodeSlots`, so the same
+:func:`place_labels` serves the layer (:class:`DenseSlots`) and the sparse classifier.
+
 Trained labels keep their paths (a label whose leaf became a new node gets one more step, to its
 own slot of that node) and every trained parameter; their probabilities change only by the mass
 the new labels take. :meth:`hsm.TreeLearner.add_labels` and
@@ -53,7 +62,7 @@ from .layers import HierarchicalSoftmax
 from .objective import RankingScore, check_ranking_score, ranking_scores
 from .tree import EMPTY_SLOT, Tree
 
-__all__ = ["LabelAddition", "add_labels", "MARGIN", "REFERENCE_QUANTILE", "THRESHOLD_SHARE", "THRESHOLD_SPREADS"]
+__all__ = ["DenseSlots", "LabelAddition", "NodeSlots", "add_labels", "check_placement", "place_labels", "MARGIN", "REFERENCE_QUANTILE", "THRESHOLD_SHARE", "THRESHOLD_SPREADS"]
 
 #: nats by which a new label beats its best sibling, at its node, on the mean of its examples
 MARGIN = 4.0
@@ -170,6 +179,50 @@ class _GrowingTree:
         return Tree(self.child_node, labels, num_labels, depth_limit=self.depth_limit, label_names=label_names)
 
 
+class NodeSlots:
+    """The parameters of a tree's node slots as the placement reads and writes them: the logits of
+    a node for some inputs, and one slot's row and bias. :class:`DenseSlots` holds those of a
+    :class:`hsm.HierarchicalSoftmax` (inputs: representations [n, d]); the sparse classifier
+    (:meth:`hsm.SparseTreeClassifier.add_labels`) gives its own, on TF-IDF rows. Room for the
+    nodes the placement may create (one per new label) is allocated by the holder, all zeros."""
+
+    #: whether the slots have biases; without, the threshold goes into the row (:func:`place_labels`)
+    has_bias: bool = True
+
+    def logits(self, rows: Any, node: int) -> np.ndarray:  # pragma: no cover - interface
+        """[n, M] float64 logits of ``node`` for ``rows`` [n, d]."""
+        raise NotImplementedError
+
+    def slot(self, node: int, slot: int) -> tuple[np.ndarray, float]:  # pragma: no cover - interface
+        """The row [d] (float64) and bias of slot ``(node, slot)``."""
+        raise NotImplementedError
+
+    def set_slot(self, node: int, slot: int, row: np.ndarray, bias: float) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class DenseSlots(NodeSlots):
+    """The slots of a :class:`hsm.HierarchicalSoftmax` on the host: ``weight`` [N', M, d] and
+    ``bias`` [N', M] (or None), in the layer's dtype."""
+
+    def __init__(self, weight: Tensor, bias: Tensor | None) -> None:
+        self.weight, self.bias = weight, bias
+        self.has_bias = bias is not None
+
+    def logits(self, rows: np.ndarray, node: int) -> np.ndarray:
+        out = rows @ self.weight[node].to(torch.float64).numpy().T
+        return out + self.bias[node].to(torch.float64).numpy() if self.bias is not None else out
+
+    def slot(self, node: int, slot: int) -> tuple[np.ndarray, float]:
+        bias = float(self.bias[node, slot]) if self.bias is not None else 0.0
+        return self.weight[node, slot].to(torch.float64).numpy().copy(), bias
+
+    def set_slot(self, node: int, slot: int, row: np.ndarray, bias: float) -> None:
+        self.weight[node, slot] = torch.as_tensor(row, dtype=self.weight.dtype)
+        if self.bias is not None:
+            self.bias[node, slot] = bias
+
+
 def _node_marginal(tree: Tree, statistics: Any, label_weights: np.ndarray | None, node: int, depth: int,
                    used: np.ndarray, p_new: np.ndarray, count_new: int) -> np.ndarray:
     """p_j (eq. 7) of a node: the trained labels' p_{j|i} (from their statistics) and the new
@@ -183,6 +236,88 @@ def _node_marginal(tree: Tree, statistics: Any, label_weights: np.ndarray | None
             return (weights @ p_cond + count_new * p_new) / (weights.sum() + count_new)
     trained = used / used.sum() if used.any() else np.full(used.size, 1.0 / used.size)
     return (trained + count_new * p_new) / (1.0 + count_new)
+
+
+def _mean_row(rows: Any) -> np.ndarray:
+    """The mean of the rows of a dense array or a sparse matrix, as a dense float64 vector."""
+    return np.asarray(rows.mean(axis=0), dtype=np.float64).ravel()
+
+
+def place_labels(tree: Tree, examples: Sequence[Any], slots: NodeSlots, statistics: Any = None,
+                 score: RankingScore = "eq12", label_names: Sequence[str] | None = None,
+                 placement: Literal["objective", "random"] = "objective", seed: int = 0,
+                 reference: Any = None) -> tuple[Tree, np.ndarray, list[list[tuple[int, int]]], np.ndarray]:
+    """Algorithm 2's step for labels the tree has never seen (module docstring), and the new slots'
+    parameters: new label ``K + i`` descends from the root by the pair score of ``examples[i]``'
+    routing (rows [n_i, d], dense or sparse, float64) and its slot is written into ``slots``.
+    Checked inputs only (:func:`add_labels` and the classifiers check them). Returns the new tree,
+    each label's ``(node, slot)``, its path and the internal nodes created."""
+    if reference is not None:
+        centre = _mean_row(reference)
+    elif len(examples) > 1:
+        total = sum(rows.shape[0] for rows in examples)
+        centre = sum(_mean_row(rows) * rows.shape[0] for rows in examples) / total
+    else:
+        centre = np.zeros(examples[0].shape[1])
+    rng = np.random.default_rng(seed)
+    arity, old_k, added = tree.arity, tree.num_labels, len(examples)
+    names = None
+    if tree.label_names is not None or label_names is not None:
+        if label_names is None or tree.label_names is None or len(label_names) != added:
+            raise ValueError(f"the tree {'has' if tree.label_names is not None else 'has no'} label names: give "
+                             f"{'one name per new label' if tree.label_names is not None else 'none'} "
+                             f"(label_names for {added} new labels)")
+        taken = set(tree.label_names)
+        clash = [name for name in label_names if name in taken]
+        if clash or len(set(label_names)) != added:
+            raise ValueError(f"label {clash[0] if clash else 'names'} already in the model: new labels need new "
+                             "names")
+        names = list(tree.label_names) + list(label_names)
+    growing = _GrowingTree(tree, added)
+    if growing.free is not None and growing.free[0] < added:
+        raise ValueError(f"the fixed-depth tree has {int(growing.free[0])} empty leaves for {added} new labels: "
+                         f"build it one level deeper (depth {tree.depth_limit + 1})")
+    label_weights = (np.asarray(statistics.label_weights(), dtype=np.float64) if statistics is not None else None)
+    placed, paths, new_nodes = [], [], []
+    for index, h in enumerate(examples):
+        label = old_k + index
+        node, depth = 0, 0
+        while True:
+            used = growing.used[node]
+            logits = slots.logits(h, node)
+            if used.any():
+                logits = np.where(used, logits, -np.inf)
+            routing = np.exp(logits - logits.max(axis=1, keepdims=True))
+            p_cond = (routing / routing.sum(axis=1, keepdims=True)).mean(axis=0)
+            marginal = _node_marginal(tree, statistics, label_weights, node, depth, used, p_cond, h.shape[0])
+            pair = ranking_scores(np.ones(1), p_cond[None], marginal[None], times_p_cond=score == "eq12")[0]
+            if placement == "random":
+                pair = rng.random(arity)
+            pair = np.where(growing.eligible(node), pair, -np.inf)
+            # the best pair score; ties by the larger routing probability, then the first slot
+            order = np.lexsort((np.arange(arity), -p_cond, -pair))
+            slot = int(order[0])
+            child, leaf = growing.child_node[node, slot], growing.child_label[node, slot]
+            if child >= 0:
+                node, depth = int(child), depth + 1
+                continue
+            if 0 <= leaf < old_k + added and leaf != label:  # a trained (or just added) label: split its leaf
+                parent = node
+                node = growing.add_node(parent, slot)
+                new_nodes.append(node)
+                growing.put(node, 0, int(leaf))
+                for extra in range(2, arity):
+                    growing.child_label[node, extra] = growing.next_dummy
+                    growing.next_dummy += 1
+                slot = 1
+                used = growing.used[node]
+            _initialise_slot(slots, node, slot, used, h, centre, reference, arity)
+            growing.put(node, slot, label)
+            placed.append((node, slot))
+            paths.append(growing.path(node, slot))
+            break
+    return (growing.tree(old_k + added, names), np.asarray(placed, dtype=np.int64).reshape(-1, 2), paths,
+            np.asarray(new_nodes, dtype=np.int64))
 
 
 @torch.no_grad()
@@ -217,124 +352,104 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     if not isinstance(layer, HierarchicalSoftmax):
         raise TypeError(f"add_labels needs an hsm.HierarchicalSoftmax, got {type(layer).__name__}")
     score = check_ranking_score(score, default="eq12")
-    if placement not in ("objective", "random"):
-        raise ValueError(f"placement must be 'objective' or 'random', got {placement!r}")
+    check_placement(placement)
     if isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer)) or local_steps < 0:
         raise ValueError(f"local_steps must be an integer >= 0, got {local_steps!r}")
     if not (isinstance(local_lr, (int, float)) and math.isfinite(local_lr) and local_lr > 0):
         raise ValueError(f"local_lr must be a finite number > 0, got {local_lr!r}")
     rows = _check_examples(examples, layer.in_features, layer.weight.dtype)
     if reference is not None:
-        reference = _check_examples([reference], layer.in_features, layer.weight.dtype)[0].to(torch.float64)
-        centre = reference.mean(dim=0)
-    elif len(rows) > 1:
-        centre = torch.cat(rows).to(torch.float64).mean(dim=0)
-    else:
-        centre = torch.zeros(layer.in_features, dtype=torch.float64)
-    rng = np.random.default_rng(seed)
+        reference = _check_examples([reference], layer.in_features, layer.weight.dtype)[0]
+        reference = reference.to(torch.float64).numpy()
     tree, arity, dim = layer.tree, layer.arity, layer.in_features
-    old_k, added = tree.num_labels, len(rows)
-    names = None
-    if tree.label_names is not None or label_names is not None:
-        if label_names is None or tree.label_names is None or len(label_names) != added:
-            raise ValueError(f"the tree {'has' if tree.label_names is not None else 'has no'} label names: give "
-                             f"{'one name per new label' if tree.label_names is not None else 'none'} "
-                             f"(label_names for {added} new labels)")
-        taken = set(tree.label_names)
-        clash = [name for name in label_names if name in taken]
-        if clash or len(set(label_names)) != added:
-            raise ValueError(f"label {clash[0] if clash else 'names'} already in the model: new labels need new "
-                             "names")
-        names = list(tree.label_names) + list(label_names)
-    growing = _GrowingTree(tree, added)
-    if growing.free is not None and growing.free[0] < added:
-        raise ValueError(f"the fixed-depth tree has {int(growing.free[0])} empty leaves for {added} new labels: "
-                         f"build it one level deeper (depth {tree.depth_limit + 1})")
+    added = len(rows)
     # placed on the host (a few nodes per label); grow() moves the parameters back to the layer's device
     # room for the nodes the additions may create (at most one per label), trimmed at the end
     weight = torch.cat([layer.weight.detach().cpu().view(tree.num_nodes, arity, dim),
                         layer.weight.new_zeros(added, arity, dim, device="cpu")])
     bias = (torch.cat([layer.bias.detach().cpu(), layer.bias.new_zeros(added, arity, device="cpu")])
             if layer.bias is not None else None)
-    label_weights = (np.asarray(statistics.label_weights(), dtype=np.float64) if statistics is not None else None)
-    work = torch.float64
-    slots, paths, new_nodes = [], [], []
-    for index, h in enumerate(rows):
-        label = old_k + index
-        h = h.to(work)
-        node, depth = 0, 0
-        while True:
-            used = growing.used[node]
-            logits = h @ weight[node].to(work).T + (bias[node].to(work) if bias is not None else 0.0)
-            masked = logits.masked_fill(~torch.as_tensor(used), -math.inf) if used.any() else logits
-            p_cond = torch.softmax(masked, dim=1).mean(dim=0).numpy()
-            marginal = _node_marginal(tree, statistics, label_weights, node, depth, used, p_cond, h.shape[0])
-            pair = ranking_scores(np.ones(1), p_cond[None], marginal[None], times_p_cond=score == "eq12")[0]
-            if placement == "random":
-                pair = rng.random(arity)
-            pair = np.where(growing.eligible(node), pair, -np.inf)
-            # the best pair score; ties by the larger routing probability, then the first slot
-            order = np.lexsort((np.arange(arity), -p_cond, -pair))
-            slot = int(order[0])
-            child, leaf = growing.child_node[node, slot], growing.child_label[node, slot]
-            if child >= 0:
-                node, depth = int(child), depth + 1
-                continue
-            if 0 <= leaf < old_k + added and leaf != label:  # a trained (or just added) label: split its leaf
-                parent = node
-                node = growing.add_node(parent, slot)
-                new_nodes.append(node)
-                growing.put(node, 0, int(leaf))
-                for extra in range(2, arity):
-                    growing.child_label[node, extra] = growing.next_dummy
-                    growing.next_dummy += 1
-                slot = 1
-                used = growing.used[node]
-            _initialise_slot(weight, bias, node, slot, used, h, centre, reference, arity)
-            growing.put(node, slot, label)
-            slots.append((node, slot))
-            paths.append(growing.path(node, slot))
-            break
-    new_tree = growing.tree(old_k + added, names)
+    new_tree, slots, paths, new_nodes = place_labels(
+        tree, [r.to(torch.float64).numpy() for r in rows], DenseSlots(weight, bias), statistics, score,
+        label_names, placement, seed, reference)
     nodes = new_tree.num_nodes
     layer.grow(new_tree, weight[:nodes].reshape(nodes, arity * dim), bias[:nodes] if bias is not None else None)
+    old_k = tree.num_labels
     if local_steps:
         _local_steps(layer, rows, np.arange(old_k, old_k + added), paths, local_steps, local_lr)
-    return LabelAddition(new_tree, np.arange(old_k, old_k + added), np.asarray(slots, dtype=np.int64).reshape(-1, 2),
-                         np.asarray(new_nodes, dtype=np.int64), time.perf_counter() - start, paths)
+    return LabelAddition(new_tree, np.arange(old_k, old_k + added), slots, new_nodes, time.perf_counter() - start,
+                         paths)
 
 
-def _initialise_slot(weight: Tensor, bias: Tensor | None, node: int, slot: int, used: np.ndarray, h: Tensor,
-                     centre: Tensor, reference: Tensor | None, arity: int) -> None:
+def check_placement(placement: Any) -> str:
+    """``placement`` checked: "objective" (Algorithm 2's pair score) or "random"."""
+    if placement not in ("objective", "random"):
+        raise ValueError(f"placement must be 'objective' or 'random', got {placement!r}")
+    return placement
+
+
+def _separating_direction(positives: np.ndarray, negatives: np.ndarray, ridge: float = 1e-3,
+                          iterations: int = 30) -> np.ndarray:
+    """``w`` [d] of a logistic regression without intercept that tells ``positives`` (the new
+    label's examples) from ``negatives`` (the reference inputs): Newton's method in float64 (d is
+    a representation's width), L2 penalty ``ridge``, the positives weighing 1 in all and the
+    negatives 1, 2, 4, ... 1024 until at most ``1 - REFERENCE_QUANTILE`` of them lie on the
+    positive side (the rule the threshold follows when the slot has a bias)."""
+    x = np.concatenate([positives, negatives])
+    y = np.concatenate([np.ones(len(positives)), np.zeros(len(negatives))])
+    w = np.zeros(x.shape[1])
+    for negative_weight in 2.0 ** np.arange(11):
+        weight = np.concatenate([np.full(len(positives), 1.0 / len(positives)),
+                                 np.full(len(negatives), negative_weight / len(negatives))])
+        for _ in range(iterations):
+            p = 1.0 / (1.0 + np.exp(-np.clip(x @ w, -30, 30)))
+            gradient = x.T @ (weight * (p - y)) + ridge * w
+            hessian = (x * (weight * p * (1 - p))[:, None]).T @ x + ridge * np.eye(x.shape[1])
+            step = np.linalg.solve(hessian, gradient)
+            w = w - step
+            if np.abs(step).max() < 1e-10 * max(1.0, np.abs(w).max()):
+                break
+        if (negatives @ w > 0).mean() <= 1.0 - REFERENCE_QUANTILE:
+            break
+    return w
+
+
+def _initialise_slot(slots: NodeSlots, node: int, slot: int, used: np.ndarray, h: Any, centre: np.ndarray,
+                     reference: Any, arity: int) -> None:
     """The new label's row at ``(node, slot)``: its best used sibling's plus ``alpha * u`` (module
-    docstring), ``u`` the unit direction from ``centre`` to the examples' mean, computed in float64
-    and stored in the layer's dtype."""
-    work = h.dtype
-    block = weight[node].to(work)
-    offsets = bias[node].to(work) if bias is not None else torch.zeros(arity, dtype=work)
+    docstring), ``u`` the unit direction from ``centre`` to the examples' mean, in float64.
+
+    Slots without biases cannot hold the threshold (their decision ``w . h > 0`` passes through
+    the origin): with reference inputs, the row adds instead the direction that best separates the
+    examples from them through the origin (:func:`_separating_direction`), scaled to a margin of
+    :data:`MARGIN` on the examples' mean; without, ``alpha * u`` alone."""
     siblings = [j for j in range(arity) if used[j] and j != slot]
     if siblings:
-        mean_logits = (h @ block[siblings].T + offsets[siblings]).mean(dim=0)
-        best = siblings[int(torch.argmax(mean_logits))]
-        row, offset = block[best].clone(), offsets[best].clone()
+        mean_logits = slots.logits(h, node)[:, siblings].mean(axis=0)
+        row, offset = slots.slot(node, siblings[int(np.argmax(mean_logits))])
     else:
-        row, offset = torch.zeros_like(block[0]), torch.zeros((), dtype=work)
-    direction = h.mean(dim=0) - centre
-    norm = float(direction.norm())
-    u = direction / norm if norm > 0 else torch.zeros_like(direction)
-    projection = (h - centre) @ u
+        row, offset = np.zeros(centre.size), 0.0
+    direction = _mean_row(h) - centre
+    norm = float(np.linalg.norm(direction))
+    u = direction / norm if norm > 0 else np.zeros_like(direction)
+    shift = float(centre @ u)
+    projection = np.asarray(h @ u, dtype=np.float64).ravel() - shift  # (h - centre) . u, h kept sparse
     mean_projection = float(projection.mean())
-    spread = float(projection.std()) if h.shape[0] > 1 else 0.0
+    spread = float(projection.std(ddof=1)) if h.shape[0] > 1 else 0.0
     gap = max(THRESHOLD_SPREADS * spread, THRESHOLD_SHARE * abs(mean_projection), 1e-6)
     threshold = mean_projection - gap
     if reference is not None:
-        threshold = max(threshold, float(torch.quantile((reference - centre) @ u, REFERENCE_QUANTILE)))
+        seen = np.asarray(reference @ u, dtype=np.float64).ravel() - shift
+        threshold = max(threshold, float(np.quantile(seen, REFERENCE_QUANTILE)))
         gap = max(mean_projection - threshold, 1e-6)
     alpha = MARGIN / gap
-    weight[node, slot] = (row + alpha * u).to(weight.dtype)
-    if bias is not None:
-        # alpha * ((h - centre) . u - threshold) = alpha * h . u - alpha * (centre . u + threshold)
-        bias[node, slot] = (offset - alpha * (float(centre @ u) + threshold)).to(bias.dtype)
+    if not slots.has_bias and reference is not None:
+        w = _separating_direction(np.asarray(h, dtype=np.float64), np.asarray(reference, dtype=np.float64))
+        margin = float(_mean_row(h) @ w)
+        slots.set_slot(node, slot, row + (MARGIN / margin if margin > 1e-6 else 1.0) * w, offset)
+        return
+    # alpha * ((h - centre) . u - threshold) = alpha * h . u - alpha * (centre . u + threshold)
+    slots.set_slot(node, slot, row + alpha * u, offset - alpha * (shift + threshold))
 
 
 def _local_steps(layer: Any, rows: list[Tensor], labels: np.ndarray, paths: list[list[tuple[int, int]]],

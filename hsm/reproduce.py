@@ -3,7 +3,8 @@
 A result file (:mod:`hsm.results`) records the command that made it (``provenance.invocation``:
 the experiment, its scale, device and ``-o`` options, or the benchmark's arguments) and the code
 (``git_commit``, plus ``git_diff`` when that code had uncommitted changes). This command runs the
-same command again into a scratch folder, then prints every measured number of the old file beside
+same command again into a scratch folder (training every run again there: finished runs in the
+runs folder, ``HSM_RUNS``, are read only with ``--reuse-runs``), then prints every measured number of the old file beside
 the new one with the difference, and exits with status 1 when a number differs by more than the
 tolerance:
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from hsm import config as hsm_config
 from hsm.results import _CODE_AT_START, check_destination, load_results, machine_arithmetic, scale_of_label
 
 __all__ = ["Difference", "ReproduceError", "FLOAT32_RTOL", "same_arithmetic", "invocation_of", "command_for",
@@ -375,6 +377,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="write the new result here instead of a temporary folder (kept)")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="let a full-scale re-run go ahead from code with uncommitted changes")
+    parser.add_argument("--reuse-runs", action="store_true",
+                        help="read finished training runs from the runs folder (HSM_RUNS) instead of training "
+                             "them again in the scratch folder (faster, but those runs may come from other code)")
     parser.add_argument("--all", action="store_true",
                         help="print every number (default: each record's value and the numbers that differ)")
     args = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
@@ -418,6 +423,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         cmd = command_for(invocation, out, scale=scale, allow_dirty=args.allow_dirty)
         print("$ python -m hsm " + " ".join(cmd[3:]), flush=True)
         env = dict(os.environ, HSM_OUTPUT=str(scratch))
+        if not args.reuse_runs:  # a run finished earlier, perhaps by other code, is not a re-run
+            env[hsm_config.RUNS_ENV] = str(scratch / "runs")
         status = subprocess.run(cmd, env=env).returncode
         if status != 0 or not out.exists():
             print(f"{prog}: the command failed (exit status {status}); nothing to compare", file=sys.stderr)

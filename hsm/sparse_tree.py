@@ -26,7 +26,8 @@ softmax over a multi-label example, as everywhere in this package).
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+import time
+from typing import Any, Literal, Sequence
 
 import numba
 import numpy as np
@@ -38,6 +39,7 @@ from .assign import ReassignRecord, Reassignment, rebuild_tree
 from .fast_classifier import Prediction, as_labels, check_inferred_size
 from .fast_trainer import FitHistory, HogwildTrainer, example_rate, path_arrays, statistics_arrays
 from .kernels import FASTMATH, run_on_pool
+from .label_addition import LabelAddition, NodeSlots
 from .objective import RankingScore, check_ranking_score
 from .statistics import NodeStatistics
 from .tree import Tree, check_integer
@@ -663,10 +665,83 @@ class SparseTreeClassifier:
             scores[lo:hi] = np.take_along_axis(part, labels[lo:hi], axis=1)
         return Prediction(labels, scores)
 
+    def add_labels(self, features_per_label: Sequence[sp.spmatrix], placement: Literal["objective", "random"] = "objective",
+                   seed: int = 0, reference: sp.spmatrix | None = None) -> LabelAddition:
+        """Add labels this model was not trained on, without retraining: ``features_per_label[i]``
+        ([n_i, F] sparse, transformed as the training rows) holds a few examples of new label
+        ``K + i``; their routing places it in the tree by Algorithm 2's pair score and their mean
+        row initialises its slot (:func:`hsm.label_addition.place_labels`, under the model's depth
+        rule). ``reference``: a sample of rows the model already serves (its training rows, say),
+        which the new slots are calibrated against (as ``reference`` of
+        :func:`hsm.label_addition.add_labels`). ``placement="random"``: a random eligible child at
+        each node instead (``seed`` draws it). Trained labels keep their paths and parameters;
+        the node statistics of a learned tree grow with it (:meth:`hsm.NodeStatistics.grown`).
+
+        Raises ValueError in one line, before anything changes, for a flat or binary-node model
+        (no tree, or no distribution over children to place by), no labels, an example matrix with
+        no row or another number of columns, and NaN or infinite values."""
+        from .label_addition import check_placement, place_labels
+
+        start = time.perf_counter()
+        self._check_fitted()
+        if self.tree is None:
+            raise ValueError("add_labels places labels in a tree: this model's output is flat (train it with "
+                             "output='tree' or 'learned')")
+        if self.node_loss != "softmax":
+            raise ValueError("add_labels places labels by the children's distribution at each node: node_loss='binary' "
+                             "has none (train with node_loss='softmax')")
+        check_placement(placement)
+        if sp.issparse(features_per_label) or not isinstance(features_per_label, Sequence) or not features_per_label:
+            raise ValueError("features_per_label must be a non-empty list with one [n, F] sparse matrix per new label")
+        examples = [_as_csr(rows, f"features_per_label[{index}]", self.num_features).astype(np.float64)
+                    for index, rows in enumerate(features_per_label)]
+        if reference is not None:
+            reference = _as_csr(reference, "reference", self.num_features).astype(np.float64)
+        tree, arity = self.tree, self.tree.arity
+        added, old_k, num_features = len(examples), self._num_labels, self.weight.shape[0]
+        # room for one new node per label, trimmed once the tree is known
+        slots = _SparseSlots(np.concatenate([self.weight, np.zeros((num_features, added * arity), np.float32)], axis=1),
+                             np.concatenate([self.bias, np.zeros((added, arity), np.float32)]), arity)
+        new_tree, placed, paths, new_nodes = place_labels(tree, examples, slots, self.statistics, self.score,
+                                                          placement=placement, seed=seed, reference=reference)
+        nodes = new_tree.num_nodes
+        self.weight = np.ascontiguousarray(slots.weight[:, :nodes * arity])
+        self.bias = slots.bias[:nodes].copy()
+        if self.squares.shape[0]:  # AdaGrad's sums: the new nodes start fresh
+            self.squares = np.concatenate([self.squares, np.zeros((num_features, nodes - tree.num_nodes),
+                                                                  np.float32)], axis=1)
+        else:
+            self.squares = np.empty((0, nodes), np.float32)
+        if self.statistics is not None:
+            self.statistics = self.statistics.grown(new_tree, old_k)
+        self._num_labels = old_k + added
+        self._set_tree(new_tree)
+        return LabelAddition(new_tree, np.arange(old_k, old_k + added), placed, new_nodes,
+                             time.perf_counter() - start, paths)
+
     def model_bytes(self) -> int:
         """Bytes of the parameters (dense; the weights of features a node never saw are zeros)."""
         self._check_fitted()
         return int(self.weight.nbytes + self.bias.nbytes)
+
+
+class _SparseSlots(NodeSlots):
+    """The node slots of :class:`SparseTreeClassifier` as :func:`hsm.label_addition.place_labels`
+    reads them (:class:`hsm.label_addition.NodeSlots`): ``weight`` [F, N' * M], ``bias`` [N', M]."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, arity: int) -> None:
+        self.weight, self.bias, self.arity = weight, bias, arity
+
+    def logits(self, rows: sp.csr_matrix, node: int) -> np.ndarray:
+        block = self.weight[:, node * self.arity:(node + 1) * self.arity]
+        return np.asarray(rows @ block, dtype=np.float64) + self.bias[node]
+
+    def slot(self, node: int, slot: int) -> tuple[np.ndarray, float]:
+        return self.weight[:, node * self.arity + slot].astype(np.float64), float(self.bias[node, slot])
+
+    def set_slot(self, node: int, slot: int, row: np.ndarray, bias: float) -> None:
+        self.weight[:, node * self.arity + slot] = row
+        self.bias[node, slot] = bias
 
 
 def _as_csr(features: Any, name: str, num_features: int | None = None,

@@ -506,3 +506,63 @@ def test_ctrl_c_stops_training_at_once_and_keeps_the_previous_model(files, capsy
     assert len(calls) == 3 and calls == [1, 1, 1]
     assert (tmp_path / "m.bin").read_bytes() == good
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.bin"]
+
+
+# ---------------------------------------------------------------------------------------------- add-labels
+def _new_label_lines(n: int, seed: int) -> list[str]:
+    """Lines of a label the training file lacks: the words of two trained labels together."""
+    rng = np.random.default_rng(seed)
+    return [f"__label__soup w2_{int(rng.integers(6))} w4_{int(rng.integers(6))} w2_{int(rng.integers(6))} "
+            f"w4_{int(rng.integers(6))}" for _ in range(n)]
+
+
+def test_add_labels_writes_a_model_that_predicts_the_new_label(files, capsys, tmp_path):
+    prefix = tmp_path / "model"
+    code, err = _train(capsys, files["train"], prefix, "-loss", "learned", "-arity", 3, "-epoch", 5, "-lr", 0.5,
+                       "-dim", 8)
+    assert code == 0, err
+    new = tmp_path / "new.txt"
+    new.write_text("\n".join(_new_label_lines(20, 0) + ["__label__baking w0_1 w0_2"]) + "\n", encoding="utf-8")
+    held = tmp_path / "held.txt"
+    held.write_text("\n".join(_new_label_lines(40, 1)) + "\n", encoding="utf-8")
+    before = (prefix.parent / "model.bin").read_bytes()
+    code, out, err = run(capsys, "add-labels", f"{prefix}.bin", new, "-output", tmp_path / "grown", "-reference",
+                         files["train"])
+    assert code == 0, err
+    assert "Added 1 labels from 20 lines (1 lines with known labels only skipped); 6 labels now" in err
+    assert (prefix.parent / "model.bin").read_bytes() == before  # the model given is not changed
+    grown = FastBowClassifier.load(tmp_path / "grown.bin")
+    assert grown.dictionary.labels[-1] == "__label__soup" and grown.num_labels == 6
+    old = FastBowClassifier.load(f"{prefix}.bin")
+    # the new label takes some of its own lines, and at most a few of the trained labels' (the slot
+    # is calibrated to move at most 1 % of the reference lines)
+    assert grown.test_file(held)["precision_at_1"] >= 0.2
+    assert grown.test_file(files["test"])["precision_at_1"] >= old.test_file(files["test"])["precision_at_1"] - 0.05
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("-output", "{tmp}/x"), "no line has a label the model does not know"),
+    (("-output", "{tmp}/x", "-localSteps", "-1"), "-localSteps must be >= 0"),
+    (("-output", "{tmp}/x", "-reference", "{tmp}/missing.txt"), "-reference {tmp}/missing.txt: no such file"),
+    ((), "the following arguments are required: -output"),
+])
+def test_add_labels_bad_input_is_one_line(files, capsys, tmp_path, argv, message):
+    prefix = tmp_path / "model"
+    assert _train(capsys, files["train"], prefix, "-loss", "learned", "-arity", 3)[0] == 0
+    argv = [a.format(tmp=tmp_path) for a in argv]
+    code, _, err = run(capsys, "add-labels", f"{prefix}.bin", files["train"], *argv)
+    assert code == 2 and message.format(tmp=tmp_path) in _one_line(err)
+
+
+def test_add_labels_refuses_a_flat_model_and_warns_of_lines_it_cannot_read(files, capsys, tmp_path):
+    flat = tmp_path / "flat"
+    assert _train(capsys, files["train"], flat)[0] == 0
+    new = tmp_path / "new.txt"
+    new.write_text("\n".join(_new_label_lines(5, 0) + ["__label__other unseen words only"]) + "\n")
+    code, _, err = run(capsys, "add-labels", f"{flat}.bin", new, "-output", tmp_path / "x")
+    assert code == 2 and "output is flat" in _one_line(err)
+    tree = tmp_path / "tree"
+    assert _train(capsys, files["train"], tree, "-loss", "huffman", "-arity", 3)[0] == 0
+    code, _, err = run(capsys, "add-labels", f"{tree}.bin", new, "-output", tmp_path / "x", "-reference",
+                       files["train"], "-verbose", "0")
+    assert code == 0 and "warning: 1 of the 6 lines hold no word the model knows" in _one_line(err)

@@ -10,12 +10,12 @@ from hsm.assign import assignment_score
 from hsm.label_addition import add_labels
 
 
-def _trained(tree: hsm.Tree, dim: int = 6, steps: int = 300, seed: int = 0):
+def _trained(tree: hsm.Tree, dim: int = 6, steps: int = 300, seed: int = 0, bias: bool = True):
     """A layer and learner trained on Gaussian classes (centres in ``centres``)."""
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     centres = torch.tensor(rng.normal(size=(tree.num_labels + 3, dim)), dtype=torch.float32) * 2
-    layer = hsm.HierarchicalSoftmax(dim, tree)
+    layer = hsm.HierarchicalSoftmax(dim, tree, bias=bias)
     learner = hsm.TreeLearner(layer, reassign_every=50, freeze_after=200)
     optimizer = torch.optim.Adagrad(layer.parameters(), lr=0.3)
     for _ in range(steps):
@@ -197,3 +197,121 @@ def test_the_bag_of_words_classifier_adds_labels_and_saves_them(tmp_path):
         flat.add_labels([[np.array([1, 2])]])
     with pytest.raises(ValueError, match=r"docs_per_label\[0\] is empty"):
         clf.add_labels([[]])
+
+
+# ---------------------------------------------------------------------------------------------- the sparse classifier
+def _sparse_model(output: str = "learned", **settings):
+    """A SparseTreeClassifier trained on labels 0..9 of the sparse toy problem (labels 10 and 11
+    held out), with the held-out rows."""
+    from tests.test_sparse_tree import _toy
+
+    x, y = _toy(n=600, k=12, seed=3)
+    seen = y < 10
+    clf = hsm.SparseTreeClassifier(output=output, arity=3, lr=1.0, epochs=4, threads=1, rebuilds=4, **settings)
+    clf.fit(x[seen], y[seen], num_labels=10)
+    return clf, x, y
+
+
+def _sub_label_rows(x, y, parent: int, child: int):
+    """Rows of label ``parent`` with the private features of label ``child`` added (unit length):
+    a new label close to a trained one, as a new tag usually is. A tree routes a new label's
+    examples by the features its nodes were trained on; features no trained node has seen cannot
+    route them."""
+    import scipy.sparse as sp
+
+    rows = x[np.flatnonzero(y == parent)].tolil(copy=True)
+    for i in range(rows.shape[0]):
+        for feature in (3 * child, 3 * child + 1):
+            rows[i, feature] = 0.5
+    rows = rows.tocsr()
+    norms = np.sqrt(np.asarray(rows.multiply(rows).sum(1)).ravel())
+    return sp.diags(1 / norms).dot(rows).tocsr().astype(np.float32)
+
+
+def test_the_sparse_classifier_predicts_the_labels_it_adds_and_keeps_the_others():
+    clf, x, y = _sparse_model()
+    old_tree, old_weight, old_bias = clf.tree, clf.weight.copy(), clf.bias.copy()
+    old_rows = np.flatnonzero(y < 10)[-150:]
+    before = clf.predict(x[old_rows]).labels[:, 0]
+    new = [_sub_label_rows(x, y, 0, 10), _sub_label_rows(x, y, 4, 11)]
+    result = clf.add_labels([rows[:10] for rows in new], reference=x[np.flatnonzero(y < 10)[:200]])
+    assert clf.num_labels == 12 and result.labels.tolist() == [10, 11]
+    assert clf.tree.num_labels == 12 and clf.tree.is_well_formed()
+    # trained labels keep their paths and every trained parameter
+    for label in range(10):
+        assert clf.tree.path(label)[: len(old_tree.path(label))] == old_tree.path(label)
+    placed = {tuple(p) for p in result.slots.tolist()}
+    kept = [(n, s) for n in range(old_tree.num_nodes) for s in range(old_tree.arity) if (n, s) not in placed]
+    columns = [n * old_tree.arity + s for n, s in kept]
+    assert np.array_equal(clf.weight[:, columns], old_weight[:, columns])
+    assert all(clf.bias[n, s] == old_bias[n, s] for n, s in kept)
+    # the new labels are predicted for most of their other examples, the old ones barely move
+    for label, rows in zip((10, 11), new):
+        assert (clf.predict(rows[10:]).labels[:, 0] == label).mean() >= 0.8
+    after = clf.predict(x[old_rows]).labels[:, 0]
+    assert (after == y[old_rows]).mean() >= (before == y[old_rows]).mean() - 0.05
+    log_p = clf.log_prob(x[:20])
+    np.testing.assert_allclose(np.exp(log_p).sum(axis=1), 1.0, rtol=1e-4)
+    assert clf.statistics.sum_probas.shape[0] == clf.tree.num_leaves  # the grown tree's, new labels included
+
+
+def test_sparse_and_dense_parameters_place_a_label_alike():
+    """The placement reads parameters only through NodeSlots: the sparse classifier's slots and the
+    same numbers as a dense layer's give the same tree and the same new rows."""
+    from hsm.label_addition import DenseSlots, place_labels
+    from hsm.sparse_tree import _SparseSlots
+
+    clf, x, y = _sparse_model(output="tree")
+    tree, arity, features = clf.tree, clf.tree.arity, clf.num_features
+    examples = [x[np.flatnonzero(y == 10)[:6]].astype(np.float64), x[np.flatnonzero(y == 11)[:3]].astype(np.float64)]
+    pad = len(examples)
+    sparse = _SparseSlots(np.concatenate([clf.weight, np.zeros((features, pad * arity), np.float32)], axis=1),
+                          np.concatenate([clf.bias, np.zeros((pad, arity), np.float32)]), arity)
+    dense = DenseSlots(torch.tensor(sparse.weight.T.reshape(-1, arity, features).copy()),
+                       torch.tensor(sparse.bias.copy()))
+    tree_s, slots_s, _, nodes_s = place_labels(tree, examples, sparse)
+    tree_d, slots_d, _, nodes_d = place_labels(tree, [e.toarray() for e in examples], dense)
+    assert np.array_equal(tree_s.child_node, tree_d.child_node)
+    assert np.array_equal(tree_s.child_label, tree_d.child_label)
+    assert np.array_equal(slots_s, slots_d) and np.array_equal(nodes_s, nodes_d)
+    for node, slot in slots_s:
+        row_s, bias_s = sparse.slot(int(node), int(slot))
+        row_d, bias_d = dense.slot(int(node), int(slot))
+        np.testing.assert_allclose(row_s, row_d, rtol=1e-6, atol=1e-6)
+        assert bias_s == pytest.approx(bias_d, rel=1e-5, abs=1e-5)
+
+
+def test_the_sparse_classifier_refuses_what_it_cannot_add_to():
+    clf, x, y = _sparse_model(output="tree")
+    rows = x[np.flatnonzero(y == 10)[:3]]
+    with pytest.raises(ValueError, match="flat"):
+        hsm.SparseTreeClassifier(output="flat", lr=0.5, epochs=1, threads=1).fit(x, y).add_labels([rows])
+    with pytest.raises(ValueError, match="node_loss='binary'"):
+        hsm.SparseTreeClassifier(output="tree", node_loss="binary", arity=3, epochs=1, threads=1).fit(
+            x, y).add_labels([rows])
+    before = clf.tree
+    with pytest.raises(ValueError, match="non-empty list"):
+        clf.add_labels([])
+    with pytest.raises(ValueError, match="columns"):
+        clf.add_labels([rows[:, :10]])
+    with pytest.raises(ValueError, match="non-empty"):
+        clf.add_labels([rows[:0]])
+    with pytest.raises(ValueError, match="placement"):
+        clf.add_labels([rows], placement="best")
+    assert clf.tree is before and clf.num_labels == 10
+
+
+def test_a_layer_without_biases_keeps_the_reference_inputs_on_their_labels():
+    """A slot without a bias cannot hold a threshold: the new row separates the examples from the
+    reference inputs through the origin, moving at most about 1 % of them to the new label."""
+    layer, learner, centres = _trained(TREES["huffman-3"](), bias=False)
+    rng = torch.Generator().manual_seed(5)
+    y = torch.randint(0, layer.tree.num_labels, (2000,), generator=rng)
+    reference = centres[y] + torch.randn(2000, layer.in_features, generator=rng)
+    new = centres[-1] + torch.randn(60, layer.in_features, generator=rng)
+    add_labels(layer, [new[:20]], statistics=learner.statistics, reference=reference[:1000])
+    with torch.no_grad():
+        moved = (layer.log_prob(reference[1000:]).argmax(dim=1) == layer.tree.num_labels - 1).float().mean()
+        found = (layer.log_prob(new[20:]).argmax(dim=1) == layer.tree.num_labels - 1).float().mean()
+    # through the origin the new label finds fewer of its inputs than with a bias (57 % here)
+    assert float(moved) <= 0.03 and float(found) >= 0.1

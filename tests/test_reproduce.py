@@ -95,6 +95,24 @@ def test_a_file_re_run_with_the_same_arithmetic_is_checked_exactly(tmp_path: Pat
     assert " 0 differ" in out and "floats exactly" in out and "rtol 0, atol 0" in out
 
 
+def test_a_re_run_trains_its_runs_again_unless_told_to_reuse_them(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Finished runs in the runs folder may come from other code: reproduce trains in its scratch
+    folder (HSM_RUNS) unless --reuse-runs."""
+    seen = []
+
+    def fake_run(cmd, env):
+        seen.append(env.get("HSM_RUNS"))
+        return type("Done", (), {"returncode": 3})()
+
+    monkeypatch.setattr(R.subprocess, "run", fake_run)
+    monkeypatch.setenv("HSM_RUNS", str(tmp_path / "shared-runs"))
+    result = str(FIXTURES / "sampling-fig1-quick.json")
+    assert R.main([result, "--keep", str(tmp_path / "a")]) == 1
+    assert R.main([result, "--keep", str(tmp_path / "b"), "--reuse-runs"]) == 1
+    capsys.readouterr()
+    assert seen == [str(tmp_path / "a" / "runs"), str(tmp_path / "shared-runs")]
+
+
 def _arithmetic(**changes) -> dict:
     prov = {"cpu_model": "CPU X", "cpu_vector_extensions": ["avx", "avx2", "fma"], "cpu_capability": "AVX2",
             "threads": 1, "torch": "2.13.0+cpu", "numpy": "2.0", "numba": "0.60", "cuda_device": None}

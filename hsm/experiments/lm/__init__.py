@@ -44,7 +44,7 @@ perplexity of every held-out book from the kept model (:mod:`.offset`), to see w
 our Gutenberg perplexities from the paper's comes from.
 
 Long runs are resumable: each (experiment, run) checkpoints after every epoch under
-``hsm.config.cache_dir()/lm-runs/`` and stores its finished record, so re-running the experiment
+``hsm.config.runs_dir()`` (``HSM_RUNS``, else ``lm-runs/`` in the cache) and stores its finished record, so re-running the experiment
 command continues where it stopped. Those files are written atomically under unique temporary
 names (two runs of the same command do not collide; a full disk leaves the previous file); a
 finished-run or checkpoint file that cannot be read is ignored with a warning naming it, and

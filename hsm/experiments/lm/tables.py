@@ -1,7 +1,7 @@
 """Training every row of a table (:func:`run_table`: flat, random, clustering, learned trees and
 the schedules) or of the ablation (:func:`run_ablation`), each row a resumable
 :func:`~hsm.experiments.lm.training.train_lm` run in the experiment's run folder under
-``hsm.config.cache_dir()/lm-runs/``."""
+``hsm.config.runs_dir()`` (``HSM_RUNS``, else ``lm-runs/`` in the cache)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -26,9 +26,7 @@ __all__ = ["clustering_variant", "kept_model_scale", "run_ablation", "run_table"
 
 
 def _run_dir(experiment_name: str) -> Path:
-    path = hsm_config.cache_dir() / "lm-runs" / experiment_name
-    path.mkdir(parents=True, exist_ok=True)
-    return path
+    return hsm_config.runs_dir(experiment_name)
 
 
 def _table_corpus(sc: LMScale, device: str) -> LMCorpus:
