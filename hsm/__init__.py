@@ -17,7 +17,8 @@ The pieces follow the paper's concepts:
   (compiled per-example Hogwild SGD, flat / Huffman / learned trees; ``fit``, ``predict``, ``test``);
 * :class:`hsm.SparseTreeClassifier`: the same tree learning with a linear model per node on
   sparse TF-IDF features (:mod:`hsm.sparse_tree`, :mod:`hsm.sparse_features`), the
-  representation of today's label-tree libraries;
+  representation of today's label-tree libraries (both classifiers are imported on first use:
+  ``import hsm`` loads the layers, the trees and Algorithm 1);
 * :mod:`hsm.data`: the data sets, through a mirror or the canonical download.
 
 Quick start::
@@ -42,16 +43,31 @@ from .assign import (
     assign_node_well_formed,
 )
 from .clipping import clip_grad_norm_
-from .fast_classifier import FastBowClassifier
 from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, NonFiniteInputError, TopK
 from .objective import balance, max_objective, node_objective, node_objective_grad, purity
 from .optim import RowSparseAdagrad, RowSparseSGD
-from .sparse_tree import SparseTreeClassifier
 from .statistics import NodeStatistics, ReleasedStatistics
 from .training import TreeLearner, evaluate, train_epoch
 from .tree import Tree
 
 __version__ = "0.1.0"
+
+#: the classifiers, imported on first use: ``import hsm`` loads the layers and Algorithm 1 only
+_ON_FIRST_USE = {"FastBowClassifier": "hsm.fast_classifier", "SparseTreeClassifier": "hsm.sparse_tree"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _ON_FIRST_USE:
+        import importlib
+
+        value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+        globals()[name] = value  # later lookups skip this function
+        return value
+    raise AttributeError(f"module 'hsm' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_ON_FIRST_USE))
 
 __all__ = [
     "AssignmentDeadlock",

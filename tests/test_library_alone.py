@@ -45,10 +45,14 @@ def _imports(name: str, path: Path) -> set[str]:
     return {m for m in parents if _module_file(m)}
 
 
-def library_closure() -> dict[str, int]:
-    """Module -> lines, for every module ``import hsm`` can reach through any import statement."""
+#: what a practitioner imports: the package, the classifiers it loads on first use, the command line
+LIBRARY_ROOTS = ("hsm", "hsm.fast_classifier", "hsm.sparse_tree", "hsm.fasttext_cli")
+
+
+def library_closure(roots: tuple[str, ...] = LIBRARY_ROOTS) -> dict[str, int]:
+    """Module -> lines, for every module ``roots`` can reach through any import statement."""
     seen: dict[str, int] = {}
-    todo = ["hsm"]
+    todo = list(roots)
     while todo:
         name = todo.pop()
         path = _module_file(name)
@@ -64,6 +68,18 @@ def test_the_library_never_imports_the_lab():
     lab = sorted(m for m in closure if m.startswith(LAB))
     assert not lab, f"import hsm reaches the lab: {lab}"
     assert {"hsm.layers", "hsm.training", "hsm.fast_classifier", "hsm.fasttext_format"} <= set(closure)
+
+
+def test_import_hsm_reaches_at_most_8000_lines():
+    """``import hsm`` loads the layers, the tree, Algorithm 1 and its statistics; the classifiers
+    (``hsm.FastBowClassifier``, ``hsm.SparseTreeClassifier``) are imported on first use."""
+    closure = library_closure(("hsm",))
+    assert sum(closure.values()) <= 8000, sorted(closure.items(), key=lambda item: -item[1])[:8]
+    assert "hsm.fast_classifier" not in closure and "hsm.sparse_tree" not in closure
+    script = ("import sys, hsm; assert 'hsm.fast_classifier' not in sys.modules; "
+              "from hsm import FastBowClassifier, SparseTreeClassifier; "
+              "assert FastBowClassifier.__module__ == 'hsm.fast_classifier'")
+    assert subprocess.run([sys.executable, "-c", script], cwd=ROOT).returncode == 0
 
 
 # a package set to None in sys.modules cannot be imported (ModuleNotFoundError naming it), and
