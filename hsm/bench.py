@@ -70,7 +70,8 @@ import torch
 
 from hsm._help import plain
 
-__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "PRECISIONS", "BenchConfig", "adaptive_cutoffs",
+__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "OUTPUT_LAYERS", "PRECISIONS", "AdaptiveSoftmaxBaseline",
+           "BenchConfig", "adaptive_cutoffs", "output_layer",
            "machine_limits",
            "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
@@ -124,6 +125,74 @@ def adaptive_cutoffs(num_labels: int, dim: int = 200, div_value: float = 4.0,
     while cutoffs and int(dim // div_value ** len(cutoffs)) < 1:
         cutoffs.pop()
     return cutoffs or [max(1, num_labels // 4)]
+
+
+class AdaptiveSoftmaxBaseline(torch.nn.Module):
+    """The adaptive softmax every comparison of this project runs against:
+    :class:`torch.nn.AdaptiveLogSoftmaxWithLoss` with :func:`adaptive_cutoffs` of ``cutoffs`` (a
+    setting of each experiment: :data:`ADAPTIVE_CUTOFFS` by default, 2k/20k/100k below V) and
+    ``div_value=4`` (Grave et al.'s setting for large vocabularies). Its cutoffs split the label
+    ids into a head of frequent labels and tails of rarer ones, so the ids must be frequency
+    ranks: given the training ``counts``, labels are renumbered by rank inside (``rank`` [V]);
+    without, the ids are taken to be ranks already (the benchmarks' Zipf targets).
+
+    forward(h [B, d], y [B]) -> (output [B] log-probabilities of the targets, loss []): the
+    interface of the tree and flat layers."""
+
+    def __init__(self, dim: int, num_labels: int, counts: np.ndarray | None = None,
+                 cutoffs: Sequence[int] = ADAPTIVE_CUTOFFS, div_value: float = 4.0) -> None:
+        super().__init__()
+        if counts is None:
+            self.rank: torch.Tensor | None = None
+        else:
+            counts = np.asarray(counts)
+            if counts.shape != (num_labels,):
+                raise ValueError(f"counts must hold one count per label ({num_labels}), got shape {counts.shape}")
+            order = np.argsort(-counts, kind="stable")  # label ids by decreasing count
+            rank = np.empty(num_labels, dtype=np.int64)
+            rank[order] = np.arange(num_labels)
+            self.register_buffer("rank", torch.from_numpy(rank))
+        self.adaptive = torch.nn.AdaptiveLogSoftmaxWithLoss(
+            dim, num_labels, adaptive_cutoffs(num_labels, dim, div_value=div_value, base=cutoffs),
+            div_value=div_value)
+
+    def forward(self, hidden: torch.Tensor, target: torch.Tensor):
+        return self.adaptive(hidden, target if self.rank is None else self.rank[target])
+
+
+#: the output layers :func:`output_layer` builds
+OUTPUT_LAYERS = ("flat", "adaptive", "tree")
+
+
+def output_layer(kind: str, dim: int, num_labels: int, *, tree: Any = None, counts: np.ndarray | None = None,
+                 sparse: bool = False, zero: bool = False,
+                 cutoffs: Sequence[int] = ADAPTIVE_CUTOFFS) -> torch.nn.Module:
+    """The output layer of every experiment and benchmark, in one place: ``"flat"``
+    (:class:`hsm.FlatSoftmax`), ``"adaptive"`` (:class:`AdaptiveSoftmaxBaseline`, ``counts`` and
+    ``cutoffs`` its settings) or ``"tree"`` (:class:`hsm.HierarchicalSoftmax` over ``tree``, which
+    each experiment builds its own way; ``sparse``: row-sparse gradients). ``zero``: weights and
+    biases start at 0 (fastText's output matrix: every run starts from the uniform distribution).
+    ValueError for an unknown kind or a tree layer without a tree."""
+    from .layers import FlatSoftmax, HierarchicalSoftmax
+
+    if kind == "flat":
+        layer: torch.nn.Module = FlatSoftmax(dim, num_labels)
+        parameters = [layer.linear.weight, layer.linear.bias]
+    elif kind == "adaptive":
+        return AdaptiveSoftmaxBaseline(dim, num_labels, counts=counts, cutoffs=cutoffs)
+    elif kind == "tree":
+        if tree is None:
+            raise ValueError("a tree output layer needs its tree")
+        layer = HierarchicalSoftmax(dim, tree, sparse=sparse)
+        parameters = [layer.weight, layer.bias]
+    else:
+        raise ValueError(f"unknown output layer {kind!r}; known: {list(OUTPUT_LAYERS)}")
+    if zero:
+        with torch.no_grad():
+            for parameter in parameters:
+                if parameter is not None:
+                    parameter.zero_()
+    return layer
 
 
 def zipf_targets(num_labels: int, batch: int, count: int, seed: int = 0) -> list[torch.Tensor]:
@@ -288,20 +357,20 @@ def _median_times(fn: Callable[[], Any], repeats: int, budget_s: float, device: 
 
 
 def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: int):
-    from .layers import FlatSoftmax, HierarchicalSoftmax
     from .tree import Tree
 
     torch.manual_seed(seed)
     if method == "flat":
-        return FlatSoftmax(dim, num_labels).to(device), None
+        return output_layer("flat", dim, num_labels).to(device), None
     if method.startswith("adaptive"):
-        cutoffs = adaptive_cutoffs(num_labels, dim, base=ADAPTIVE_CUTOFFS_X5 if method == "adaptive-x5" else ADAPTIVE_CUTOFFS)
-        layer = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, num_labels, cutoffs, div_value=4.0)
-        return layer.to(device), None
+        cutoffs = ADAPTIVE_CUTOFFS_X5 if method == "adaptive-x5" else ADAPTIVE_CUTOFFS
+        # the benchmark times torch's module itself: its Zipf targets are ranks already
+        return output_layer("adaptive", dim, num_labels, cutoffs=cutoffs).adaptive.to(device), None
     depth = int(method.rsplit("-d", 1)[1])
     arity = tree_arity(num_labels, depth)
     tree = Tree.random(num_labels, arity, depth, seed=seed)
-    layer = HierarchicalSoftmax(dim, tree, sparse=method.startswith(("tree", "torch", "learned"))).to(device)
+    layer = output_layer("tree", dim, num_labels, tree=tree,
+                         sparse=method.startswith(("tree", "torch", "learned"))).to(device)
     layer.use_kernels = not method.startswith("torch")
     if method.startswith("learned"):
         from .training import TreeLearner

@@ -3,6 +3,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -109,3 +110,23 @@ def test_trials_take_the_median_of_the_processes_medians(monkeypatch):
     assert tree["speedup_vs_flat"]["train"] == pytest.approx(3.0 / 20.0)
     with pytest.raises(ValueError, match="trials"):
         bench.run_benchmark([16], ["flat"], dim=4, batch=8, repeats=1, budget_s=0.1, isolate=False, trials=0)
+
+
+def test_one_factory_builds_every_output_layer():
+    """hsm.bench.output_layer: the experiments' and the benchmark's layers, zero-initialised on
+    request, the adaptive baseline's cutoffs a setting; bad kinds are one-line errors."""
+    import hsm
+
+    tree = hsm.Tree.huffman(np.arange(1, 31), 3)
+    flat = bench.output_layer("flat", 6, 30, zero=True)
+    assert isinstance(flat, hsm.FlatSoftmax) and not flat.linear.weight.any() and not flat.linear.bias.any()
+    layer = bench.output_layer("tree", 6, 30, tree=tree, sparse=True, zero=True)
+    assert isinstance(layer, hsm.HierarchicalSoftmax) and layer.sparse and not layer.weight.any()
+    adaptive = bench.output_layer("adaptive", 32, 30, cutoffs=(10, 20))
+    assert adaptive.adaptive.cutoffs == [10, 20, 30] and adaptive.rank is None
+    with pytest.raises(ValueError, match="needs its tree"):
+        bench.output_layer("tree", 6, 30)
+    with pytest.raises(ValueError, match="unknown output layer 'huffman'"):
+        bench.output_layer("huffman", 6, 30)
+    with pytest.raises(ValueError, match="one count per label"):
+        bench.AdaptiveSoftmaxBaseline(8, 30, counts=np.ones(5))

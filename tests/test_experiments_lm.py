@@ -461,8 +461,10 @@ def test_fasttext_embeddings_refuse_words_fasttext_would_split() -> None:
 
 
 def test_ranked_adaptive_softmax_is_a_distribution_over_the_original_ids() -> None:
+    from hsm.bench import AdaptiveSoftmaxBaseline
+
     counts = np.array([5, 40, 1, 300, 7, 0, 22, 90, 3, 11], dtype=np.int64)
-    layer = lm.RankedAdaptiveSoftmax(8, counts)
+    layer = AdaptiveSoftmaxBaseline(8, len(counts), counts=counts)
     # the most frequent word (id 3) is rank 0, the head of the adaptive softmax
     assert layer.rank[3] == 0 and layer.rank[1] == 2 and layer.rank[5] == 9
     hidden = torch.randn(6, 8)

@@ -44,10 +44,9 @@ import numpy as np
 import torch
 
 from hsm import config as hsm_config
-from hsm.bench import ADAPTIVE_CUTOFFS, adaptive_cutoffs, cost_model, machine_limits
+from hsm.bench import cost_model, machine_limits, output_layer
 from hsm.experiments import check_device, check_scale, experiment, option_choices, option_int
 from hsm.experiments.lm import _slice, _sync, load_lm_corpus
-from hsm.layers import FlatSoftmax, HierarchicalSoftmax
 from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.results import check_replace, make_record, output_path, provenance, write_results
@@ -110,14 +109,13 @@ class _Clock:
 def _make_output(output: str, vocab: int, dim: int, arity: int, depth: int, seed: int) -> tuple[torch.nn.Module, Any]:
     """The output layer ``output`` (one of :data:`OUTPUTS`) and its tree (None for flat and adaptive)."""
     if output == "flat":
-        return FlatSoftmax(dim, vocab), None
-    if output == "adaptive":
-        return torch.nn.AdaptiveLogSoftmaxWithLoss(dim, vocab, adaptive_cutoffs(vocab, dim, base=ADAPTIVE_CUTOFFS),
-                                                    div_value=4.0), None
+        return output_layer("flat", dim, vocab), None
+    if output == "adaptive":  # the word ids are frequency ranks already
+        return output_layer("adaptive", dim, vocab).adaptive, None
     if arity ** depth < vocab:
         raise ValueError(f"a depth-3 {arity}-ary tree has {arity ** depth} leaves, fewer than {vocab} words")
     tree = Tree.random(vocab, arity, depth, seed=seed)
-    return HierarchicalSoftmax(dim, tree, sparse=True), tree
+    return output_layer("tree", dim, vocab, tree=tree, sparse=True), tree
 
 
 def step_cost(output: str, vocab: int, dim: int, batch: int, context: int, arity: int | None = None,

@@ -49,7 +49,8 @@ from hsm import paper
 from hsm.config import configure_threads, seed_everything
 from hsm.experiments import (check_device, check_scale, experiment, option_bool, option_choices, option_float,
                              option_int, option_ints)
-from hsm.layers import FlatSoftmax, HierarchicalSoftmax
+from hsm.bench import output_layer
+from hsm.layers import HierarchicalSoftmax
 from hsm.results import (ResumableParts, check_replace, load_checkpoint, make_record, output_path, provenance,
                          save_checkpoint, write_progress, write_results)
 from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classification_metrics, encode_texts
@@ -243,13 +244,14 @@ def build_output_layer(kind: str, in_features: int, label_names: list[str], taxo
     ``Tree.from_taxonomy`` (Schuurmans & Frasincar's two-level softmax); ``learned``: a HierarchicalSoftmax over
     a random depth-2 tree, to be learned with a :class:`TreeLearner`."""
     if kind == "flat":
-        return FlatSoftmax(in_features, len(label_names))
+        return output_layer("flat", in_features, len(label_names))
     if kind == "hierarchical":
         if taxonomy is None:
             raise ValueError("the hierarchical model needs a taxonomy")
-        return HierarchicalSoftmax(in_features, Tree.from_taxonomy(taxonomy, label_names))
+        return output_layer("tree", in_features, len(label_names), tree=Tree.from_taxonomy(taxonomy, label_names))
     if kind == "learned":
-        return HierarchicalSoftmax(in_features, learned_tree_start(len(label_names), seed, label_names))
+        return output_layer("tree", in_features, len(label_names),
+                            tree=learned_tree_start(len(label_names), seed, label_names))
     raise ValueError(f"unknown model {kind!r}; known: {MODELS}")
 
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from hsm import FlatSoftmax, HierarchicalSoftmax, RowSparseSGD, Tree, TreeLearner
+from hsm import RowSparseSGD, Tree, TreeLearner
+from hsm.bench import output_layer
 from hsm.config import seed_everything
 from hsm.fast_classifier import fixed_depth_start
 from hsm.layers import NonFiniteInputError
@@ -32,21 +33,12 @@ def build_output_layer(output: str, dim: int, counts: np.ndarray) -> tuple[torch
         raise ValueError(f"unknown output layer {output!r}; choose from {list(OUTPUTS)}")
     kind, arity = OUTPUTS[output]
     if kind == "flat":
-        layer: torch.nn.Module = FlatSoftmax(dim, counts.size)
-        tree = None
-        with torch.no_grad():
-            layer.linear.weight.zero_()
-            layer.linear.bias.zero_()
-    else:
-        if kind == "learned_fixed_depth":
-            tree = fixed_depth_start(counts, arity)
-        else:  # +1: a tag never seen in training still gets a (rare) leaf instead of a zero-weight tie
-            tree = Tree.huffman(counts + 1.0, arity)
-        layer = HierarchicalSoftmax(dim, tree, sparse=True)
-        with torch.no_grad():
-            layer.weight.zero_()
-            layer.bias.zero_()
-    return layer, tree
+        return output_layer("flat", dim, counts.size, zero=True), None
+    if kind == "learned_fixed_depth":
+        tree = fixed_depth_start(counts, arity)
+    else:  # +1: a tag never seen in training still gets a (rare) leaf instead of a zero-weight tie
+        tree = Tree.huffman(counts + 1.0, arity)
+    return output_layer("tree", dim, counts.size, tree=tree, sparse=True, zero=True), tree
 
 
 @dataclass

@@ -90,7 +90,7 @@ from .node_accuracy import (node_accuracy_markdown, node_accuracy_rows, node_dec
                             run_lm_gutenberg_node_accuracy)
 from .offset import book_genres, per_book_perplexity, run_lm_gutenberg_offset, token_nll
 from .tables import _run_dir, _table_corpus, run_ablation, run_table
-from .training import (RankedAdaptiveSoftmax, RunFiles, _add_l2, _evaluate, _load_checkpoint,
+from .training import (RunFiles, _add_l2, _evaluate, _load_checkpoint,
                        _load_finished, _make_output, _select_lr, _sync, train_lm)
 
 __all__ = [

@@ -24,9 +24,10 @@ import torch
 
 from hsm import config as hsm_config
 from hsm._atomic import atomic_write
+from hsm.bench import output_layer
 from hsm.data.lm import LMCorpus
 from hsm.experiments import check_device
-from hsm.layers import FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError
+from hsm.layers import HierarchicalSoftmax, NonFiniteInputError
 from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.results import load_checkpoint as _load_checkpoint
@@ -40,7 +41,7 @@ from .config import OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMR
 from .data import _slice
 from .presets import LMScale
 
-__all__ = ["RankedAdaptiveSoftmax", "RunFiles", "load_trained_model", "train_lm"]
+__all__ = ["RunFiles", "load_trained_model", "train_lm"]
 
 
 def _sync(device: torch.device) -> None:
@@ -69,39 +70,14 @@ def _add_l2(parameters: Sequence[torch.nn.Parameter], l2: float) -> None:
             grad.add_(param, alpha=l2)
 
 
-class RankedAdaptiveSoftmax(torch.nn.Module):
-    """:class:`torch.nn.AdaptiveLogSoftmaxWithLoss` over words renumbered by frequency rank (its
-    cutoffs split the ids into a head of frequent words and tails of rarer ones, so the ids must
-    be ranks), with the benchmark's cutoffs (:data:`hsm.bench.ADAPTIVE_CUTOFFS`, 2k/20k/100k
-    below V, ``div_value=4``: Grave et al.'s setting for large vocabularies).
-
-    forward(h [B, d], y [B]) -> (output [B] log-probabilities of the targets, loss []): the same
-    interface as the tree and flat layers."""
-
-    def __init__(self, dim: int, counts: np.ndarray) -> None:
-        super().__init__()
-        from hsm.bench import ADAPTIVE_CUTOFFS, adaptive_cutoffs
-
-        counts = np.asarray(counts)
-        order = np.argsort(-counts, kind="stable")  # word ids by decreasing count
-        rank = np.empty(len(counts), dtype=np.int64)
-        rank[order] = np.arange(len(counts))
-        self.register_buffer("rank", torch.from_numpy(rank))
-        self.adaptive = torch.nn.AdaptiveLogSoftmaxWithLoss(
-            dim, len(counts), adaptive_cutoffs(len(counts), dim, base=ADAPTIVE_CUTOFFS), div_value=4.0)
-
-    def forward(self, hidden: torch.Tensor, target: torch.Tensor):
-        return self.adaptive(hidden, self.rank[target])
-
-
 def _make_output(cfg: LMRunConfig, vocab_size: int, tree: Tree | None,
                  counts: np.ndarray | None = None) -> torch.nn.Module:
     if cfg.output == "flat":
-        return FlatSoftmax(cfg.dim, vocab_size)
+        return output_layer("flat", cfg.dim, vocab_size)
     if cfg.output == "adaptive":
         if counts is None:
             raise ValueError("output 'adaptive' needs the training counts (its cutoffs follow frequency ranks)")
-        return RankedAdaptiveSoftmax(cfg.dim, counts)
+        return output_layer("adaptive", cfg.dim, vocab_size, counts=counts)
     if cfg.output in SAMPLED_KINDS:
         if counts is None:
             raise ValueError(f"output {cfg.output!r} needs the training counts (its proposal distribution)")
@@ -111,7 +87,7 @@ def _make_output(cfg: LMRunConfig, vocab_size: int, tree: Tree | None,
                               num_negatives=cfg.num_negatives, seed=cfg.seed, sparse=True)
     if tree is None:
         raise ValueError(f"output {cfg.output!r} needs a tree")
-    return HierarchicalSoftmax(cfg.dim, tree, sparse=True)
+    return output_layer("tree", cfg.dim, vocab_size, tree=tree, sparse=True)
 
 
 @torch.no_grad()
