@@ -70,9 +70,8 @@ import torch
 
 from hsm._help import plain
 
-__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "OUTPUT_LAYERS", "PRECISIONS", "AdaptiveSoftmaxBaseline",
-           "BenchConfig", "adaptive_cutoffs", "output_layer",
-           "machine_limits",
+__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "OUTPUT_LAYERS", "PRECISIONS",
+           "AdaptiveSoftmaxBaseline", "BenchConfig", "adaptive_cutoffs", "output_layer", "machine_limits",
            "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
 

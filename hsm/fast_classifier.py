@@ -666,7 +666,8 @@ class FastBowClassifier:
         already serves (its training file, say), of which the first ``reference_lines`` lines
         calibrate the new slots. Returns what :meth:`add_labels` did and counts: ``labels`` added,
         ``lines`` used, ``skipped`` lines, and of the lines used, those with ``no_known_word`` (the
-        model reads them as an empty document: they say nothing of their label). ValueError naming the file when it holds no new label."""
+        model reads them as an empty document: they say nothing of their label). ValueError naming
+        the file when it holds no new label."""
         reference_lines = check_count(reference_lines, "reference_lines", 1)
         encoded, lines = self._file_rows(path)
         rows_of = self.dictionary.unknown_labels(lines)
