@@ -208,9 +208,12 @@ def _ablation_records(table: dict[str, Any], sc: LMScale, scale: str) -> list[di
         learned = cfg["output"] == "learned"
         reference = table["runs"][table["reference"][name]]
         history = run.reassignments
-        fields = dict(common, run=name, variant=name if learned or name == "retrained" else None,
-                      what=ABLATION_WHAT.get(name, f"random tree (seed {cfg['tree_seed']}, lr {cfg['lr']:g}"
-                                                   + (f", L2 {cfg['l2']:g})" if cfg.get("l2") else ")")),
+        what = ABLATION_WHAT.get(name, f"random tree (seed {cfg['tree_seed']}, lr {cfg['lr']:g}"
+                                 + (f", L2 {cfg['l2']:g})" if cfg.get("l2") else ")"))
+        if name == "base":  # the run's own schedule, which a slice's options may change
+            what = (f"{sc.reassign_per_epoch} rebuilds/epoch, decay {sc.decay:g}, current-child prior, eq. 12, "
+                    "learned then fine-tuned")
+        fields = dict(common, run=name, variant=name if learned or name == "retrained" else None, what=what,
                       model="Learned Tree" if learned else "Random Tree" if cfg.get("fixed_tree") is None else
                       "Learned Tree (fixed, retrained)", output=cfg["output"], lr=cfg["lr"],
                       changes=(_ablation_changes(name, sc.epochs) if name in ABLATION_VARIANTS else
