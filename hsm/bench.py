@@ -72,6 +72,7 @@ from hsm._help import plain
 
 __all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "OUTPUT_LAYERS", "PRECISIONS",
            "AdaptiveSoftmaxBaseline", "BenchConfig", "adaptive_cutoffs", "output_layer", "machine_limits",
+           "scale_defaults",
            "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
 
@@ -892,6 +893,12 @@ def _positive_float(text: str) -> float:
 #: sizes of a full run, and of ``--quick`` (each used only where the option is not given)
 _FULL = dict(vocab=[10_000, 100_000, 250_000, 1_000_000], dim=200, batch=[128], repeats=20, budget=20.0)
 _QUICK = dict(vocab=[500, 2_000], dim=16, batch=[8], repeats=3, budget=1.0)
+
+
+def scale_defaults(quick: bool) -> dict[str, Any]:
+    """The values an unset ``--vocab``, ``--dim``, ``--batch``, ``--repeats`` and ``--budget``
+    take, at the quick or the full scale (a result file records them filled in)."""
+    return dict(_QUICK if quick else _FULL)
 
 
 def _parser() -> argparse.ArgumentParser:

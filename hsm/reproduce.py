@@ -168,15 +168,18 @@ def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str,
 def _bench_argv(config: Mapping[str, Any]) -> list[str]:
     """``python -m hsm bench`` arguments that give ``config`` (a benchmark file's settings: every
     argument it parsed), naming only those that differ from the parser's defaults."""
-    from hsm.bench import _parser
+    from hsm.bench import _parser, scale_defaults
 
     parser = _parser()
+    # the sizes left unset are recorded as the scale filled them in: passing them again would
+    # change the command (--algorithm1 without --vocab times V = 250k, with it the first size)
+    filled = scale_defaults(bool(config.get("quick")))
     argv: list[str] = []
     for action in parser._actions:
         key = action.dest
         if key in ("help", "json", "one", "force", "allow_dirty") or key not in config:
             continue
-        value, default = config[key], action.default
+        value, default = config[key], filled.get(action.dest, action.default)
         flag = action.option_strings[0] if action.option_strings else None
         if flag is None or value == default or (isinstance(value, list) and default is not None
                                                 and list(value) == list(default)):

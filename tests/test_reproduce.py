@@ -113,6 +113,18 @@ def test_a_re_run_trains_its_runs_again_unless_told_to_reuse_them(tmp_path: Path
     assert seen == [str(tmp_path / "a" / "runs"), str(tmp_path / "shared-runs")]
 
 
+def test_a_benchmark_re_run_leaves_unset_sizes_unset() -> None:
+    """A benchmark file records the sizes it filled in; passing them back would change the command
+    (``--algorithm1`` without ``--vocab`` times V = 250k, with it the first size given)."""
+    from hsm.bench import scale_defaults
+
+    config = {"vocab": scale_defaults(False)["vocab"], "dim": 200, "batch": [128], "methods": ["flat"],
+              "metrics": ["train"], "predict_scale": 10.0, "algorithm1": True, "quick": False}
+    argv = R._bench_argv(config)
+    assert "--vocab" not in argv and "--dim" not in argv and "--algorithm1" in argv
+    assert R._bench_argv({**config, "vocab": [250_000]})[:2] == ["--vocab", "250000"]
+
+
 def _arithmetic(**changes) -> dict:
     prov = {"cpu_model": "CPU X", "cpu_vector_extensions": ["avx", "avx2", "fma"], "cpu_capability": "AVX2",
             "threads": 1, "torch": "2.13.0+cpu", "numpy": "2.0", "numba": "0.60", "cuda_device": None}
