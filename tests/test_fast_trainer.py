@@ -165,7 +165,8 @@ def test_an_interrupt_while_waiting_for_a_thread_leaves_the_pool_idle(monkeypatc
             time.sleep(0.3)  # and is interrupted while this step still runs
         return result
 
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own Ctrl-C handler, which a job started in the background (SIGINT ignored) lacks
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     monkeypatch.setattr(fast_trainer, "_sgd_examples", slow_step_on_the_worker)
     labels = [int(d[0]) % 9 for d in DOCS]
     interrupted = False
@@ -173,6 +174,8 @@ def test_an_interrupt_while_waiting_for_a_thread_leaves_the_pool_idle(monkeypatc
         FastBowClassifier(dim=16, output="flat", lr=0.5, epochs=10, threads=2, seed=1).fit(DOCS, labels)
     except KeyboardInterrupt:
         interrupted = True
+    finally:
+        signal.signal(signal.SIGINT, previous)
     busy = kernels._WORKERS_BUSY.locked()
     assert fired, f"no step ran on the pool's worker thread (pool busy now: {busy})"
     assert seen_waiting == ["wait"], f"the calling thread was in {seen_waiting} when interrupted"
