@@ -62,7 +62,8 @@ from .layers import HierarchicalSoftmax
 from .objective import RankingScore, check_ranking_score, ranking_scores
 from .tree import EMPTY_SLOT, Tree
 
-__all__ = ["DenseSlots", "LabelAddition", "NodeSlots", "add_labels", "check_placement", "place_labels", "MARGIN", "REFERENCE_QUANTILE", "THRESHOLD_SHARE", "THRESHOLD_SPREADS"]
+__all__ = ["DenseSlots", "LabelAddition", "NodeSlots", "add_labels", "check_placement", "place_labels", "MARGIN",
+           "REFERENCE_QUANTILE", "THRESHOLD_SHARE", "THRESHOLD_SPREADS"]
 
 #: nats by which a new label beats its best sibling, at its node, on the mean of its examples
 MARGIN = 4.0
@@ -186,7 +187,8 @@ class NodeSlots:
     (:meth:`hsm.SparseTreeClassifier.add_labels`) gives its own, on TF-IDF rows. Room for the
     nodes the placement may create (one per new label) is allocated by the holder, all zeros."""
 
-    #: whether the slots have biases; without, the threshold goes into the row (:func:`place_labels`)
+    #: whether the slots have biases; a slot without cannot hold a threshold, and takes a direction
+    #: separating its examples from the reference inputs instead (module docstring)
     has_bias: bool = True
 
     def logits(self, rows: Any, node: int) -> np.ndarray:  # pragma: no cover - interface
