@@ -147,6 +147,23 @@ def _interruptible(command: str, run: Any, argv: list[str]) -> int:
         return _fail(command, f"interrupted{written}", status=130)
 
 
+def _save(command: str, classifier: Any, target: Path) -> int | None:
+    """Write ``classifier`` to ``target`` (atomically: a failure leaves any previous file as it
+    was); None when written, else the exit status after one line on stderr (130 for Ctrl-C, 1 for
+    a file that cannot be written, a full disk named as such)."""
+    try:
+        classifier.save(target)
+    except KeyboardInterrupt:
+        return _fail(command, f"interrupted; {target} was not written", status=130)
+    except (OSError, RuntimeError) as error:  # RuntimeError: torch's zip writer on a file system that filled up
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            detail = "the disk is full: free some space"
+        else:
+            detail = (getattr(error, "strerror", None) or str(error) or type(error).__name__).splitlines()[0]
+        return _fail(command, f"cannot write {target} ({detail}); any previous {target.name} is unchanged", status=1)
+    return None
+
+
 def supervised(argv: list[str]) -> int:
     """``python -m hsm supervised -input FILE -output PREFIX [options]``: train, write PREFIX.bin.
     Ctrl-C stops training within a fraction of a second (exit status 130); the model file is
@@ -201,17 +218,9 @@ def _supervised(argv: list[str]) -> int:
     except FloatingPointError as error:
         return _fail("supervised", f"{error} (lower -lr)", status=1)
     seconds = time.perf_counter() - start
-    try:
-        classifier.save(target)  # atomic: a failure leaves any previous file as it was
-    except KeyboardInterrupt:
-        return _fail("supervised", f"interrupted; {target} was not written", status=130)
-    except (OSError, RuntimeError) as error:  # RuntimeError: torch's zip writer on a file system that filled up
-        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-            detail = "the disk is full: free some space"
-        else:
-            detail = (getattr(error, "strerror", None) or str(error) or type(error).__name__).splitlines()[0]
-        return _fail("supervised", f"cannot write {target} ({detail}); any previous {target.name} is unchanged",
-                     status=1)
+    failed = _save("supervised", classifier, target)
+    if failed is not None:
+        return failed
     if args.verbose > 0:
         dictionary = classifier.dictionary
         # fastText's Dictionary::readFromFile lines, then what was trained and written
@@ -290,12 +299,9 @@ def _add_labels(argv: list[str]) -> int:
     except (ValueError, FileNotFoundError) as error:
         return _fail("add-labels", str(error))
     seconds = time.perf_counter() - start
-    try:
-        classifier.save(target)  # atomic: a failure leaves any previous file as it was
-    except (OSError, RuntimeError) as error:
-        detail = (getattr(error, "strerror", None) or str(error) or type(error).__name__).splitlines()[0]
-        return _fail("add-labels", f"cannot write {target} ({detail}); any previous {target.name} is unchanged",
-                     status=1)
+    failed = _save("add-labels", classifier, target)
+    if failed is not None:
+        return failed
     if counts["no_known_word"]:
         print(f"warning: {counts['no_known_word']} of the {counts['lines']} lines hold no word the model knows "
               "(it reads them as an empty line): they say nothing of their labels", file=sys.stderr)

@@ -39,7 +39,7 @@ from .assign import ReassignRecord, Reassignment, rebuild_tree
 from .fast_classifier import Prediction, as_labels, check_inferred_size
 from .fast_trainer import FitHistory, HogwildTrainer, example_rate, path_arrays, statistics_arrays
 from .kernels import FASTMATH, run_on_pool
-from .label_addition import LabelAddition, NodeSlots
+from .label_addition import LabelAddition, NodeSlots, check_placement, place_labels
 from .objective import RankingScore, check_ranking_score
 from .statistics import NodeStatistics
 from .tree import Tree, check_integer
@@ -680,8 +680,6 @@ class SparseTreeClassifier:
         Raises ValueError in one line, before anything changes, for a flat or binary-node model
         (no tree, or no distribution over children to place by), no labels, an example matrix with
         no row or another number of columns, and NaN or infinite values."""
-        from .label_addition import check_placement, place_labels
-
         start = time.perf_counter()
         self._check_fitted()
         if self.tree is None:
