@@ -172,13 +172,15 @@ def output_layer(kind: str, dim: int, num_labels: int, *, tree: Any = None, coun
     ``cutoffs`` its settings) or ``"tree"`` (:class:`hsm.HierarchicalSoftmax` over ``tree``, which
     each experiment builds its own way; ``sparse``: row-sparse gradients). ``zero``: weights and
     biases start at 0 (fastText's output matrix: every run starts from the uniform distribution).
-    ValueError for an unknown kind or a tree layer without a tree."""
+    ValueError for an unknown kind, a tree layer without a tree or a zero adaptive softmax."""
     from .layers import FlatSoftmax, HierarchicalSoftmax
 
     if kind == "flat":
         layer: torch.nn.Module = FlatSoftmax(dim, num_labels)
         parameters = [layer.linear.weight, layer.linear.bias]
     elif kind == "adaptive":
+        if zero:  # an all-zero adaptive softmax cannot learn its tail projections
+            raise ValueError("zero initialisation is for the flat and tree layers, not the adaptive softmax")
         return AdaptiveSoftmaxBaseline(dim, num_labels, counts=counts, cutoffs=cutoffs)
     elif kind == "tree":
         if tree is None:

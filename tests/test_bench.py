@@ -128,5 +128,7 @@ def test_one_factory_builds_every_output_layer():
         bench.output_layer("tree", 6, 30)
     with pytest.raises(ValueError, match="unknown output layer 'huffman'"):
         bench.output_layer("huffman", 6, 30)
+    with pytest.raises(ValueError, match="zero initialisation is for the flat and tree layers"):
+        bench.output_layer("adaptive", 32, 30, zero=True)
     with pytest.raises(ValueError, match="one count per label"):
         bench.AdaptiveSoftmaxBaseline(8, 30, counts=np.ones(5))
