@@ -135,8 +135,7 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
         raise ValueError(f"a {arity}-ary depth-3 tree holds {arity**3} words < vocabulary {corpus.vocab_size}")
     run_dir = None
     if scale == "full":
-        run_dir = hsm_config.runs_dir("lm-ptb-sampling")
-        run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = hsm_config.runs_dir("lm-ptb-sampling")  # created by runs_dir
     base = LMRunConfig(output="flat", context=cfg["context"], dim=cfg["dim"], arity=arity, depth=3,
                        batch_size=cfg["batch_size"], epochs=cfg["epochs"], seed=cfg["seed"],
                        num_negatives=cfg["num_negatives"])
