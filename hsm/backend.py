@@ -142,6 +142,33 @@ def autocast_on(device: str) -> bool:
     return torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device)
 
 
+def in_compute_dtype(dtype_of: Callable[[Any], torch.dtype]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Decorator for an entry point ``method(owner, input, ...)`` of an output layer (a layer's
+    ``forward``, ``log_prob``, ``predict``; :mod:`hsm.search`'s decoders): under ``torch.autocast``
+    an ``input`` in the autocast dtype (bf16 from the encoder's matmuls) is converted to
+    ``dtype_of(owner)`` (the layer's parameters' dtype) and the call runs with autocast off, as
+    autocast treats losses; the node softmaxes would otherwise mix bf16 products into float32 sums.
+    Outside autocast the call goes straight to ``method`` (about a microsecond more)."""
+
+    def decorate(method: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(method)
+        def wrapper(owner: Any, input: Any, *args: Any, **kwargs: Any) -> Any:
+            if not isinstance(input, Tensor):
+                return method(owner, input, *args, **kwargs)  # the method's own checks name the problem
+            device = input.device.type
+            if not autocast_on(device):
+                return method(owner, input, *args, **kwargs)
+            dtype = dtype_of(owner)
+            if input.dtype == torch.get_autocast_dtype(device) and dtype.is_floating_point and input.dtype != dtype:
+                input = input.to(dtype)
+            with torch.autocast(device, enabled=False):
+                return method(owner, input, *args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
 def without_autocast(method: Callable[..., Any]) -> Callable[..., Any]:
     """Run an autograd Function's ``forward`` or ``backward`` with autocast off on the device of
     its first tensor argument.

@@ -26,7 +26,6 @@ input checks of :mod:`hsm._checks`, for code that imports them from this module)
 """
 from __future__ import annotations
 
-import functools
 import math
 import sys
 import threading
@@ -43,7 +42,7 @@ from torch import Tensor, nn
 from . import backend, search
 from ._checks import NonFiniteInputError, check_input, check_logits_finite, check_k, check_target, check_target_shape
 from ._loss_options import check_loss_options, forward_rows, over_leading_dims
-from .backend import EmptyBatch, NodeDistributions, TreeTables, autocast_on
+from .backend import EmptyBatch, NodeDistributions, TreeTables, in_compute_dtype
 from .tree import Tree, check_integer
 
 __all__ = ["FlatSoftmax", "HierarchicalSoftmax", "HSMOutput", "NonFiniteInputError", "TopK"]
@@ -86,24 +85,9 @@ class TopK(NamedTuple):
 def _layer_entry(method: Callable) -> Callable:
     """Wrap an entry point (``forward``, ``log_prob``, ``predict``, ``topk``) of an output layer
     for ``torch.compile`` and ``torch.autocast`` (the comment above says why): run outside Dynamo,
-    and under autocast convert an input in the autocast dtype to the layer's dtype and compute with
-    autocast off. Outside autocast the call goes straight to ``method`` (about a microsecond more
-    than calling it directly)."""
-
-    @functools.wraps(method)
-    def wrapper(self, input: Tensor, *args: Any, **kwargs: Any) -> Any:
-        if not isinstance(input, Tensor):
-            return method(self, input, *args, **kwargs)  # the method's own checks name the problem
-        device = input.device.type
-        if not autocast_on(device):
-            return method(self, input, *args, **kwargs)
-        dtype = self._compute_dtype()
-        if input.dtype == torch.get_autocast_dtype(device) and dtype.is_floating_point and input.dtype != dtype:
-            input = input.to(dtype)
-        with torch.autocast(device, enabled=False):
-            return method(self, input, *args, **kwargs)
-
-    return torch.compiler.disable(wrapper)
+    and under autocast compute in the layer's dtype with autocast off
+    (:func:`hsm.backend.in_compute_dtype`)."""
+    return torch.compiler.disable(in_compute_dtype(lambda layer: layer._compute_dtype())(method))
 
 
 # ------------------------------------------------------------------ the tree in the state dict

@@ -40,7 +40,7 @@ from torch import Tensor
 
 from . import kernels
 from ._checks import check_logits_finite
-from .backend import KERNELS, TreeLayer, needs_graph, pair_log_softmax, select_backend
+from .backend import KERNELS, TreeLayer, in_compute_dtype, needs_graph, pair_log_softmax, select_backend
 
 __all__ = ["all_log_probs", "beam_search", "exact_topk", "merge_topk", "top1", "top1_search"]
 
@@ -79,6 +79,11 @@ def merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, value
 
 
 
+#: the decoders' entry points under ``torch.autocast``: a bf16 input is decoded in the layer's dtype,
+#: as the layer's own ``predict`` and ``topk`` do
+_decoder_entry = in_compute_dtype(lambda layer: layer.weight.dtype)
+
+@_decoder_entry
 @torch.no_grad()
 def top1(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
     """``(labels [B], nodes visited [B])``: the exact most likely label of each row of ``input``
@@ -100,6 +105,7 @@ def top1(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
     return torch.from_numpy(labels), torch.from_numpy(visited)
 
 
+@_decoder_entry
 @torch.no_grad()
 def top1_search(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
     """(labels [B], nodes visited per row [B]) of the exact most likely label of each row of
@@ -178,6 +184,7 @@ def top1_search(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
     return best_label, torch.from_numpy(visited).to(device)
 
 
+@_decoder_entry
 @torch.no_grad()
 def exact_topk(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tensor, Tensor, Tensor]:
     """(values [B, k], labels [B, k], nodes visited [B]): the exact k most likely labels. A beam
@@ -255,6 +262,7 @@ def _expand(layer: TreeLayer, input: Tensor, example: Tensor, node: Tensor,
     return candidate, child_nodes, child_labels, leaf, inner
 
 
+@_decoder_entry
 @torch.no_grad()
 def beam_search(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tensor, Tensor, Tensor]:
     """(values [B, k], labels [B, k], nodes visited [B]) of a beam search of width ``beam``: level

@@ -62,6 +62,19 @@ def test_bench_dry_run_times_every_batch_precision_and_layer(tmp_path) -> None:
             assert all(r["speedup_vs_flat"] > 0 for r in records)
 
 
+def test_bench_runs_every_tree_layer_in_bf16_on_the_path_a_gpu_takes(tmp_path) -> None:
+    # torch-d3 is the PyTorch path a GPU runs; its node search for the visited count once failed
+    # under autocast (a bf16 product written into float32 logits) and the row was skipped
+    out = tmp_path / "bf16.json"
+    argv = ["--device", "cpu", "--quick", "--vocab", "300", "--batch", "8", "--repeats", "2",
+            "--methods", "tree-d3", "learned-d3", "torch-d3", "--metrics", "train_adagrad", "logprob", "predict",
+            "--precision", "bf16", "--json", str(out)]
+    assert bench.main(argv) == 0
+    records = results.load_results(out)["records"]
+    assert [r["skipped"] for r in records if r["kind"] == "skipped"] == []
+    assert {r["method"] for r in records if r["kind"] == "ms_per_batch"} == {"tree-d3", "learned-d3", "torch-d3"}
+
+
 def test_gpu_timing_waits_for_the_device_once_per_block(monkeypatch) -> None:
     """On CUDA a timed repeat is a block of calls between two synchronisations, not one per call."""
     syncs, calls = [], []

@@ -155,6 +155,29 @@ def test_autocast_bf16_computes_the_layer_in_float32(sparse, use_kernels):
 
 
 @pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "pytorch"])
+def test_the_decoders_called_directly_run_in_float32_under_autocast(use_kernels):
+    # hsm.search's decoders (which the benchmark calls for the nodes a search visits) take a bf16
+    # input as the layer's own predict does: converted to float32, searched with autocast off
+    from hsm import search
+
+    model = _Model(sparse=True, use_kernels=use_kernels)
+    x, _ = _batch(size=9)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        h = torch.tanh(model.encoder(x))
+        labels, visited = search.top1(model.layer, h)
+        exact = search.exact_topk(model.layer, h, 3, 4)
+        beam = search.beam_search(model.layer, h, 3, 4)
+    assert h.dtype == torch.bfloat16
+    h32 = h.detach().float()
+    want_labels, want_visited = search.top1(model.layer, h32)
+    assert torch.equal(labels, want_labels) and torch.equal(visited, want_visited)
+    for got, want in ((exact, search.exact_topk(model.layer, h32, 3, 4)), (beam, search.beam_search(model.layer, h32, 3, 4))):
+        for a, b in zip(got, want):
+            assert a.dtype == b.dtype
+            torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "pytorch"])
 @pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
 def test_backward_inside_the_autocast_region_gives_the_same_gradients(sparse, use_kernels):
     # loss.backward() inside ``with torch.autocast``: the layer's backward runs in float32 too
