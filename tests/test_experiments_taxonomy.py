@@ -492,3 +492,54 @@ def test_a_resumed_taxonomy_run_records_the_training_time_of_every_part(tmp_path
 def test_token_cap_uses_the_share_as_kept_token_share_rounds_it() -> None:
     # 0.07 * 100 rounds above 7, while 7 / 100 == 0.07: the cap is 7, not 8
     assert E.token_cap_for_share(np.array([100]), 0.07) == 7
+
+
+def test_balanced_class_weights_are_n_over_c_n_c():
+    labels = torch.tensor([0, 0, 0, 1, 2, 2])
+    weights = E.balanced_class_weights(labels, 4)
+    torch.testing.assert_close(weights, torch.tensor([6 / (4 * 3), 6 / 4, 6 / (4 * 2), 0.0]))
+
+
+@pytest.mark.parametrize("kind", ["flat", "hierarchical"])
+def test_class_weighted_loss_is_cross_entropy_with_class_weights(kind):
+    # the flat layer's weighted loss is nn.CrossEntropyLoss(weight=...); the tree's is the same
+    # weighted mean of its per-example negative log-likelihoods
+    names = [f"c{i}" for i in range(6)]
+    taxonomy = {"a": names[:2], "b": names[2:]}
+    torch.manual_seed(0)
+    layer = E.build_output_layer(kind, 5, names, taxonomy).double()
+    h, y = torch.randn(9, 5, dtype=torch.double), torch.tensor([0, 1, 1, 2, 3, 3, 3, 4, 5])
+    weights = E.balanced_class_weights(y, 6).double()
+    loss = E._ClassWeightedLoss(layer, weights)(h, y).loss
+    log_p = layer.log_prob(h)
+    expected = torch.nn.functional.nll_loss(log_p, y, weight=weights)
+    torch.testing.assert_close(loss, expected)
+    ones = E._ClassWeightedLoss(layer, torch.ones(6, dtype=torch.double))(h, y).loss
+    torch.testing.assert_close(ones, layer(h, y).loss)  # equal weights: the plain loss
+
+
+def test_paper_protocol_and_the_variants_label():
+    cfg = E._settings("full", "r52", {})
+    assert E.paper_protocol(cfg)
+    for option in ({"class_weights": "balanced"}, {"optimizer": "adam"}):
+        variant = E._settings("full", "r52", option)
+        assert not E.paper_protocol(variant)
+        label = E.scale_label("full", dict(variant, max_tokens_used=30, kept_token_share_train=0.95))
+        assert ("class-balanced loss" in label) == ("class_weights" in option)
+        assert ("one Adam over every parameter" in label) == ("optimizer" in option)
+    with pytest.raises(ValueError, match="class_weights"):
+        E._settings("full", "r52", {"class_weights": "inverse"})
+
+
+@needs_data
+def test_a_variant_run_names_no_paper_number_and_records_per_class_f1(tmp_path, monkeypatch):
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    path = E.run_taxonomy_tables(scale="quick", out=tmp_path / "trec.json", data="trec", train_limit="60",
+                                 test_limit="40", max_tokens="8", max_vocab="300", models="flat,hierarchical",
+                                 class_weights="balanced", optimizer="adam")
+    records = load_results(path)["records"]
+    assert all(r["claim"] is None for r in records)
+    run = next(r for r in records if r["kind_of_record"] == "run")
+    per_class = [f for f in run["test_f1_per_class"] if f is not None]
+    assert run["test"]["f1"] == pytest.approx(np.mean(per_class))
+    assert sum(run["train_class_counts"]) == run["train_examples"]

@@ -70,6 +70,12 @@ DATASETS = {
 }
 MODELS = ("flat", "hierarchical", "learned")
 EMBEDDINGS = ("random", "fasttext")
+#: the loss's class weights: ``none`` (the paper's cross-entropy) or ``balanced`` (each example's
+#: negative log-likelihood times N / (C n_c) of its class c, scikit-learn's "balanced" weights)
+CLASS_WEIGHTS = ("none", "balanced")
+#: ``adam+sparseadam``: Adam for the dense parameters and SparseAdam for the embedding, one rate;
+#: ``adam``: one Adam over every parameter, the embedding's gradient dense
+OPTIMIZERS = ("adam+sparseadam", "adam")
 #: what the result file says about the fastText vectors
 GLOVE_STANDIN_NOTE = ("fastText skip-gram vectors trained here (training documents + Gutenberg prefix): "
                       "stand-ins for the paper's GloVe 6B-300d, which cannot be downloaded on this machine")
@@ -119,7 +125,17 @@ def scale_label(scale: str, cfg: dict[str, Any], longest_document: int | None = 
         parts.append(f"vocabulary capped at {cfg['max_vocab']:,} words")
     if tuple(cfg["models"]) != MODELS:
         parts.append("models: " + ", ".join(cfg["models"]))
+    if cfg.get("class_weights", "none") != "none":
+        parts.append("class-balanced loss (weights N / (C n_c)), not the paper's")
+    if cfg.get("optimizer", OPTIMIZERS[0]) != OPTIMIZERS[0]:
+        parts.append("one Adam over every parameter (dense embedding gradients)")
     return "full, " + "; ".join(parts)
+
+
+def paper_protocol(cfg: dict[str, Any]) -> bool:
+    """Whether a run trains as the paper does (plain cross-entropy, Adam): only such runs stand for
+    the paper's numbers; the variants are experiments about them."""
+    return cfg.get("class_weights", "none") == "none" and cfg.get("optimizer", OPTIMIZERS[0]) == OPTIMIZERS[0]
 
 
 def kept_token_share(lengths: np.ndarray, cap: int) -> float:
@@ -309,7 +325,7 @@ class _TwoOptimizers:
     so :func:`hsm.training.train_epoch` can drive them as one optimiser."""
 
     def __init__(self, dense: list[nn.Parameter], sparse: list[nn.Parameter], lr: float) -> None:
-        self.optimizers = [torch.optim.Adam(dense, lr=lr), torch.optim.SparseAdam(sparse, lr=lr)]
+        self.optimizers = [torch.optim.Adam(dense, lr=lr)] + ([torch.optim.SparseAdam(sparse, lr=lr)] if sparse else [])
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for opt in self.optimizers:
@@ -318,6 +334,30 @@ class _TwoOptimizers:
     def step(self) -> None:
         for opt in self.optimizers:
             opt.step()
+
+
+class _ClassWeightedLoss(nn.Module):
+    """The output layer with its training loss weighted per class: the mean of each example's
+    negative log-likelihood times its class's weight, over the weights (``weight`` of
+    ``nn.CrossEntropyLoss``). Wraps the layer for training only; the layer's statistics (Algorithm
+    1) and its parameters are the layer's own."""
+
+    def __init__(self, layer: nn.Module, weights: torch.Tensor) -> None:
+        super().__init__()
+        self.layer = layer
+        self.register_buffer("weights", weights)
+
+    def forward(self, input: torch.Tensor, target: torch.Tensor):
+        out = self.layer(input, target)
+        w = self.weights[target]
+        return out._replace(loss=-(w * out.output).sum() / w.sum())
+
+
+def balanced_class_weights(labels: torch.Tensor, num_labels: int) -> torch.Tensor:
+    """N / (C n_c) for each class c with n_c training examples (0 for a class with none)."""
+    counts = torch.bincount(labels, minlength=num_labels).double()
+    weights = torch.where(counts > 0, len(labels) / (num_labels * counts.clamp(min=1)), torch.zeros_like(counts))
+    return weights.float()
 
 
 def _build(kind: str, data, valid, cfg: dict[str, Any], seed: int, pretrained, device: torch.device):
@@ -334,12 +374,16 @@ def _build(kind: str, data, valid, cfg: dict[str, Any], seed: int, pretrained, d
     model = LSTMTextClassifier(len(vocab), cfg["embed_dim"], cfg["hidden_size"],
                                bidirectional=cfg.get("bidirectional", True),
                                dropout=cfg["dropout"], pretrained=rows)
-    model.embedding.sparse = True
+    one_adam = cfg.get("optimizer", OPTIMIZERS[0]) == "adam"
+    model.embedding.sparse = not one_adam
     layer = build_output_layer(kind, model.output_size, data.label_names, data.taxonomy, seed=seed)
     model.to(device)
     layer.to(device)
-    dense = [p for n, p in model.named_parameters() if not n.startswith("embedding")] + list(layer.parameters())
-    optimizer = _TwoOptimizers(dense, [model.embedding.weight], cfg["lr"])
+    if one_adam:
+        optimizer = _TwoOptimizers(list(model.parameters()) + list(layer.parameters()), [], cfg["lr"])
+    else:
+        dense = [p for n, p in model.named_parameters() if not n.startswith("embedding")] + list(layer.parameters())
+        optimizer = _TwoOptimizers(dense, [model.embedding.weight], cfg["lr"])
     steps_per_epoch = math.ceil(len(train_y) / cfg["batch_size"])
     learner = None
     if kind == "learned":
@@ -401,11 +445,14 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
         first_epoch, seconds_before = saved["epoch"] + 1, saved["seconds"]
         print(f"[{cfg['data']}] {kind} seed {seed}: resuming after epoch {saved['epoch']} from {checkpoint}",
               file=sys.stderr, flush=True)
+    trained_layer = layer
+    if cfg.get("class_weights", "none") == "balanced":
+        trained_layer = _ClassWeightedLoss(layer, balanced_class_weights(train_y, len(data.label_names)).to(device))
     start = time.perf_counter() - seconds_before
     for epoch in range(first_epoch, cfg["max_epochs"] + 1):
         if learner is not None and epoch > cfg["learn_tree_epochs"]:
             learner.freeze()
-        loss = train_epoch(model, layer, _batches(train_x, train_y, cfg["batch_size"], gen, cfg["length_buckets"]),
+        loss = train_epoch(model, trained_layer, _batches(train_x, train_y, cfg["batch_size"], gen, cfg["length_buckets"]),
                            optimizer, learner=learner,
                            device=device)
         valid_metrics = classification_metrics(valid_y, _predict(model, layer, valid_x, device=device))
@@ -436,9 +483,12 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
     if best["state"][2] is not None:
         layer.set_tree(best["state"][2])
     layer.load_state_dict(best["state"][1])
-    test = classification_metrics(test_y, _predict(model, layer, test_x, device=device))
+    test_pred = _predict(model, layer, test_x, device=device)
+    test = classification_metrics(test_y, test_pred)
     out = {"test": test, "best_epoch": best["epoch"], "valid_f1": best["valid_f1"], "history": history,
-           "train_seconds": time.perf_counter() - start, "vocab_size": len(vocab), "train_examples": int(len(train_y))}
+           "train_seconds": time.perf_counter() - start, "vocab_size": len(vocab), "train_examples": int(len(train_y)),
+           "test_f1_per_class": per_class_f1(test_y, test_pred, len(data.label_names)),
+           "train_class_counts": torch.bincount(train_y, minlength=len(data.label_names)).tolist()}
     if coverage is not None:
         out["pretrained_coverage"] = coverage
     if kind == "learned" and data.taxonomy is not None:
@@ -453,6 +503,17 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
                                   for g in np.unique(top_level_groups(layer.tree))}
     if checkpoint is not None:
         Path(checkpoint).unlink(missing_ok=True)  # finished: the result is the caller's to keep
+    return out
+
+
+def per_class_f1(y_true: np.ndarray, y_pred: np.ndarray, num_labels: int) -> list[float | None]:
+    """F1 (%) of every class id; None for a class absent from both ``y_true`` and ``y_pred`` (macro-F1
+    leaves it out, as :func:`hsm.sequence_models.classification_metrics` does)."""
+    out: list[float | None] = []
+    for c in range(num_labels):
+        tp = int(np.sum((y_true == c) & (y_pred == c)))
+        true, pred = int(np.sum(y_true == c)), int(np.sum(y_pred == c))
+        out.append(None if true == 0 and pred == 0 else 200.0 * tp / (true + pred))
     return out
 
 
@@ -491,6 +552,8 @@ _OPTION_CHECKS = {
     "reassign_per_epoch": lambda k, v: option_int(k, v, minimum=1),
     "length_buckets": lambda k, v: option_int(k, v, minimum=0),  # 0: plain random batches
     "learn_tree_epochs": lambda k, v: option_int(k, v, minimum=0),
+    "class_weights": lambda k, v: _one_choice(k, v, CLASS_WEIGHTS),
+    "optimizer": lambda k, v: _one_choice(k, v, OPTIMIZERS),
 }
 
 
@@ -513,6 +576,7 @@ def _settings(scale: str, data: str, options: dict[str, Any]) -> dict[str, Any]:
         "dropout": 0.5, "lr": 1e-3, "batch_size": 10, "max_epochs": 1 if quick else 10, "patience": 2 if quick else 3,
         "valid_fraction": 0.1, "train_limit": 200 if quick else 0, "test_limit": 200 if quick else 0,
         "reassign_per_epoch": 10, "learn_tree_epochs": 1 if quick else 3, "length_buckets": 0,
+        "class_weights": "none", "optimizer": "adam+sparseadam",
     }
     for key, value in options.items():
         if key == "data":
@@ -647,7 +711,8 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
             # after every run, the finished part (marked incomplete) is shown in the result file, but
             # only where no complete result exists: an interrupted re-run keeps the previous table
             done = len(run_records) == len(cfg["seeds"]) * len(cfg["models"])
-            records = run_records + _mean_records(per_model, table, key, data, scale, cfg["seeds"])
+            records = run_records + _mean_records(per_model, table, key, data, scale, cfg["seeds"],
+                                                  claims=paper_protocol(cfg))
             # wall_time_s is this invocation's; a run resumed from its partial file trained most of
             # its parts in earlier invocations, whose seconds each part's train_seconds keeps
             training_seconds = sum(r["train_seconds"] for r in run_records)
@@ -683,11 +748,12 @@ def headline_file(data: str, root: Path | str | None = None, embeddings: str = "
 
 
 def _mean_records(per_model: dict[tuple[str, str], list[float]], table: int, key: str, data: str, scale: str,
-                  seeds: list[int]) -> list[dict[str, Any]]:
-    """One record per (model, measure): the mean over the seeds run so far, named after the paper's number."""
+                  seeds: list[int], claims: bool = True) -> list[dict[str, Any]]:
+    """One record per (model, measure): the mean over the seeds run so far, named after the paper's
+    number (``claims``; a variant of the paper's training names none)."""
     records = []
     for (kind, measure), values in per_model.items():
-        claim = f"sf2020.table{table}.{key}.{kind}.{measure}"
+        claim = f"sf2020.table{table}.{key}.{kind}.{measure}" if claims else ""
         records.append(make_record(claim if claim in paper.NUMBERS else None, float(np.mean(values)),
                                    kind_of_record="mean_over_seeds", dataset=data, model=kind, measure=measure,
                                    std=float(np.std(values, ddof=1)) if len(values) > 1 else 0.0,
