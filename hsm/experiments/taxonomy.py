@@ -322,7 +322,8 @@ def _predict(model: nn.Module, layer: nn.Module, tokens: torch.Tensor, batch_siz
 
 class _TwoOptimizers:
     """Adam for the dense parameters and SparseAdam for the (sparse) embedding, stepped together,
-    so :func:`hsm.training.train_epoch` can drive them as one optimiser."""
+    so :func:`hsm.training.train_epoch` can drive them as one optimiser; with no sparse parameter
+    (``optimizer=adam``: the embedding's gradient dense) it holds the one Adam alone."""
 
     def __init__(self, dense: list[nn.Parameter], sparse: list[nn.Parameter], lr: float) -> None:
         self.optimizers = [torch.optim.Adam(dense, lr=lr)] + ([torch.optim.SparseAdam(sparse, lr=lr)] if sparse else [])
