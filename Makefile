@@ -2,7 +2,7 @@
 #
 #   make test    set up .venv, run the package tests and every notebook in notebooks/ (nbval)
 #   make book    set up .venv, fetch the vendored JavaScript once, build the book (-W, clean _build)
-#   make lab     set up .venv with JupyterLab, open the chapters as notebooks
+#   make jupyterlab  set up .venv with JupyterLab, open the chapters as notebooks
 #   make clean   remove build outputs (keeps .venv and the vendored JavaScript)
 #
 # Works from a fresh clone with no network beyond PyPI and npm; after the first run the book
@@ -37,48 +37,48 @@ NPM_PACKAGES := @jupyter-widgets/html-manager@1.0.6 requirejs@2.3.7 mathjax@3.2.
 
 BUILD := _build
 
-.PHONY: help venv test book lab vendor check-offline clean distclean
+.PHONY: help venv test book jupyterlab vendor check-offline clean distclean
 
 help:
-	@echo "make test   - package tests + nbval over notebooks/ (HSM_SCALE=$(HSM_SCALE))"
+	@echo "make test   - library tests, lab tests + nbval over notebooks/ (HSM_SCALE=$(HSM_SCALE))"
 	@echo "make book   - build the Jupyter Book into $(BUILD)/html (warnings are errors)"
-	@echo "make lab    - JupyterLab on the chapters (double-click opens one as a notebook)"
+	@echo "make jupyterlab - JupyterLab on the chapters (double-click opens one as a notebook)"
 	@echo "make clean  - remove build outputs;  make distclean - also .venv and $(VENDOR)"
 
-$(VENV_STAMP): pyproject.toml constraints.txt
+$(VENV_STAMP): pyproject.toml lab/pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,book,experiments]"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,plot,clustering]" -e "./lab[test,book]"
 	touch $@
 
 venv: $(VENV_STAMP)
 
-# One pytest run: the package tests, then every MyST notebook in notebooks/ executed cell by
+# One pytest run: the library's tests (tests/), the lab's (lab/tests/), then every MyST notebook in notebooks/ executed cell by
 # cell (notebooks/conftest.py teaches nbval to read jupytext .md files). --nbval-lax: a cell
 # fails the run when it raises; the notebooks assert what they claim. Exit status 5 (nothing
 # collected, e.g. a filtered run) is not a failure.
 PYTEST_ARGS ?=
 test: $(VENV_STAMP)
-	$(BIN)/python -m pytest tests notebooks --nbval-lax --nbval-current-env $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(BIN)/python -m pytest tests lab/tests notebooks --nbval-lax --nbval-current-env $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
-# JupyterLab on the chapters. The `lab` extra adds JupyterLab to .venv (jupytext, in the `test`
+# JupyterLab on the chapters. The lab's `jupyterlab` extra adds JupyterLab to .venv (jupytext, in the `test`
 # and `book` extras, brings its Lab extension); the settings go into .venv, not into ~/.jupyter:
-# - lab/overrides.json: double-clicking a .md file opens it as a notebook (jupytext's viewer);
-# - lab/jupyter_server_config.py: the cells the book hides (exercise solutions, plotting code,
+# - jupyter/overrides.json: double-clicking a .md file opens it as a notebook (jupytext's viewer);
+# - jupyter/jupyter_server_config.py: the cells the book hides (exercise solutions, plotting code,
 #   checks) open collapsed, a save writes the chapter as its source is written, and plain Markdown
 #   (README.md, which opens as a notebook too) is saved without a jupytext header, unchanged if unedited.
 # jupytext.toml (repository root) keeps jupytext_version and Lab's cell state out of saved files.
 # HSM_DATA_MIRROR reaches the kernels (exported above when a mirror sits beside the clone).
-LAB_STAMP := $(VENV)/.hsm-lab-installed
-LAB_ARGS ?=
-$(LAB_STAMP): $(VENV_STAMP) lab/jupyter_server_config.py lab/overrides.json
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,book,experiments,lab]"
+JUPYTERLAB_STAMP := $(VENV)/.hsm-jupyterlab-installed
+JUPYTERLAB_ARGS ?=
+$(JUPYTERLAB_STAMP): $(VENV_STAMP) jupyter/jupyter_server_config.py jupyter/overrides.json
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[test,plot,clustering]" -e "./lab[test,book,jupyterlab]"
 	mkdir -p $(VENV)/etc/jupyter $(VENV)/share/jupyter/lab/settings
-	cp lab/jupyter_server_config.py $(VENV)/etc/jupyter/jupyter_server_config.py
-	cp lab/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
+	cp jupyter/jupyter_server_config.py $(VENV)/etc/jupyter/jupyter_server_config.py
+	cp jupyter/overrides.json $(VENV)/share/jupyter/lab/settings/overrides.json
 	touch $@
 
-lab: $(LAB_STAMP)
-	$(BIN)/python -m jupyterlab $(LAB_ARGS)
+jupyterlab: $(JUPYTERLAB_STAMP)
+	$(BIN)/python -m jupyterlab $(JUPYTERLAB_ARGS)
 
 # npm pack downloads each tarball once; later builds find the unpacked copy and stay offline.
 $(VENDOR_STAMP):

@@ -16,10 +16,9 @@ The pieces follow the paper's concepts:
 * :class:`hsm.FastBowClassifier`: the bag-of-words classifier of §7.1 trained like fastText
   (compiled per-example Hogwild SGD, flat / Huffman / learned trees; ``fit``, ``predict``, ``test``);
 * :class:`hsm.SparseTreeClassifier`: the same tree learning with a linear model per node on
-  sparse TF-IDF features (:mod:`hsm.sparse_tree`, :mod:`hsm.sparse_features`), the
+  sparse TF-IDF features (:mod:`hsm.classifiers.sparse_tree`, :mod:`hsm.classifiers.sparse_features`), the
   representation of today's label-tree libraries (both classifiers are imported on first use:
   ``import hsm`` loads the layers, the trees and Algorithm 1);
-* :mod:`hsm.data`: the data sets, through a mirror or the canonical download.
 
 Quick start::
 
@@ -53,7 +52,7 @@ from .tree import Tree
 __version__ = "0.1.0"
 
 #: the classifiers, imported on first use: ``import hsm`` loads the layers and Algorithm 1 only
-_ON_FIRST_USE = {"FastBowClassifier": "hsm.fast_classifier", "SparseTreeClassifier": "hsm.sparse_tree"}
+_ON_FIRST_USE = {"FastBowClassifier": "hsm.classifiers.fast_classifier", "SparseTreeClassifier": "hsm.classifiers.sparse_tree"}
 
 
 def __getattr__(name: str) -> object:

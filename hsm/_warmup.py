@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from hsm._help import plain
+from hsm.cli_text import plain
 
 
 def warm_up() -> None:
@@ -72,7 +72,7 @@ def warm_up() -> None:
     # the classifier on sparse features (a linear model per node)
     import scipy.sparse as sp
 
-    from hsm.sparse_tree import SparseTreeClassifier
+    from hsm.classifiers.sparse_tree import SparseTreeClassifier
 
     features = sp.random(40, 30, density=0.2, format="csr", random_state=0, dtype=np.float32)
     for output in ("flat", "learned"):

@@ -55,6 +55,7 @@ __all__ = [
     "assignment_score",
     "brute_force_assign",
     "greedy_assign_reference",
+    "moved_fraction",
     "pair_scores",
     "rebuild_tree",
 ]
@@ -465,7 +466,7 @@ class Reassignment:
     moved_labels: float
 
 
-def _moved_fraction(old: Tree, new: Tree) -> float:
+def moved_fraction(old: Tree, new: Tree) -> float:
     k = old.num_labels
     if old.path_nodes.shape != new.path_nodes.shape:
         width = max(old.max_depth, new.max_depth)
@@ -517,7 +518,7 @@ def assign_labels_depth_constrained(
                     f"{loads.max()} labels but has only {leaves_below} leaves"
                 )
     new_tree = Tree.complete(position, arity, depth, label_names=tree.label_names)
-    return Reassignment(new_tree, np.zeros(0, np.int64), _moved_fraction(tree, new_tree))
+    return Reassignment(new_tree, np.zeros(0, np.int64), moved_fraction(tree, new_tree))
 
 
 def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource,
@@ -599,7 +600,7 @@ def assign_labels_well_formed(tree: Tree, statistics: StatisticsSource,
     child_node[prov_final] = np.where(child_node_prov >= 0, prov_final[np.maximum(child_node_prov, 0)], -1)
     child_label[prov_final] = child_label_prov
     new_tree = Tree(child_node, child_label, tree.num_labels, label_names=tree.label_names)
-    return Reassignment(new_tree, moved, _moved_fraction(tree, new_tree))
+    return Reassignment(new_tree, moved, moved_fraction(tree, new_tree))
 
 
 # ---------------------------------------------------------------------------- Algorithm 1's rebuild

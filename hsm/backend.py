@@ -350,7 +350,7 @@ class _TreePathLogProbKernel(torch.autograd.Function):
         groups = plan.starts.shape[0] - 1
         adagrad = None
         if ctx.fused is not None and need_weight and (need_bias or not ctx.has_bias):
-            adagrad = ctx.fused._fused_settings(weight, ctx.bias)
+            adagrad = ctx.fused.fused_update_settings(weight, ctx.bias)
         if adagrad is not None:  # the update is applied in the kernel: no gradient rows
             values = np.empty((0, weight.shape[1]), dtype=np.float32)
             bias_values = np.empty((0, arity), dtype=np.float32)

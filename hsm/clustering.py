@@ -4,7 +4,7 @@ Words go to ``M**2`` clusters of at most M words (MiniBatchKMeans, then each wor
 cluster that still has room: "greedily assign words to clusters until full"); the clusters go to
 M groups of M under the root (a second k-means over the centroids with the same greedy fill: our
 choice, the paper does not say how the clusters are grouped). The language-model experiments
-(:mod:`hsm.experiments.lm`) build it from fastText or log-bilinear embeddings.
+(the book's language-model experiments) build it from fastText or log-bilinear embeddings.
 """
 from __future__ import annotations
 

@@ -134,7 +134,7 @@ class LogBilinearLM(nn.Module):
         batch; ``torch.optim.Adagrad`` and ``SGD`` accept them). The ``R_k`` are always dense.
 
     Shape: ``contexts`` [B, T] of word ids, oldest first (``contexts[:, -1]`` is ``w_{t-1}``,
-    the layout of :meth:`hsm.data.LMCorpus.windows`) -> ``r_x`` [B, d].
+    the layout of a language-model corpus's context windows) -> ``r_x`` [B, d].
 
     The papers write the flat softmax as ``softmax(r_x^T U + b)``, i.e. output embeddings tied to
     the input ones (ICML eq. 1-2; the papers do not say whether U is shared). A tree softmax has node vectors, not word vectors, so

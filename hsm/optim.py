@@ -81,12 +81,17 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             for param in group["params"]:
-                if param.grad is not None and not isinstance(param.grad, FusedGradient):  # fused: done
+                if isinstance(param.grad, FusedGradient):  # updated in the backward: count the step
+                    self._count_fused_step(param)
+                elif param.grad is not None:
                     self._update(param, param.grad, group)
         return loss
 
     def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:
         raise NotImplementedError
+
+    def _count_fused_step(self, param: Tensor) -> None:
+        """A parameter updated inside a fused backward: only the step count is left to do."""
 
 
 class RowSparseAdagrad(_RowSparseOptimizer):
@@ -165,10 +170,12 @@ class RowSparseAdagrad(_RowSparseOptimizer):
     def _group_of(self, param: Tensor) -> dict | None:
         return next((g for g in self.param_groups if any(p is param for p in g["params"])), None)
 
-    def _fused_settings(self, weight: Tensor, bias: Tensor | None):
-        """For :meth:`fuse`'s backward: count the step of ``weight`` (and ``bias``) and return the
-        kernel's ``(bias, state_weight, state_bias, clr, eps)`` as numpy views, or None (nothing
-        counted) where the compiled update does not apply (then the gradients are returned)."""
+    def fused_update_settings(self, weight: Tensor, bias: Tensor | None):
+        """What the compiled backward of a fused layer (:meth:`fuse`) needs to apply this step's
+        update in place: ``(bias, state_weight, state_bias, clr, eps)`` as numpy views, with ``clr``
+        the learning rate of the coming step; None where the compiled update does not apply (then the
+        backward returns the gradients and :meth:`step` updates as usual). The step itself is
+        counted by :meth:`step`, as for every other parameter, never inside the backward."""
         params = [p for p in (weight, bias) if p is not None]
         group = self._group_of(weight)
         if (group is None or any(self._group_of(p) is not group for p in params)
@@ -176,13 +183,14 @@ class RowSparseAdagrad(_RowSparseOptimizer):
                 or any(not self.state[p]["sum"].is_contiguous() for p in params)
                 or len({self.state[p]["step"] for p in params}) != 1):
             return None
-        for p in params:
-            self.state[p]["step"] += 1
-        step = self.state[weight]["step"]
+        step = self.state[weight]["step"] + 1  # the step this update belongs to (step() counts it)
         clr = np.float32(group["lr"] / (1 + (step - 1) * group["lr_decay"]))  # as _update computes it
         no_bias = np.empty((0, 1), dtype=np.float32)
         return (bias.detach().numpy() if bias is not None else no_bias, self.state[weight]["sum"].numpy(),
                 self.state[bias]["sum"].numpy() if bias is not None else no_bias, clr, np.float32(group["eps"]))
+
+    def _count_fused_step(self, param: Tensor) -> None:
+        self.state[param]["step"] += 1
 
     def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:
         state = self.state[param]

@@ -37,7 +37,7 @@ PAD, UNK = 0, 1
 @dataclass
 class TextVocabulary:
     """Word types of the training split kept by the model: ``id_of_source[j]`` maps id ``j`` of the
-    data set's encoding (:class:`hsm.data.text_classification.TokenizedTexts`) to a model id."""
+    data set's encoding (a tokenised corpus) to a model id."""
 
     words: list[str]  #: model id -> word (ids 0 and 1 are <pad>, <unk>)
     id_of_source: np.ndarray  #: data-set token id -> model id (UNK for dropped types)

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ._atomic import atomic_write
+from .atomic import atomic_write
 from .tree import Tree, check_integer
 
 __all__ = ["TREE_FORMAT", "load_tree", "save_tree", "tree_from_dict", "tree_to_dict"]

@@ -1,4 +1,4 @@
-"""JupyterLab for this book's chapters (installed into .venv by `make lab`).
+"""JupyterLab for this book's chapters (installed into .venv by `make jupyterlab`).
 
 The chapters (notebooks/*.md) are jupytext MyST notebooks. This configuration
 

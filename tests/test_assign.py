@@ -314,7 +314,7 @@ def test_every_training_driver_rebuilds_through_the_one_algorithm_1_rebuild(monk
 
     import hsm
     import hsm.assign as assign
-    from hsm.sparse_tree import SparseTreeClassifier
+    from hsm.classifiers.sparse_tree import SparseTreeClassifier
 
     calls: list[str] = []
     real = assign.assign_labels

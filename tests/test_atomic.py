@@ -1,4 +1,4 @@
-"""hsm._atomic: the package's one atomic writer. A failed write (an exception in the content, a rejected
+"""hsm.atomic: the package's one atomic writer. A failed write (an exception in the content, a rejected
 check, a full disk, a failed rename) leaves the previous file as it was and no temporary behind; each write
 has its own temporary; temporaries of killed processes are removed by the next write."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hsm import _atomic
-from hsm._atomic import _HOST, DiskFullError, atomic_directory, atomic_write, remove_dead_temporaries
+from hsm import atomic as _atomic
+from hsm.atomic import _HOST, DiskFullError, atomic_directory, atomic_write, remove_dead_temporaries
 
 
 @settings(max_examples=30, deadline=None)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from hsm.experiments import classification as C
-from hsm.fast_classifier import FastBowClassifier, SettingError, unique_label_sets
+from hsm_lab.experiments import classification as C
+from hsm.classifiers.fast_classifier import FastBowClassifier, SettingError, unique_label_sets
 from hsm.tree import Tree
 
 RNG = np.random.default_rng(0)
@@ -100,7 +100,7 @@ def test_fixed_depth_trees_refuse_an_arity_that_would_not_fit_in_memory(args):
 
 
 def test_lm_experiment_refuses_a_huge_arity_in_one_line(tmp_path, monkeypatch, capsys):
-    from hsm.experiments import cli
+    from hsm_lab.experiments import cli
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("HSM_CACHE", str(tmp_path / "cache"))
@@ -115,7 +115,7 @@ _PEAK_SCRIPT = """
 import json, sys
 import numpy as np
 from hsm import FastBowClassifier
-from hsm.fast_classifier import model_bytes
+from hsm.classifiers.fast_classifier import model_bytes
 
 def status(field):
     with open("/proc/self/status") as handle:

@@ -14,7 +14,7 @@ from hsm.layers import FlatSoftmax, HierarchicalSoftmax, NonFiniteInputError
 from hsm.optim import RowSparseAdagrad, RowSparseSGD
 from hsm.sampling import SampledSoftmax, class_frequencies
 from hsm.statistics import NodeStatistics
-from hsm.synthetic import planted_hierarchy
+from hsm_lab.synthetic import planted_hierarchy
 from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
 

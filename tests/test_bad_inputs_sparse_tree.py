@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hsm import NonFiniteInputError
-from hsm.sparse_tree import LARGEST_FEATURE, SparseTreeClassifier
+from hsm.classifiers.sparse_tree import LARGEST_FEATURE, SparseTreeClassifier
 
 
 def _toy(n: int = 60, k: int = 6, f: int = 30, seed: int = 0) -> tuple[sp.csr_matrix, np.ndarray]:

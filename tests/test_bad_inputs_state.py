@@ -163,7 +163,7 @@ def test_tree_constructor_refuses_the_same_inputs():
 
 def _learner_pair(kernels: bool):
     """A learner whose tree was learned (the state to load) and a fresh one on the initial tree."""
-    from hsm.synthetic import planted_hierarchy
+    from hsm_lab.synthetic import planted_hierarchy
     from hsm.training import TreeLearner
 
     data = planted_hierarchy(num_groups=3, labels_per_group=3, dim=8, num_examples=300, seed=2)

@@ -1,4 +1,4 @@
-"""hsm.fast_classifier: the compiled per-example trainer against the PyTorch path.
+"""hsm.classifiers.fast_classifier: the compiled per-example trainer against the PyTorch path.
 
 The key checks: one epoch of the kernel (one thread) gives the parameters and per-example losses
 of plain per-example SGD in PyTorch (BagOfWordsClassifier + HierarchicalSoftmax / FlatSoftmax +
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hsm.fast_classifier import FastBowClassifier, as_ragged
+from hsm.classifiers.fast_classifier import FastBowClassifier, as_ragged
 from hsm.statistics import ReleasedStatistics
 from hsm.layers import FlatSoftmax
 from hsm.statistics import NodeStatistics
@@ -481,7 +481,7 @@ def test_fixed_depth_model_saves_and_loads(tmp_path):
 def test_predict_in_blocks_is_predict_in_one_go(output, monkeypatch):
     """Documents go through predict in blocks (memory does not grow with n x d); each row's
     labels and log-probabilities are the ones of a single pass."""
-    import hsm.fast_classifier as fc
+    import hsm.classifiers.fast_classifier as fc
 
     docs, labels = _problem(num_docs=300, seed=3)
     clf = FastBowClassifier(dim=8, output=output, arity=3, lr=0.3, epochs=2, threads=1).fit(docs, labels)
@@ -495,7 +495,7 @@ def test_predict_in_blocks_is_predict_in_one_go(output, monkeypatch):
 def test_the_embeddings_are_drawn_in_blocks_as_in_one_draw(monkeypatch):
     """The initialisation draws V x d in blocks of rows (no float64 copy of the table): the values
     are the single draw's, so a seed gives the model it always gave."""
-    import hsm.fast_classifier as fc
+    import hsm.classifiers.fast_classifier as fc
 
     monkeypatch.setattr(fc, "INIT_BLOCK", 5 * 7 + 3)  # blocks of 5 rows of d = 7
     clf = FastBowClassifier(dim=7, output="flat", seed=11).init_model(23, np.ones(4))

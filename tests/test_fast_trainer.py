@@ -1,4 +1,4 @@
-"""hsm.fast_trainer: the rebuild plans of the compiled bag-of-words trainer, and its kernel steps
+"""hsm.classifiers.fast_trainer: the rebuild plans of the compiled bag-of-words trainer, and its kernel steps
 (the same numbers in steps as in one call; an interrupt between two steps stops training). The
 training itself is checked against PyTorch in tests/test_fast_classifier.py."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hsm.fast_classifier import FastBowClassifier
-from hsm.fast_trainer import FitHistory, first_half_plan, output_arrays, statistics_arrays, token_plan
+from hsm.classifiers.fast_classifier import FastBowClassifier
+from hsm.classifiers.fast_trainer import FitHistory, first_half_plan, output_arrays, statistics_arrays, token_plan
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
 from hsm.tree import Tree
 
@@ -78,7 +78,7 @@ LABELS = [[int(d[0]) % 9] if i % 4 else [int(d[0]) % 9, int(d[-1]) % 9] for i, d
 def test_kernel_steps_change_nothing(settings, monkeypatch) -> None:
     """Cutting every thread's share into steps (so that Ctrl-C is seen) gives, on one thread, the
     very numbers of one call per share: same updates, same order, same rates, same rebuilds."""
-    from hsm import fast_trainer
+    from hsm.classifiers import fast_trainer
 
     fits = []
     for step_work in (10**18, 1, 2_000):  # one call per chunk; one example per step; a few per step
@@ -97,7 +97,7 @@ def test_kernel_steps_change_nothing(settings, monkeypatch) -> None:
 
 def test_kernel_steps_on_two_threads_train_as_well(monkeypatch) -> None:
     """Hogwild on two threads is not deterministic; in steps it still learns the same task."""
-    from hsm import fast_trainer
+    from hsm.classifiers import fast_trainer
 
     labels = [int(d[0]) % 9 for d in DOCS]
     scores = []
@@ -111,7 +111,7 @@ def test_kernel_steps_on_two_threads_train_as_well(monkeypatch) -> None:
 def test_an_interrupt_between_steps_stops_fit_and_keeps_the_saved_model(tmp_path, monkeypatch) -> None:
     """A KeyboardInterrupt raised between two kernel steps ends fit there (not at the end of the
     epoch); a model saved earlier is untouched."""
-    from hsm import fast_trainer
+    from hsm.classifiers import fast_trainer
 
     saved = FastBowClassifier(dim=6, output="huffman", arity=3, epochs=1, threads=1).fit(DOCS, LABELS)
     saved.save(tmp_path / "m.bin")
@@ -142,7 +142,8 @@ def test_an_interrupt_while_waiting_for_a_thread_leaves_the_pool_idle(monkeypatc
     import threading
     import time
 
-    from hsm import fast_trainer, kernels
+    from hsm import kernels
+    from hsm.classifiers import fast_trainer
 
     kernel, fired, seen_waiting = fast_trainer._sgd_examples, [], []
     main = threading.main_thread().ident

@@ -13,7 +13,7 @@ import torch
 
 from hsm import FastBowClassifier
 from hsm.__main__ import main
-from hsm.fasttext_format import EOS, FastTextDictionary, fasttext_hash, read_lines
+from hsm.classifiers.fasttext_format import EOS, FastTextDictionary, fasttext_hash, read_lines
 
 LABELS = ["baking", "bread", "sauce", "crème-brûlée", "eggs"]
 
@@ -194,7 +194,7 @@ def test_word_ngrams_are_fasttexts(files):
     """With -wordNgrams 3 a line is its words, </s> and fastText's n-gram buckets: the mean of
     fastText's input rows at our ids is fastText's own sentence vector."""
     fasttext = pytest.importorskip("fasttext")
-    from hsm.fasttext_format import _tokens
+    from hsm.classifiers.fasttext_format import _tokens
 
     model = fasttext.train_supervised(input=str(files["train"]), dim=4, epoch=1, wordNgrams=3, bucket=1000,
                                       thread=1, verbose=0)
@@ -214,7 +214,7 @@ def test_cooking_slice(capsys, tmp_path):
     archive = Path(mirror or "", "cooking", "cooking.stackexchange.tar.gz")
     if not mirror or not archive.is_file():
         pytest.skip("the cooking data are not in a local mirror (HSM_DATA_MIRROR)")
-    from hsm.data.fetch import read_tar_member
+    from hsm_lab.data.fetch import read_tar_member
 
     lines = read_tar_member(archive, "cooking.stackexchange.txt").decode("utf-8").split("\n")
     train, test = tmp_path / "cooking.train", tmp_path / "cooking.valid"
@@ -302,7 +302,7 @@ def test_output_in_an_unwritable_folder_is_refused_before_training(files, capsys
     training. The refusal is simulated where it cannot be produced (as root, every folder is writable)."""
     import tempfile
 
-    from hsm import fasttext_cli
+    from hsm.classifiers import fasttext_cli
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
@@ -447,7 +447,7 @@ def test_a_model_of_another_version_or_damaged_is_one_line(files, capsys, tmp_pa
     prefix = tmp_path / "m"
     assert _train(capsys, files["train"], prefix, "-loss", "huffman", "-arity", 2)[0] == 0
     damaged = _damage(tmp_path / "m.bin", change)
-    from hsm.fast_classifier import ModelFileError
+    from hsm.classifiers.fast_classifier import ModelFileError
 
     with pytest.raises(ModelFileError, match=message):
         FastBowClassifier.load(damaged)
@@ -472,7 +472,7 @@ def test_setting_errors_name_the_option(files, capsys, tmp_path, extra, message)
 
 
 def test_setting_errors_name_the_setting_in_python():
-    from hsm.fast_classifier import SettingError
+    from hsm.classifiers.fast_classifier import SettingError
 
     with pytest.raises(SettingError, match="min_count 5 leaves no word .* lower min_count"):
         FastTextDictionary.build(["__label__a x", "__label__b y"], min_count=5)
@@ -486,7 +486,7 @@ def test_setting_errors_name_the_setting_in_python():
 def test_ctrl_c_stops_training_at_once_and_keeps_the_previous_model(files, capsys, tmp_path, monkeypatch):
     """A KeyboardInterrupt between two kernel steps ends supervised with one line and status 130,
     after that step (not at the end of the epoch), and m.bin is the previous model."""
-    from hsm import fast_trainer
+    from hsm.classifiers import fast_trainer
 
     assert _train(capsys, files["train"], tmp_path / "m")[0] == 0
     good = (tmp_path / "m.bin").read_bytes()

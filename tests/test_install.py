@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from packaging.requirements import Requirement
 
 from hsm import __main__ as cli
-from hsm._help import plain
+from hsm.cli_text import plain
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
@@ -74,7 +74,7 @@ def test_top_level_help_lists_every_command(capsys):
 
 @pytest.mark.parametrize("source, shown", [
     ("``python -m hsm run``: list", "python -m hsm run: list"),
-    ("see :func:`hsm.results.output_root`.", "see hsm.results.output_root."),
+    ("see :func:`hsm_lab.results.output_root`.", "see hsm_lab.results.output_root."),
     ("a :class:`~hsm.tree.Tree`", "a Tree"),
     ("the :func:`writer <hsm.tree_io.save_tree>` and :py:meth:`x.y`", "the writer and x.y"),
     ("Quick start::\n\n    import hsm", "Quick start:\n\n    import hsm"),

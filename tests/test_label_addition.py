@@ -259,7 +259,7 @@ def test_sparse_and_dense_parameters_place_a_label_alike():
     """The placement reads parameters only through NodeSlots: the sparse classifier's slots and the
     same numbers as a dense layer's give the same tree and the same new rows."""
     from hsm.label_addition import DenseSlots, place_labels
-    from hsm.sparse_tree import _SparseSlots
+    from hsm.classifiers.sparse_tree import _SparseSlots
 
     clf, x, y = _sparse_model(output="tree")
     tree, arity, features = clf.tree, clf.tree.arity, clf.num_features

@@ -12,9 +12,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: the lab: what the book needs and a practitioner does not
-LAB = ("hsm.data", "hsm.experiments", "hsm.results", "hsm.report", "hsm.reproduce", "hsm.paper", "hsm.bench",
-       "hsm.bench_decoding", "hsm.config")
+#: the book's lab, a package of its own beside the library (lab/hsm_lab)
+LAB_PACKAGE = "hsm_lab"
+LIBRARY = ROOT / "hsm"
 
 
 def _module_file(name: str) -> Path | None:
@@ -45,11 +45,7 @@ def _imports(name: str, path: Path) -> set[str]:
     return {m for m in parents if _module_file(m)}
 
 
-#: what a practitioner imports: the package, the classifiers it loads on first use, the command line
-LIBRARY_ROOTS = ("hsm", "hsm.fast_classifier", "hsm.sparse_tree", "hsm.fasttext_cli")
-
-
-def library_closure(roots: tuple[str, ...] = LIBRARY_ROOTS) -> dict[str, int]:
+def library_closure(roots: tuple[str, ...] = ("hsm",)) -> dict[str, int]:
     """Module -> lines, for every module ``roots`` can reach through any import statement."""
     seen: dict[str, int] = {}
     todo = list(roots)
@@ -63,11 +59,42 @@ def library_closure(roots: tuple[str, ...] = LIBRARY_ROOTS) -> dict[str, int]:
     return seen
 
 
-def test_the_library_never_imports_the_lab():
-    closure = library_closure()
-    lab = sorted(m for m in closure if m.startswith(LAB))
-    assert not lab, f"import hsm reaches the lab: {lab}"
-    assert {"hsm.layers", "hsm.training", "hsm.fast_classifier", "hsm.fasttext_format"} <= set(closure)
+def lab_mentions(folder: Path = LIBRARY) -> list[str]:
+    """``file:line`` of every place under ``folder`` that names the lab's package, as an import or in
+    any string or comment, except the command line's one forwarding constant."""
+    found = []
+    for path in sorted(folder.rglob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if LAB_PACKAGE in line and line.strip() != f'LAB_PACKAGE = "{LAB_PACKAGE}"':
+                found.append(f"{path.relative_to(folder.parent)}:{number}")
+    return found
+
+
+def test_no_library_file_names_the_lab():
+    """The boundary is the folder: nothing under hsm/ imports or names hsm_lab, except the one
+    constant through which ``python -m hsm run / data / bench / ...`` forward to the lab."""
+    assert lab_mentions() == []
+    assert f'LAB_PACKAGE = "{LAB_PACKAGE}"' in (LIBRARY / "__main__.py").read_text()
+
+
+def test_the_folder_rule_catches_a_library_file_that_imports_the_lab(tmp_path):
+    library = tmp_path / "hsm"
+    library.mkdir()
+    (library / "clean.py").write_text("import torch\n")
+    assert lab_mentions(library) == []
+    (library / "leaky.py").write_text("from hsm_lab.results import provenance\n")
+    (library / "lazy.py").write_text("import importlib\nresults = importlib.import_module('hsm_lab.results')\n")
+    assert len(lab_mentions(library)) == 2
+
+
+def test_every_library_module_imports_only_the_library():
+    """Every module under hsm/, reached or not from ``import hsm`` (the classifiers, the command line,
+    the optional helpers), imports nothing of the lab."""
+    modules = [".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+               for path in LIBRARY.rglob("*.py")]
+    reached = library_closure(tuple(modules))
+    assert set(modules) <= set(reached)
+    assert not [m for m in reached if not m.startswith("hsm.") and m != "hsm"]
 
 
 def test_import_hsm_reaches_at_most_8000_lines():
@@ -75,10 +102,10 @@ def test_import_hsm_reaches_at_most_8000_lines():
     (``hsm.FastBowClassifier``, ``hsm.SparseTreeClassifier``) are imported on first use."""
     closure = library_closure(("hsm",))
     assert sum(closure.values()) <= 8000, sorted(closure.items(), key=lambda item: -item[1])[:8]
-    assert "hsm.fast_classifier" not in closure and "hsm.sparse_tree" not in closure
-    script = ("import sys, hsm; assert 'hsm.fast_classifier' not in sys.modules; "
+    assert "hsm.classifiers.fast_classifier" not in closure and "hsm.classifiers.sparse_tree" not in closure
+    script = ("import sys, hsm; assert 'hsm.classifiers.fast_classifier' not in sys.modules; "
               "from hsm import FastBowClassifier, SparseTreeClassifier; "
-              "assert FastBowClassifier.__module__ == 'hsm.fast_classifier'")
+              "assert FastBowClassifier.__module__ == 'hsm.classifiers.fast_classifier'")
     assert subprocess.run([sys.executable, "-c", script], cwd=ROOT).returncode == 0
 
 
@@ -104,8 +131,8 @@ def test_a_training_step_and_the_fasttext_command_work_without_the_extras(tmp_pa
         import hsm
         from hsm.__main__ import main
 
-        lab = sorted(m for m in sys.modules if m.startswith(("hsm.data", "hsm.experiments", "hsm.results",
-                                                             "hsm.report", "hsm.bench")))
+        lab = sorted(m for m in sys.modules if m.startswith(("hsm_lab.data", "hsm_lab.experiments", "hsm_lab.results",
+                                                             "hsm_lab.report", "hsm_lab.bench")))
         assert not lab, lab
         torch.manual_seed(0)
         layer = hsm.HierarchicalSoftmax(8, hsm.Tree.random(20, 3, 3, seed=0))
@@ -122,23 +149,31 @@ def test_a_training_step_and_the_fasttext_command_work_without_the_extras(tmp_pa
             hsm.Tree.random(20, 3, 3, seed=0).draw()
         except ImportError as exc:
             print("DRAW:", exc)
-        print("RUN:", main(["run", "list"]))  # listing the experiments needs none of the extras
+        sys.modules["hsm_lab"] = None  # the library installed without the lab
+        print("RUN:", main(["run", "list"]))
     """, tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     lines = dict(line.split(": ", 1) for line in result.stdout.splitlines() if line.startswith(("DRAW", "RUN")))
     assert lines["DRAW"] == ("drawing a tree needs matplotlib, which hsm installs only with an extra: "
                              "pip install 'hsm-learned-trees[plot]'")
-    assert lines["RUN"] == "0"
+    assert lines["RUN"] == "2"
+    assert result.stderr.strip().splitlines()[-1] == (
+        "hsm run is a command of the book's lab, which is not installed: pip install ./lab from a clone of the "
+        "repository")
 
 
-def test_a_lab_command_without_its_extra_says_which_extra_in_one_line(monkeypatch, capsys):
-    from hsm import __main__ as cli
+def test_a_wheel_of_the_library_holds_the_library_alone(tmp_path):
+    """``pip wheel .`` (the library's project file) packs hsm/ and nothing of the lab, tests or book."""
+    import zipfile
 
-    def needs_tqdm(argv):
-        raise ModuleNotFoundError("No module named 'tqdm'", name="tqdm")
-
-    monkeypatch.setitem(cli._COMMANDS, "data", ("hsm.tree:Tree", "data sets"))
-    monkeypatch.setattr("hsm.tree.Tree", needs_tqdm)
-    assert cli.main(["data", "list"]) == 2
-    assert capsys.readouterr().err == ("hsm data needs tqdm, installed with the lab's extra: "
-                                       "pip install 'hsm-learned-trees[experiments]'\n")
+    pytest = __import__("pytest")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=600)
+    if built.returncode != 0 and "No module named" in built.stderr:
+        pytest.skip(f"cannot build a wheel here: {built.stderr.strip().splitlines()[-1]}")
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("hsm_learned_trees-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    packages = {name.split("/")[0] for name in names if not name.split("/")[0].endswith(".dist-info")}
+    assert packages == {"hsm"}, packages
+    assert "hsm/classifiers/fasttext_cli.py" in names and not any("hsm_lab" in name for name in names)

@@ -1,4 +1,4 @@
-"""hsm.sparse_tree and hsm.sparse_features: TF-IDF rows, the sparse kernels against autograd and
+"""hsm.classifiers.sparse_tree and hsm.classifiers.sparse_features: TF-IDF rows, the sparse kernels against autograd and
 a plain reference, the starting trees, the classifier end to end, and its errors."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hsm import Tree
-from hsm.sparse_features import count_matrix, tfidf_features
-from hsm.sparse_tree import (SparseTreeClassifier, _binary_sparse_examples, _sgd_sparse_examples, full_tree,
+from hsm.classifiers.sparse_features import count_matrix, tfidf_features
+from hsm.classifiers.sparse_tree import (SparseTreeClassifier, _binary_sparse_examples, _sgd_sparse_examples, full_tree,
                              kmeans_label_tree, label_centroids)
 
 
@@ -248,7 +248,7 @@ def test_adagrad_learns_a_separable_problem():
 
 
 def test_changed_nodes_are_those_whose_children_differ() -> None:
-    from hsm.sparse_tree import _changed_nodes
+    from hsm.classifiers.sparse_tree import _changed_nodes
 
     old = Tree.balanced(np.arange(9), 3, 2)
     order = np.arange(9)

@@ -186,8 +186,8 @@ def test_topk_and_log_prob_property(num_labels, arity, well_formed, batch, k, se
 
 
 def test_decoding_benchmark_rows_and_result_file(tmp_path, capsys):
-    from hsm import bench_decoding
-    from hsm.results import load_results
+    from hsm_lab import bench_decoding
+    from hsm_lab.results import load_results
 
     result = bench_decoding.run_decoding([60], bench_decoding.METHODS, dim=4, batch=3, threads=[1], repeats=1,
                                          budget_s=0.01)
@@ -210,7 +210,7 @@ def test_decoding_benchmark_rows_and_result_file(tmp_path, capsys):
 
 
 def test_decoding_benchmark_refuses_bad_options(capsys):
-    from hsm import bench_decoding
+    from hsm_lab import bench_decoding
 
     with pytest.raises(SystemExit) as exit_info:
         bench_decoding.main(["--vocab", "1"])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from hsm.layers import FlatSoftmax, HierarchicalSoftmax
 from hsm.statistics import NodeStatistics
-from hsm.synthetic import grouping_agreement, planted_hierarchy
+from hsm_lab.synthetic import grouping_agreement, planted_hierarchy
 from hsm.training import TreeLearner, evaluate, train_epoch
 from hsm.tree import Tree
 
@@ -97,7 +97,7 @@ MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents
 @pytest.mark.skipif(not (MIRROR / "trec").exists(), reason="data mirror not available")
 def test_taxonomy_experiment_keeps_the_decay_of_its_committed_runs(monkeypatch):
     # its committed results were made with the statistics decay of 0.5, TreeLearner's old default
-    from hsm.experiments import taxonomy
+    from hsm_lab.experiments import taxonomy
 
     monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
     cfg, dataset, pretrained = taxonomy._prepare("quick", "trec", dict(

@@ -5,7 +5,7 @@
   ``name`` followed by its description before napoleon runs.
 * Summaries in autosummary tables do not end at the full stop of "eq." or "Alg.".
 * Every object is documented once, in the module that defines it; a reference to the name a
-  package re-exports it under (``hsm.Tree``, ``hsm.data.load_ptb``,
+  package re-exports it under (``hsm.Tree``, ``hsm_lab.data.load_ptb``,
   ``hsm.HierarchicalSoftmax.predict``) resolves to that entry.
 """
 from __future__ import annotations

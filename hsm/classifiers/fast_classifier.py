@@ -6,21 +6,21 @@ with AssignLabels = Algorithm 2) as its output layer, the way fastText and the a
 (github yjernite/fastTextLearnTree, ``src/model.cc``, ``src/fasttext.cc``, ``src/lomtree.cc``)
 train it, and is used like fastText::
 
-    from hsm.fast_classifier import FastBowClassifier
+    from hsm.classifiers.fast_classifier import FastBowClassifier
     clf = FastBowClassifier(dim=50, output="learned", arity=5, lr=0.1, epochs=5)
     clf.fit(docs, labels)                   # docs: list of int arrays of word ids, or (values, offsets)
     labels, log_probs = clf.predict(docs, k=1)
     clf.test(docs, gold)                    # {'examples': n, 'precision_at_1': ..., 'recall_at_1': ...}
 
-or on fastText's ``__label__`` files, read as fastText reads them (:mod:`hsm.fasttext_format`;
-``python -m hsm supervised / test / predict`` runs these, :mod:`hsm.fasttext_cli`)::
+or on fastText's ``__label__`` files, read as fastText reads them (:mod:`hsm.classifiers.fasttext_format`;
+``python -m hsm supervised / test / predict`` runs these, :mod:`hsm.classifiers.fasttext_cli`)::
 
     clf.fit_file("train.txt", word_ngrams=2)
     clf.test_file("test.txt", k=5)         # fastText's N, P@5, R@5
     clf.predict_file("test.txt", k=2)      # [[('__label__baking', 0.61), ('__label__bread', 0.12)], ...]
     clf.save("model.bin"); clf = FastBowClassifier.load("model.bin")
 
-How it trains (what the PyTorch path of :func:`hsm.experiments.classification.train_bow` does with a
+How it trains (what a PyTorch training loop over the bag-of-words model does with a
 batch of one, in one compiled pass per example, no Python per example):
 
 * **Per-example SGD** (fastText's ``Model::update``): ``h`` = sum / mean of the document's
@@ -71,7 +71,7 @@ over the tree (fastText's ``dfsM`` with its bound), the full softmax for flat.
 
 Layout: this module holds the classifier's API, its input checks, the inference kernels and
 :class:`ReleasedStatistics`; the training driver (the SGD kernel, the Hogwild chunks, the rebuild
-plans, AssignLabels between chunks) is :class:`hsm.fast_trainer.HogwildTrainer`.
+plans, AssignLabels between chunks) is :class:`hsm.classifiers.fast_trainer.HogwildTrainer`.
 """
 from __future__ import annotations
 
@@ -85,20 +85,20 @@ import numba
 import numpy as np
 import torch
 
-from ._atomic import atomic_write
-from ._checks import check_choice, check_logits_finite, check_count, check_fraction, check_positive
-from .fasttext_format import SettingError
-from .fast_trainer import FitHistory, HogwildTrainer, output_arrays
-from . import kernels
-from .kernels import FASTMATH
-from .layers import FlatSoftmax, HierarchicalSoftmax
-from .objective import RankingScore, check_ranking_score
-from .statistics import NodeStatistics, ReleasedStatistics
-from .text_models import BagOfWordsClassifier
-from .tree import Tree, check_integer
+from hsm.atomic import atomic_write
+from hsm._checks import check_choice, check_logits_finite, check_count, check_fraction, check_positive
+from hsm.classifiers.fasttext_format import SettingError
+from hsm.classifiers.fast_trainer import FitHistory, HogwildTrainer, output_arrays
+from hsm import kernels
+from hsm.kernels import FASTMATH
+from hsm.layers import FlatSoftmax, HierarchicalSoftmax
+from hsm.objective import RankingScore, check_ranking_score
+from hsm.statistics import NodeStatistics, ReleasedStatistics
+from hsm.text_models import BagOfWordsClassifier
+from hsm.tree import Tree, check_integer
 
 if TYPE_CHECKING:
-    from .label_addition import LabelAddition
+    from hsm.label_addition import LabelAddition
 
 __all__ = ["FastBowClassifier", "FitHistory", "ModelFileError", "Prediction", "SettingError",
            "as_ragged", "fixed_depth_start"]
@@ -128,7 +128,7 @@ def _representations(values, offsets, embedding, mean, out):  # pragma: no cover
 def as_ragged(docs: Any, name: str = "docs") -> tuple[np.ndarray, np.ndarray]:
     """``(values, offsets)`` int64 arrays of a list of documents (each a sequence of int word ids),
     of a ``(values, offsets)`` tuple (``offsets`` from 0 to ``len(values)``, non-decreasing), or of
-    an object with ``values`` and ``offsets`` attributes (``hsm.data``'s ragged arrays).
+    an object with ``values`` and ``offsets`` attributes (a ragged array).
 
     Only a *tuple* of two is read as ``(values, offsets)``; a list is always a list of documents.
     Raises TypeError for non-integer ids and ValueError for an empty list, negative ids or bad
@@ -176,7 +176,7 @@ def as_ragged(docs: Any, name: str = "docs") -> tuple[np.ndarray, np.ndarray]:
 def as_labels(labels: Any, count: int, name: str = "labels") -> tuple[np.ndarray, np.ndarray]:
     """Ragged ``(values, offsets)`` of one label per example (a 1-D int array), of a sequence of
     label sets (multi-label: each a non-empty int sequence) or of an object with ``values`` and
-    ``offsets`` attributes (``hsm.data``'s multi-label ``Ragged``)."""
+    ``offsets`` attributes (a multi-label ragged array)."""
     if hasattr(labels, "values") and hasattr(labels, "offsets") and not isinstance(labels, dict):
         values, offsets = as_ragged(labels, name)
         if (np.diff(offsets) == 0).any():
@@ -405,8 +405,8 @@ class FastBowClassifier:
 
     Attributes after :meth:`fit`: ``model`` (a :class:`hsm.text_models.BagOfWordsClassifier`),
     ``layer`` (:class:`hsm.HierarchicalSoftmax` or :class:`hsm.FlatSoftmax`; the kernels train
-    their tensors in place, so they are usable with the PyTorch path, e.g.
-    :func:`hsm.experiments.classification.evaluate_bow`), ``tree`` (the tree in place, None for
+    their tensors in place, so they are usable with the PyTorch path, e.g. ``layer.predict``),
+    ``tree`` (the tree in place, None for
     flat), ``start_tree``, ``statistics`` and ``history`` (:class:`FitHistory`).
 
     Word ids: ``0 .. num_words - 1``; ``num_words`` is the largest training id plus one unless
@@ -494,7 +494,7 @@ class FastBowClassifier:
         """Build the model and output layer afresh (what :meth:`fit` does unless ``warm_start``):
         embeddings uniform in ``[-1/d, 1/d]`` (fastText's, seeded by ``seed``), output parameters
         zero (fastText's output matrix; every run starts from the uniform distribution), the
-        Huffman tree of ``label_counts + 1`` (:func:`hsm.experiments.classification.build_output_layer`'s)."""
+        Huffman tree of ``label_counts + 1``."""
         num_words = check_integer(num_words, "num_words")
         if num_words < 1:
             raise ValueError(f"num_words must be >= 1, got {num_words}")
@@ -572,7 +572,7 @@ class FastBowClassifier:
         :class:`SettingError` when the model would not fit in the memory available (lower ``dim``).
 
         Ctrl-C (KeyboardInterrupt) is seen between two short runs of the compiled kernel (a
-        fraction of a second apart, :data:`hsm.fast_trainer.STEP_WORK`): training stops there and
+        fraction of a second apart, :data:`hsm.classifiers.fast_trainer.STEP_WORK`): training stops there and
         the model is left partly trained (nothing is written to disk by ``fit``).
         """
         values, offsets = as_ragged(docs)
@@ -625,7 +625,7 @@ class FastBowClassifier:
         a sample of documents the model already serves (its training data, say), which the new
         labels' slots are calibrated against (``reference`` of :func:`~hsm.label_addition.add_labels`).
         Tree outputs only (``output="huffman"`` or ``"learned"``)."""
-        from .label_addition import add_labels
+        from hsm.label_addition import add_labels
 
         self._check_fitted()
         if not isinstance(self.layer, HierarchicalSoftmax):
@@ -770,13 +770,13 @@ class FastBowClassifier:
         return {"examples": n, f"precision_at_{k}": hits / (n * k), f"recall_at_{k}": hits / label_values.size}
 
     # ------------------------------------------------------------------ fastText's text files
-    #: the dictionary of the training file (:mod:`hsm.fasttext_format`) after :meth:`fit_file`, or None
+    #: the dictionary of the training file (:mod:`hsm.classifiers.fasttext_format`) after :meth:`fit_file`, or None
     dictionary: Any = None
 
     def fit_file(self, path: str | Path, word_ngrams: int = 1, min_count: int = 1, bucket: int = 2_000_000,
                  label: str = "__label__", record_losses: bool = False) -> "FastBowClassifier":
         """Train on a fastText file (``__label__a __label__b words ...`` per line; ``"-"``: standard
-        input), read as fastText reads it (:mod:`hsm.fasttext_format`: whitespace tokens, ``</s>``
+        input), read as fastText reads it (:mod:`hsm.classifiers.fasttext_format`: whitespace tokens, ``</s>``
         ending every line, words seen at least ``min_count`` times, hashed word n-grams up to
         ``word_ngrams`` in ``bucket`` buckets, label prefix ``label``); lines without a label are
         skipped. What ``python -m hsm supervised`` runs. Then :meth:`test_file`,
@@ -784,7 +784,7 @@ class FastBowClassifier:
 
         Raises FileNotFoundError for a missing file, ValueError for a file with fewer than 2
         labels or a setting out of range (named)."""
-        from .fasttext_format import FastTextDictionary, read_lines
+        from hsm.classifiers.fasttext_format import FastTextDictionary, read_lines
 
         word_ngrams = check_count(word_ngrams, "word_ngrams", 1)
         min_count = check_count(min_count, "min_count", 1)
@@ -804,7 +804,7 @@ class FastBowClassifier:
 
     def _file_rows(self, path: str | Path) -> tuple[Any, list[str]]:
         """(encoded lines, raw lines) of a file read with the training file's dictionary."""
-        from .fasttext_format import read_lines
+        from hsm.classifiers.fasttext_format import read_lines
 
         self._check_fitted()
         if self.dictionary is None:
@@ -879,11 +879,11 @@ class FastBowClassifier:
         ``m.bin``); :meth:`load` reads it back, and predicts and tests exactly as this one. Algorithm
         1's statistics are training state and are not saved.
 
-        Atomic (:func:`hsm._atomic.atomic_write`): the bytes go to a temporary file in the same
+        Atomic (:func:`hsm.atomic.atomic_write`): the bytes go to a temporary file in the same
         folder, which replaces ``path`` only once complete, so a full disk, a second run writing
         the same file or a Ctrl-C leaves the previous file as it was (an OSError, with
-        :class:`hsm._atomic.DiskFullError` for a full disk)."""
-        from . import __version__
+        :class:`hsm.atomic.DiskFullError` for a full disk)."""
+        from hsm import __version__
 
         self._check_fitted()
         path = Path(path)
@@ -937,7 +937,7 @@ class FastBowClassifier:
     def _from_state(cls, state: dict[str, Any]) -> "FastBowClassifier":
         """The classifier of a :meth:`save` state, every part checked (KeyError, TypeError,
         ValueError or RuntimeError for the first that does not fit)."""
-        from .fasttext_format import FastTextDictionary
+        from hsm.classifiers.fasttext_format import FastTextDictionary
 
         if not isinstance(state["settings"], dict):
             raise TypeError(f"settings is a {type(state['settings']).__name__}, not a dict")

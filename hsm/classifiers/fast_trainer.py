@@ -1,7 +1,7 @@
-"""The training driver of :class:`hsm.fast_classifier.FastBowClassifier`: compiled per-example
+"""The training driver of :class:`hsm.classifiers.fast_classifier.FastBowClassifier`: compiled per-example
 Hogwild SGD over chunks of examples, with Algorithm 1's AssignLabels calls between chunks.
 
-:class:`HogwildTrainer` runs one :meth:`FastBowClassifier.fit <hsm.fast_classifier.FastBowClassifier.fit>`:
+:class:`HogwildTrainer` runs one :meth:`FastBowClassifier.fit <hsm.classifiers.fast_classifier.FastBowClassifier.fit>`:
 it plans when the tree is rebuilt (:func:`first_half_plan`, ICML §11.1, or :func:`token_plan`,
 the released fork's ``FastText::trainThread``), cuts every epoch into chunks at those points,
 runs each chunk on the kernel :func:`_sgd_examples` split over Hogwild threads (fastText's
@@ -10,7 +10,7 @@ node statistics the kernel collected (NodeCompute of Algorithm 1). Each thread's
 chunk is itself run in steps of about :data:`STEP_WORK` multiply-adds, so that Python, and with
 it Ctrl-C, gets control a few times a second; a step carries on the progress count where the
 previous one stopped, so the updates, their order and the rates are those of one call. The module docstring of
-:mod:`hsm.fast_classifier` says what one kernel step computes (eq. 5 and its SGD step) and why
+:mod:`hsm.classifiers.fast_classifier` says what one kernel step computes (eq. 5 and its SGD step) and why
 the rate and rebuild schedules are what they are.
 """
 from __future__ import annotations
@@ -23,12 +23,12 @@ import numba
 import numpy as np
 import torch
 
-from .assign import ReassignRecord, Reassignment, rebuild_tree
-from .kernels import FASTMATH, run_on_pool
-from .layers import FlatSoftmax, HierarchicalSoftmax
-from .objective import RankingScore
-from .statistics import NodeStatistics, ReleasedStatistics
-from .tree import Tree
+from hsm.assign import ReassignRecord, Reassignment, rebuild_tree
+from hsm.kernels import FASTMATH, run_on_pool
+from hsm.layers import FlatSoftmax, HierarchicalSoftmax
+from hsm.objective import RankingScore
+from hsm.statistics import NodeStatistics, ReleasedStatistics
+from hsm.tree import Tree
 
 __all__ = ["FitHistory", "HogwildTrainer", "TrainedClassifier", "first_half_plan", "output_arrays", "path_arrays", "statistics_arrays",
            "token_plan"]
@@ -261,7 +261,7 @@ class FitHistory:
 
 class TrainedClassifier(Protocol):
     """What :class:`HogwildTrainer` reads of the classifier it trains (a
-    :class:`hsm.fast_classifier.FastBowClassifier`): its settings, and the model, output layer and
+    :class:`hsm.classifiers.fast_classifier.FastBowClassifier`): its settings, and the model, output layer and
     statistics it updates in place."""
 
     dim: int

@@ -9,7 +9,7 @@
     python -m hsm add-labels model.bin new.txt -output model2 [-reference train.txt -placement objective
                              -localSteps 0 -localLr 0.1 -seed 0]
 
-The files are in fastText's format (``__label__`` labels, :mod:`hsm.fasttext_format`); ``-``
+The files are in fastText's format (``__label__`` labels, :mod:`hsm.classifiers.fasttext_format`); ``-``
 reads the test file from standard input. ``supervised`` writes ``<output>.bin`` (hsm's model
 file, :meth:`hsm.FastBowClassifier.save`, not readable by fastText); ``test`` prints ``N``,
 ``P@k``, ``R@k`` as fastText prints them; ``predict`` prints the labels of each line, and
@@ -79,7 +79,7 @@ _OPTIONS = {"dim": "-dim", "lr": "-lr", "epochs": "-epoch", "threads": "-thread"
 
 def _as_option(error: Exception) -> str:
     """The classifier's message with its setting named as the command line names it."""
-    from .fast_classifier import SettingError
+    from hsm.classifiers.fast_classifier import SettingError
 
     if isinstance(error, SettingError) and error.setting in _OPTIONS:
         return error.named(_OPTIONS[error.setting])
@@ -172,7 +172,7 @@ def supervised(argv: list[str]) -> int:
 
 
 def _supervised(argv: list[str]) -> int:
-    from .fast_classifier import FastBowClassifier
+    from hsm.classifiers.fast_classifier import FastBowClassifier
 
     parser = _supervised_parser()
     if any(arg in ("-h", "--help", "-help") for arg in argv):
@@ -203,7 +203,7 @@ def _supervised(argv: list[str]) -> int:
         return _fail("supervised", str(error))
     except (ValueError, TypeError) as error:
         return _fail("supervised", _as_option(error))
-    from .fast_classifier import SettingError
+    from hsm.classifiers.fast_classifier import SettingError
 
     start = time.perf_counter()
     try:
@@ -263,7 +263,7 @@ def add_labels(argv: list[str]) -> int:
 
 
 def _add_labels(argv: list[str]) -> int:
-    from .fast_classifier import FastBowClassifier
+    from hsm.classifiers.fast_classifier import FastBowClassifier
 
     parser = _add_labels_parser()
     if any(arg in ("-h", "--help", "-help") for arg in argv):
@@ -315,7 +315,7 @@ def _add_labels(argv: list[str]) -> int:
 
 def _model_and_data(command: str, argv: list[str]) -> tuple[Any, str, int, float]:
     """``<model> <test-data> [<k>] [<th>]``, as fastText's test and predict take them."""
-    from .fast_classifier import FastBowClassifier
+    from hsm.classifiers.fast_classifier import FastBowClassifier
 
     usage = f"usage: python -m hsm {command} <model> <test-data> [<k>] [<th>]"
     if not 2 <= len(argv) <= 4:
@@ -412,7 +412,7 @@ def _predict(command: str, argv: list[str], probabilities: bool) -> int:
 
 def _write_bytes_as_read(text: str) -> None:
     """``text`` on standard output as the bytes it was read from: the files are decoded as UTF-8
-    with ``surrogateescape`` (:func:`hsm.fasttext_format.read_lines`), so encoding the same way
+    with ``surrogateescape`` (:func:`hsm.classifiers.fasttext_format.read_lines`), so encoding the same way
     gives every label back byte for byte (fastText prints its bytes as they are); the terminal's
     own encoding, strict UTF-8 or another, would fail on a label that is not valid UTF-8."""
     data = text.encode("utf-8", "surrogateescape")

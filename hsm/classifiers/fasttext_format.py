@@ -197,7 +197,7 @@ class FastTextDictionary:
               label_prefix: str = "__label__") -> "FastTextDictionary":
         """The dictionary of a training file's ``lines`` (fastText's ``Dictionary::readFromFile``);
         ValueError when no line has a label or fewer than 2 labels occur, and
-        :class:`hsm.fast_classifier.SettingError` when ``min_count`` leaves no word."""
+        :class:`hsm.classifiers.fast_classifier.SettingError` when ``min_count`` leaves no word."""
         words, labels, tokens = Counter(), Counter(), 0
         for line in lines:
             pieces = _tokens(line)

@@ -1,5 +1,5 @@
 """Sparse TF-IDF document features: the input representation of today's label-tree classifiers
-(Parabel, Bonsai, PLT) and of :class:`hsm.sparse_tree.SparseTreeClassifier`.
+(Parabel, Bonsai, PLT) and of :class:`hsm.classifiers.sparse_tree.SparseTreeClassifier`.
 
 A document is its model ids (words, and hashed bigrams from :func:`hsm.text_models.hashed_bigrams`);
 its feature vector counts each id, weighs the count by ``1 + log tf`` and the inverse document

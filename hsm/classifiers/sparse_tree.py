@@ -3,7 +3,7 @@
 The paper's model is ``p(y | x) = prod_{(n, c) in path(y)} softmax_c(W_n f(x) + b_n)`` (ICML eq. 3)
 with a learned representation ``f(x)``. Today's label-tree classifiers (Parabel, Bonsai, PLT)
 keep the tree and drop the learned representation: ``f(x)`` is the document's sparse TF-IDF
-vector (:mod:`hsm.sparse_features`) and each node is a linear model over it. Algorithm 1 needs
+vector (:mod:`hsm.classifiers.sparse_features`) and each node is a linear model over it. Algorithm 1 needs
 nothing of ``f`` but the node probabilities, so it applies unchanged: this module is the paper's
 tree learning on their representation.
 
@@ -12,7 +12,7 @@ tree learning on their representation.
   and each node on the path, M consecutive floats (one cache line or two), and the exact
   posterior over every label reads one contiguous row per non-zero.
 * **Training.** Per-example SGD on eq. 5 along the label's path (the compiled Hogwild driver of
-  :class:`hsm.fast_classifier.FastBowClassifier`, :class:`hsm.fast_trainer.HogwildTrainer`,
+  :class:`hsm.classifiers.fast_classifier.FastBowClassifier`, :class:`hsm.classifiers.fast_trainer.HogwildTrainer`,
   with a sparse kernel), NodeCompute's statistics collected on the way, and AssignLabels
   (Algorithm 2) between chunks in the first half of training (ICML §11.1).
 * **Starting trees.** The M-ary Huffman tree of the label counts (the paper's), or the
@@ -33,16 +33,16 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
-from ._checks import NonFiniteInputError, check_choice, check_count, check_fraction, check_positive
-from ._optional import require
-from .assign import ReassignRecord, Reassignment, rebuild_tree
-from .fast_classifier import Prediction, as_labels, check_inferred_size
-from .fast_trainer import FitHistory, HogwildTrainer, example_rate, path_arrays, statistics_arrays
-from .kernels import FASTMATH, run_on_pool
-from .label_addition import LabelAddition, NodeSlots, check_placement, place_labels
-from .objective import RankingScore, check_ranking_score
-from .statistics import NodeStatistics
-from .tree import Tree, check_integer
+from hsm._checks import NonFiniteInputError, check_choice, check_count, check_fraction, check_positive
+from hsm._optional import require
+from hsm.assign import ReassignRecord, Reassignment, rebuild_tree
+from hsm.classifiers.fast_classifier import Prediction, as_labels, check_inferred_size
+from hsm.classifiers.fast_trainer import FitHistory, HogwildTrainer, example_rate, path_arrays, statistics_arrays
+from hsm.kernels import FASTMATH, run_on_pool
+from hsm.label_addition import LabelAddition, NodeSlots, check_placement, place_labels
+from hsm.objective import RankingScore, check_ranking_score
+from hsm.statistics import NodeStatistics
+from hsm.tree import Tree, check_integer
 
 __all__ = ["SparseTreeClassifier", "full_tree", "kmeans_label_tree", "label_centroids"]
 
@@ -98,7 +98,7 @@ def _sgd_sparse_examples(indptr, indices, data, order, targets, weight, bias, pe
 
     ``indptr``/``indices``/``data``: the CSR rows of x; ``weight`` [F, N*M] (feature-major),
     ``bias`` [N, M], ``penalty`` [N, M] (-inf on slots holding no real label; 0 rows: none), the
-    label paths ``path_*`` [K', L]. Rate and statistics as :func:`hsm.fast_trainer._sgd_examples`.
+    label paths ``path_*`` [K', L]. Rate and statistics as :func:`hsm.classifiers.fast_trainer._sgd_examples`.
     ``squares`` [F, N] (0 rows: plain SGD): AdaGrad's running sum of squared gradients per
     (feature, node), shared by the node's M weights of that feature; the step of feature f at
     node n is divided by ``sqrt(1 + squares[f, n])`` (so it starts as the plain SGD step and
@@ -291,7 +291,7 @@ def kmeans_label_tree(centroids: sp.csr_matrix | np.ndarray, arity: int, seed: i
     fewer than M labels), the shape Algorithm 3 re-assigns, instead of a well-formed tree."""
     TruncatedSVD = require("sklearn.decomposition", "the k-means start tree").TruncatedSVD
 
-    from .clustering import kmeans_fill, clustering_tree
+    from hsm.clustering import kmeans_fill, clustering_tree
 
     num_labels = centroids.shape[0]
     arity = check_integer(arity, "arity")
@@ -414,7 +414,7 @@ class SparseTreeClassifier:
     lr: the initial per-example learning rate (rows of x have unit length).
     epochs: passes over the training data.
     threads: Hogwild threads (1 is deterministic).
-    lr_schedule: as :class:`hsm.fast_classifier.FastBowClassifier` (``"auto"``: constant then
+    lr_schedule: as :class:`hsm.classifiers.fast_classifier.FastBowClassifier` (``"auto"``: constant then
         linear for ``"learned"``, linear otherwise).
     rebuilds: AssignLabels calls in the first half of training (ICML §11.1: 50).
     prior, decay, score: Algorithm 1's statistics (:class:`hsm.NodeStatistics`) and Algorithm 2's
@@ -443,7 +443,7 @@ class SparseTreeClassifier:
     seed: the orders, the multi-label draws and the k-means tree.
 
     Attributes after :meth:`fit`: ``weight`` [F, N*M], ``bias`` [N, M], ``tree`` (None for
-    flat), ``start_tree``, ``statistics``, ``history`` (:class:`hsm.fast_trainer.FitHistory`).
+    flat), ``start_tree``, ``statistics``, ``history`` (:class:`hsm.classifiers.fast_trainer.FitHistory`).
     """
 
     def __init__(self, output: Literal["flat", "tree", "learned"] = "learned",
@@ -547,12 +547,12 @@ class SparseTreeClassifier:
 
     # ------------------------------------------------------------------ training
     def fit(self, features: sp.spmatrix, labels: Any, num_labels: int | None = None) -> "SparseTreeClassifier":
-        """Train on ``features`` ([n, F] sparse, e.g. :func:`hsm.sparse_features.tfidf_features`'
+        """Train on ``features`` ([n, F] sparse, e.g. :func:`hsm.classifiers.sparse_features.tfidf_features`'
         rows) and ``labels`` (one int per row, or a label set per row).
 
         ``num_labels``: K when the training data do not show the largest label id; a label id of
         K or more is then refused, naming it and its row. Without it K is the largest id plus one,
-        refused (as by :class:`hsm.fast_classifier.FastBowClassifier`) when that exceeds 10 times
+        refused (as by :class:`hsm.classifiers.fast_classifier.FastBowClassifier`) when that exceeds 10 times
         the distinct ids seen plus 1,000: a stray id (10**6 among 0..9) would otherwise size and
         train a model of a million labels no example uses.
 
@@ -581,7 +581,7 @@ class SparseTreeClassifier:
         tree = None if self.output == "flat" else self._starting_tree(features, label_values, label_offsets, counts)
         slots = k if tree is None else tree.num_nodes * tree.arity
         need = 4 * num_features * slots
-        from .fast_classifier import physical_memory
+        from hsm.classifiers.fast_classifier import physical_memory
 
         have = physical_memory()
         if have is not None and need > 0.8 * have:

@@ -44,7 +44,7 @@ Memory is the peak resident set of a fresh process per (V, method) minus its siz
 measurement is ``max(bytes / bandwidth, flops / peak)`` with this machine's copy bandwidth and
 matmul throughput measured at start-up; ``floor_fraction = floor / measured``.
 
-``--json PATH`` writes the table with provenance (:mod:`hsm.results`; scale ``quick`` with
+``--json PATH`` writes the table with provenance (:mod:`hsm_lab.results`; scale ``quick`` with
 ``--quick``, else ``full``). ``--quick`` runs tiny sizes in-process in a few seconds (what CI
 checks: the table's structure, not the timings); sizes given explicitly (``--vocab``, ``--dim``,
 ``--batch``, ``--repeats``, ``--budget``) are honoured with it. Every count must be >= 1 (vocabularies
@@ -68,7 +68,15 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from hsm._help import plain
+from hsm.cli_text import plain
+from hsm_lab.output_layers import (
+    ADAPTIVE_CUTOFFS,
+    ADAPTIVE_CUTOFFS_X5,
+    OUTPUT_LAYERS,
+    AdaptiveSoftmaxBaseline,
+    adaptive_cutoffs,
+    output_layer,
+)
 
 __all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "OUTPUT_LAYERS", "PRECISIONS",
            "AdaptiveSoftmaxBaseline", "BenchConfig", "adaptive_cutoffs", "output_layer", "machine_limits",
@@ -96,105 +104,6 @@ def tree_arity(num_labels: int, depth: int) -> int:
     while arity**depth < num_labels:
         arity += 1
     return arity
-
-
-#: the adaptive softmax's cutoffs (those below V are used): a head of the 2,000 most frequent
-#: words and tails of growing size, the shape of Grave et al.'s large-vocabulary setups; among
-#: the configurations of that shape timed at V = 250k, d = 200, B = 128 (head 1k-5k words, two or
-#: three tails, ``div_value`` 2 or 4; the performance chapter), among the fastest (three tails with
-#: ``div_value=4`` and a head of 1k-2k words were equally fast within the timing noise)
-ADAPTIVE_CUTOFFS = (2_000, 20_000, 100_000)
-#: the cutoffs of this benchmark's first committed runs (method ``adaptive-x5``): smaller tail
-#: clusters, about 2.5 times slower at V = 250k (the performance chapter compares both)
-ADAPTIVE_CUTOFFS_X5 = (2_000, 10_000, 50_000, 200_000)
-
-
-def adaptive_cutoffs(num_labels: int, dim: int = 200, div_value: float = 4.0,
-                     base: Sequence[int] = ADAPTIVE_CUTOFFS_X5) -> list[int]:
-    """Cutoffs for AdaptiveLogSoftmaxWithLoss: those of ``base`` below V (the benchmark's
-    ``adaptive`` passes :data:`ADAPTIVE_CUTOFFS`; the default, :data:`ADAPTIVE_CUTOFFS_X5`, is
-    what this function returned for the first committed runs), and no more clusters than leave every tail a
-    projection of at least one dimension (torch gives tail i the size ``dim // div_value**(i + 1)``:
-    with d = 200 and ``div_value=4`` a fourth tail would get 0 dimensions, a degenerate model).
-    A vocabulary at or below the first cutoff gets one cutoff at V / 4. ValueError unless ``base``
-    is increasing positive integers."""
-    base = [int(c) for c in base]
-    if not base or base[0] < 1 or any(b <= a for a, b in zip(base, base[1:])):
-        raise ValueError(f"base must be increasing positive cutoffs, got {base}")
-    cutoffs = [c for c in base if c < num_labels]
-    while cutoffs and int(dim // div_value ** len(cutoffs)) < 1:
-        cutoffs.pop()
-    return cutoffs or [max(1, num_labels // 4)]
-
-
-class AdaptiveSoftmaxBaseline(torch.nn.Module):
-    """The adaptive softmax every comparison of this project runs against:
-    :class:`torch.nn.AdaptiveLogSoftmaxWithLoss` with :func:`adaptive_cutoffs` of ``cutoffs`` (a
-    setting of each experiment: :data:`ADAPTIVE_CUTOFFS` by default, 2k/20k/100k below V) and
-    ``div_value=4`` (Grave et al.'s setting for large vocabularies). Its cutoffs split the label
-    ids into a head of frequent labels and tails of rarer ones, so the ids must be frequency
-    ranks: given the training ``counts``, labels are renumbered by rank inside (``rank`` [V]);
-    without, the ids are taken to be ranks already (the benchmarks' Zipf targets).
-
-    forward(h [B, d], y [B]) -> (output [B] log-probabilities of the targets, loss []): the
-    interface of the tree and flat layers."""
-
-    def __init__(self, dim: int, num_labels: int, counts: np.ndarray | None = None,
-                 cutoffs: Sequence[int] = ADAPTIVE_CUTOFFS, div_value: float = 4.0) -> None:
-        super().__init__()
-        if counts is None:
-            self.rank: torch.Tensor | None = None
-        else:
-            counts = np.asarray(counts)
-            if counts.shape != (num_labels,):
-                raise ValueError(f"counts must hold one count per label ({num_labels}), got shape {counts.shape}")
-            order = np.argsort(-counts, kind="stable")  # label ids by decreasing count
-            rank = np.empty(num_labels, dtype=np.int64)
-            rank[order] = np.arange(num_labels)
-            self.register_buffer("rank", torch.from_numpy(rank))
-        self.adaptive = torch.nn.AdaptiveLogSoftmaxWithLoss(
-            dim, num_labels, adaptive_cutoffs(num_labels, dim, div_value=div_value, base=cutoffs),
-            div_value=div_value)
-
-    def forward(self, hidden: torch.Tensor, target: torch.Tensor):
-        return self.adaptive(hidden, target if self.rank is None else self.rank[target])
-
-
-#: the output layers :func:`output_layer` builds
-OUTPUT_LAYERS = ("flat", "adaptive", "tree")
-
-
-def output_layer(kind: str, dim: int, num_labels: int, *, tree: Any = None, counts: np.ndarray | None = None,
-                 sparse: bool = False, zero: bool = False,
-                 cutoffs: Sequence[int] = ADAPTIVE_CUTOFFS) -> torch.nn.Module:
-    """The output layer of every experiment and benchmark, in one place: ``"flat"``
-    (:class:`hsm.FlatSoftmax`), ``"adaptive"`` (:class:`AdaptiveSoftmaxBaseline`, ``counts`` and
-    ``cutoffs`` its settings) or ``"tree"`` (:class:`hsm.HierarchicalSoftmax` over ``tree``, which
-    each experiment builds its own way; ``sparse``: row-sparse gradients). ``zero``: weights and
-    biases start at 0 (fastText's output matrix: every run starts from the uniform distribution).
-    ValueError for an unknown kind, a tree layer without a tree or a zero adaptive softmax."""
-    from .layers import FlatSoftmax, HierarchicalSoftmax
-
-    if kind == "flat":
-        layer: torch.nn.Module = FlatSoftmax(dim, num_labels)
-        parameters = [layer.linear.weight, layer.linear.bias]
-    elif kind == "adaptive":
-        if zero:  # an all-zero adaptive softmax cannot learn its tail projections
-            raise ValueError("zero initialisation is for the flat and tree layers, not the adaptive softmax")
-        return AdaptiveSoftmaxBaseline(dim, num_labels, counts=counts, cutoffs=cutoffs)
-    elif kind == "tree":
-        if tree is None:
-            raise ValueError("a tree output layer needs its tree")
-        layer = HierarchicalSoftmax(dim, tree, sparse=sparse)
-        parameters = [layer.weight, layer.bias]
-    else:
-        raise ValueError(f"unknown output layer {kind!r}; known: {list(OUTPUT_LAYERS)}")
-    if zero:
-        with torch.no_grad():
-            for parameter in parameters:
-                if parameter is not None:
-                    parameter.zero_()
-    return layer
 
 
 def zipf_targets(num_labels: int, batch: int, count: int, seed: int = 0) -> list[torch.Tensor]:
@@ -359,7 +268,7 @@ def _median_times(fn: Callable[[], Any], repeats: int, budget_s: float, device: 
 
 
 def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: int):
-    from .tree import Tree
+    from hsm.tree import Tree
 
     torch.manual_seed(seed)
     if method == "flat":
@@ -375,7 +284,7 @@ def _build(method: str, num_labels: int, dim: int, device: torch.device, seed: i
                          sparse=method.startswith(("tree", "torch", "learned"))).to(device)
     layer.use_kernels = not method.startswith("torch")
     if method.startswith("learned"):
-        from .training import TreeLearner
+        from hsm.training import TreeLearner
 
         # attached, the learner's statistics are collected in every training forward; it never
         # re-assigns here (the re-assignment's cost is --algorithm1's)
@@ -459,8 +368,8 @@ def _time_one(config: dict[str, Any], device: torch.device) -> dict[str, Any]:
     cpu_ms: dict[str, float] = {}
     if "train" in metrics:
         ms["train"], cpu_ms["train"] = _median_times(train, repeats, budget, device)
-    from . import search
-    from .optim import RowSparseAdagrad, RowSparseSGD
+    from hsm import search
+    from hsm.optim import RowSparseAdagrad, RowSparseSGD
 
     optimizers = [("train_sgd", RowSparseSGD), ("train_adagrad", RowSparseAdagrad)]
     if tree is not None:  # torch's own sparse paths, for reference
@@ -539,7 +448,7 @@ def _run_isolated(config: dict[str, Any]) -> dict[str, Any]:
         # torch's CPU allocator then backs tensors >= 2 MB with transparent huge pages: a fresh
         # multi-MB temporary costs a few page faults instead of thousands (read once at start-up)
         env["THP_MEM_ALLOC_ENABLE"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "hsm.bench", "--one", json.dumps(config)],
+    proc = subprocess.run([sys.executable, "-m", "hsm_lab.bench", "--one", json.dumps(config)],
                           capture_output=True, text=True, check=False, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark {config['method']} V={config['vocab']} failed:\n{proc.stderr[-3000:]}")
@@ -589,7 +498,7 @@ def run_benchmark(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch
         raise ValueError(f"vocabs must be one or more sizes >= 2, got {list(vocabs)}")
     if not (isinstance(budget_s, (int, float)) and math.isfinite(budget_s) and budget_s > 0):
         raise ValueError(f"budget_s must be a finite number of seconds > 0, got {budget_s!r}")
-    from hsm.experiments import check_device
+    from hsm_lab.checks import check_device
 
     device = check_device(device)
     limits = machine_limits(device)
@@ -692,7 +601,7 @@ def to_records(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One record per (V, B, precision, method, metric): value = ms per batch (median), with the
     rest beside it; a row that was skipped is one record of kind ``skipped`` (value 0) with its
     reason."""
-    from .results import make_record
+    from hsm_lab.results import make_record
 
     records = []
     for row in result["rows"]:
@@ -734,11 +643,11 @@ def algorithm1_overhead(vocab: int = 250_000, arity: int = 65, depth: int = 3, d
     (:func:`hsm.assign.assign_labels_well_formed`). The amortised overhead is given for the
     papers' schedule: ``reassign_per_epoch`` re-assignments per epoch of ``epoch_tokens`` targets
     (the Gutenberg training set of this project: 40.75M tokens)."""
-    from .assign import assign_labels_depth_constrained, assign_labels_well_formed
-    from .layers import HierarchicalSoftmax
-    from .optim import RowSparseAdagrad
-    from .training import TreeLearner
-    from .tree import Tree
+    from hsm.assign import assign_labels_depth_constrained, assign_labels_well_formed
+    from hsm.layers import HierarchicalSoftmax
+    from hsm.optim import RowSparseAdagrad
+    from hsm.training import TreeLearner
+    from hsm.tree import Tree
 
     torch.manual_seed(seed)
     tree = Tree.random(vocab, arity, depth, seed=seed)
@@ -832,9 +741,9 @@ def profile_train_step(vocab: int = 250_000, depth: int = 3, dim: int = 200, bat
     tree softmax; the ``top`` operators by self CPU time, in ms per step and share of the total."""
     from torch.profiler import ProfilerActivity, profile
 
-    from .layers import HierarchicalSoftmax
-    from .optim import RowSparseAdagrad
-    from .tree import Tree
+    from hsm.layers import HierarchicalSoftmax
+    from hsm.optim import RowSparseAdagrad
+    from hsm.tree import Tree
 
     torch.manual_seed(seed)
     tree = Tree.random(vocab, tree_arity(vocab, depth), depth, seed=seed)
@@ -932,7 +841,7 @@ def _parser() -> argparse.ArgumentParser:
                         help="do not set THP_MEM_ALLOC_ENABLE=1 (huge pages for CPU tensors) in the measuring processes")
     parser.add_argument("--quick", action="store_true",
                         help="tiny sizes, in-process (CI); sizes given explicitly are kept")
-    parser.add_argument("--json", default=None, help="write the result file here (hsm.results format)")
+    parser.add_argument("--json", default=None, help="write the result file here (hsm_lab.results format)")
     parser.add_argument("--allow-dirty", action="store_true",
                         help="write --json at full scale although the code has uncommitted changes (recorded)")
     parser.add_argument("--force", action="store_true",
@@ -954,8 +863,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.set_num_threads(int(config["threads"]))
         print(json.dumps(run_one(config)))
         return 0
-    from hsm.experiments import check_device
-    from hsm.results import check_code_committed, check_replace, recording_invocation
+    from hsm_lab.checks import check_device
+    from hsm_lab.results import check_code_committed, check_replace, recording_invocation
 
     scale = "quick" if args.quick else "full"
     try:
@@ -1006,7 +915,7 @@ def _measure(args: argparse.Namespace, scale: str) -> int:
         for row in rows:
             print(f"{row['op']:<40} {row['self_ms_per_step']:9.3f} ms {row['share']:6.1%}")
         if args.json:
-            from .results import make_record, provenance, write_results
+            from hsm_lab.results import make_record, provenance, write_results
 
             records = [make_record(None, row["self_ms_per_step"], kind="profile", **sizes, **row) for row in rows]
             config = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
@@ -1024,7 +933,7 @@ def _measure(args: argparse.Namespace, scale: str) -> int:
         result = algorithm1_overhead(**sizes)
         print(format_algorithm1(result))
         if args.json:
-            from .results import make_record, provenance, write_results
+            from hsm_lab.results import make_record, provenance, write_results
 
             records = [make_record(None, result["reassign_total_s"], kind="algorithm1", **result)]
             config = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
@@ -1038,7 +947,7 @@ def _measure(args: argparse.Namespace, scale: str) -> int:
                            metrics=args.metrics, progress=lambda line: print(line, flush=True))
     print(format_table(result))
     if args.json:
-        from .results import provenance, write_results
+        from hsm_lab.results import provenance, write_results
 
         config = {k: v for k, v in vars(args).items() if k not in ("json", "one")}
         config["threads"] = torch.get_num_threads()

@@ -26,7 +26,7 @@ on their weights.
 Times are medians (``--repeats``, fewer when a call is slow: ``--budget``), in this process, with
 torch's threads (and the kernels') set to each of ``--threads`` in turn. The result file (default
 ``hsm-results/bench/decoding.json``, ``--json`` for another) holds one record per (V, threads,
-method, metric) with provenance (:mod:`hsm.results`), as ``python -m hsm bench`` writes them, and
+method, metric) with provenance (:mod:`hsm_lab.results`), as ``python -m hsm bench`` writes them, and
 each time's ratio to the flat and the adaptive layer's. ``--quick`` runs tiny sizes in seconds
 (sizes given explicitly are honoured). A bad option is one line on stderr and exit status 2.
 """
@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ._help import plain
+from hsm.cli_text import plain
 
 __all__ = ["METHODS", "METRICS", "decoding_functions", "format_table", "main", "run_decoding", "to_records"]
 
@@ -56,7 +56,7 @@ _QUICK = dict(vocab=[500, 2_000], dim=16, batch=8, threads=[1], repeats=3, budge
 
 def decoding_functions(method: str, layer: torch.nn.Module) -> dict[str, Callable[[torch.Tensor], Any]]:
     """The timed function of each metric this method has (see the module doc), each taking ``h``."""
-    from . import search
+    from hsm import search
 
     if method.startswith("tree"):
         def without_kernels(fn: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], Any]:
@@ -81,7 +81,7 @@ def decoding_functions(method: str, layer: torch.nn.Module) -> dict[str, Callabl
 def _measure_method(method: str, vocab: int, dim: int, batch: int, threads: int, repeats: int, budget_s: float,
                     weight_scale: float, metrics: Sequence[str], seed: int = 0) -> dict[str, Any]:
     """One row: the times of ``metrics`` for one (V, method) at ``threads`` threads."""
-    from .bench import _build, _median_times
+    from hsm_lab.bench import _build, _median_times
 
     torch.set_num_threads(threads)
     device = torch.device("cpu")
@@ -164,7 +164,7 @@ def format_table(result: dict[str, Any]) -> str:
 
 def to_records(result: dict[str, Any]) -> list[dict[str, Any]]:
     """One record per (V, threads, method, metric): value = ms per batch (median)."""
-    from .results import make_record
+    from hsm_lab.results import make_record
 
     records = []
     for row in result["rows"]:
@@ -177,7 +177,7 @@ def to_records(result: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .bench import _count, _positive_float
+    from hsm_lab.bench import _count, _positive_float
 
     parser = argparse.ArgumentParser(prog="python -m hsm bench-decoding", description=plain(__doc__.split("\n\n")[0]))
     parser.add_argument("--vocab", type=_count(2), nargs="+", default=None,
@@ -202,8 +202,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .bench import _without_json
-    from .results import (check_code_committed, check_replace, output_path, provenance, recording_invocation,
+    from hsm_lab.bench import _without_json
+    from hsm_lab.results import (check_code_committed, check_replace, output_path, provenance, recording_invocation,
                           write_results)
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -17,7 +17,7 @@ import numpy as np
 Scale = Literal["quick", "full"]
 
 #: Environment variable naming a local data mirror: one folder per source, laid out as in
-#: :mod:`hsm.data.registry` (``ptb/ptb.train.txt``, ...).
+#: :mod:`hsm_lab.data.registry` (``ptb/ptb.train.txt``, ...).
 MIRROR_ENV = "HSM_DATA_MIRROR"
 #: Environment variable naming the cache directory (downloaded archives, processed token ids).
 CACHE_ENV = "HSM_CACHE"
@@ -49,7 +49,7 @@ def cache_dir() -> Path:
     cannot be created (no permission, a parent that is a file, a read-only file system). An existing directory
     that is *not writable* is accepted on purpose: a pre-filled read-only cache can still be read, files from
     the data mirror are then read in place, and a write that is really needed fails with an error naming the
-    path (see :mod:`hsm.data.fetch`).
+    path (see :mod:`hsm_lab.data.fetch`).
     """
     value = os.environ.get(CACHE_ENV)
     if value:

@@ -3,7 +3,7 @@
 Every number here is copied from the papers this project reproduces and carries the table it
 comes from. They are the *papers'* numbers: nothing in this module is
 measured. Experiments compare against them through :func:`get`; the landing page of the book
-gives a verdict per claim from them (see :mod:`hsm.report`), and its appendix lists every
+gives a verdict per claim from them (see :mod:`hsm_lab.report`), and its appendix lists every
 measured one beside ours.
 
 Sources (the key prefix, the paper, and its key in the book's bibliography, ``PaperNumber.paper``):

@@ -1,7 +1,7 @@
 """The book's verdict table (landing page) and its table of every measured paper number (appendix),
 built from the committed result files.
 
-Two views of the same measurements (:func:`hsm.results.iter_results` reads the files):
+Two views of the same measurements (:func:`hsm_lab.results.iter_results` reads the files):
 
 * :func:`verdicts`: one row per claim of the papers (about ten), each with the paper's number,
   ours from the claim's *main run*, a verdict word and the chapter that shows it.
@@ -34,8 +34,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from hsm import paper
-from hsm.results import default_results_root, hardware_summary, iter_results
+from hsm_lab import paper
+from hsm_lab.results import default_results_root, hardware_summary, iter_results
 
 __all__ = [
     "NOT_FINITE",
@@ -111,7 +111,7 @@ class Measurement:
     value: float
     file: str  #: path relative to the results folder, e.g. ``lm/ptb-l2-decay1.json``
     scale: str  #: the run's ``provenance.hsm_scale`` label
-    hardware: str  #: :func:`hsm.results.hardware_summary` of the run's machine
+    hardware: str  #: :func:`hsm_lab.results.hardware_summary` of the run's machine
     date_utc: str
     record: Mapping[str, Any] = field(repr=False)
     config: Mapping[str, Any] = field(repr=False)
@@ -281,7 +281,7 @@ def number_groups(root: str | os.PathLike[str] | None = None) -> list[NumberGrou
     missing = set(found) - listed
     if missing:
         raise ValueError(f"measured paper numbers in no chapter of the appendix: {sorted(missing)}; "
-                         "add their key prefix to a chapter in hsm.report._CHAPTERS")
+                         "add their key prefix to a chapter in hsm_lab.report._CHAPTERS")
     return groups
 
 
@@ -393,7 +393,7 @@ def _timing_tables(rows: Sequence[NumberRow]) -> str:
             mark = ""
             if speedup_key and row.claim.startswith(f"{prefix}.learned_tree"):
                 stated = paper.get(speedup_key)
-                if not math.isclose(stated.value, paper_ratio):  # a typo in hsm.paper
+                if not math.isclose(stated.value, paper_ratio):  # a typo in hsm_lab.paper
                     raise ValueError(f"{speedup_key} is not the ratio of its table's times ({paper_ratio:.3f})")
                 mark = f"; the paper: \u201c{stated.printed.split(' (')[0]}\u201d"
                 by_claim.pop(speedup_key, None)
@@ -480,7 +480,7 @@ def _best_valid_test(record: Mapping[str, Any]) -> float:
 def _random_seed_tests(root: Path, measurement: Measurement) -> list[float]:
     """The test perplexity of every random tree of a language-model run (its selection record),
     or the chosen one's alone where the file has no such record."""
-    from hsm.results import load_results
+    from hsm_lab.results import load_results
 
     selection = next((r.get("selection") for r in load_results(root / measurement.file)["records"]
                       if r.get("measure") == "selection"), None) or {}
@@ -673,8 +673,8 @@ def paper_comparisons(root: str | os.PathLike[str] | None = None) -> list[PaperC
     four tables. The tag-prediction numbers are left out (YFCC100M is not ours to measure), and so
     are times (the devices differ). Seeds: PTB's random trees (the runs' selection record),
     Gutenberg's random-tree files, the taxonomy files' per-seed values."""
-    from hsm.experiments import taxonomy
-    from hsm.results import load_results
+    from hsm_lab.experiments import taxonomy
+    from hsm_lab.results import load_results
 
     root_path = default_results_root() if root is None else Path(root)
     found = measurements(root_path)
@@ -718,7 +718,7 @@ MNIH_HINTON_FILE = "lm/gutenberg-mnih-hinton-predicted-678books-250k-65ary-1ep.j
 def _mnih_hinton_row(root: Path, found: Mapping[str, Sequence[Measurement]]) -> Verdict | None:
     """The thesis: its re-implementation of Mnih & Hinton's tree "performs significantly worse than
     our method". Ours is a variant: one 65-ary clustering of the model's predicted vectors."""
-    from hsm.results import load_results
+    from hsm_lab.results import load_results
 
     learned = _value(found, "icml2017.table2.learned_tree.perplexity")
     path = root / MNIH_HINTON_FILE
@@ -772,7 +772,7 @@ def gpu_layer_speedups(root: Path | None = None, vocab: int = 250_000, batch: in
     path = (default_results_root() if root is None else Path(root)) / GPU_LAYER_BENCH
     if not path.exists():
         return None
-    from hsm.results import load_results
+    from hsm_lab.results import load_results
 
     payload = load_results(path)
     ms = {(r["vocab"], r["batch"], r["method"], r["metric"]): r["value"] for r in payload["records"]
@@ -799,7 +799,7 @@ def gpu_flat_slice(root: Path | None, epoch_tokens: int) -> dict[str, Any] | Non
     path = (default_results_root() if root is None else Path(root)) / GPU_FLAT_SLICE
     if not path.exists():
         return None
-    from hsm.results import load_results
+    from hsm_lab.results import load_results
 
     payload = load_results(path)
     by = {r.get("measure"): r for r in payload["records"] if r.get("run") == "flat"}
@@ -816,9 +816,9 @@ def _timing_record(found: Mapping[str, Sequence[Measurement]], key: str) -> Meas
 
 def _stand_in_gains(root: Path) -> dict[str, dict[tuple[int, int], np.ndarray]]:
     """learned − Huffman P@1 per (d, M), one value per seed, on the compiled trainer's full-size
-    5-epoch table runs of each stand-in (:func:`hsm.experiments.classification.report.fast_runs`,
+    5-epoch table runs of each stand-in (:func:`hsm_lab.experiments.classification.report.fast_runs`,
     the runs the classification chapter's table shows)."""
-    from hsm.experiments.classification.report import fast_runs
+    from hsm_lab.experiments.classification.report import fast_runs
 
     out: dict[str, dict[tuple[int, int], np.ndarray]] = {}
     for data in ("gutenberg-books", "cooking"):
@@ -901,7 +901,7 @@ def _test_time_row(root: Path) -> Verdict | None:
     """ICML §7.1: the learned trees are nearly as fast as Huffman's at test time. The paper's learned
     trees are Algorithm 2's; Algorithm 3's (a fixed depth) are the variant. Timed in one single-thread
     run per seed (the depth-limit runs), against the 20-ary Huffman tree of the same run."""
-    from hsm.experiments.classification.report import depth_limit_runs
+    from hsm_lab.experiments.classification.report import depth_limit_runs
 
     ratios: dict[str, list[float]] = {"learned20": [], "learned20-fixed-depth": [], "learned28-fixed-depth": []}
     for data in ("gutenberg-books", "cooking"):
@@ -962,8 +962,8 @@ def _theory_row() -> Verdict:
 
 
 def _taxonomy_row(root: Path) -> Verdict | None:
-    from hsm.experiments import taxonomy
-    from hsm.results import load_results
+    from hsm_lab.experiments import taxonomy
+    from hsm_lab.results import load_results
 
     diffs, names, cut_short = [], [], []
     for name, (_, table, key, _) in taxonomy.DATASETS.items():
@@ -1012,7 +1012,7 @@ def _taxonomy_row(root: Path) -> Verdict | None:
 
 
 def _sampling_row(root: Path) -> Verdict | None:
-    from hsm.results import load_results
+    from hsm_lab.results import load_results
 
     path = root / "sampling" / "fig2.json"
     if not path.exists():
@@ -1123,7 +1123,7 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
     the file, and what the run cost.
 
     ``files`` are paths relative to ``results/`` (``root``, default the committed results). The
-    command is the one the file records (:func:`hsm.reproduce.invocation_of`, rebuilt for files
+    command is the one the file records (:func:`hsm_lab.reproduce.invocation_of`, rebuilt for files
     older than recorded commands), written to the committed path with ``--out``; a file whose
     command cannot be rebuilt is named with the experiment that made it. The cost is the training
     time the provenance records (``config.training_seconds``, which sums the pieces of a run resumed
@@ -1136,8 +1136,8 @@ def regenerate_note(files: str | os.PathLike[str] | Sequence[str | os.PathLike[s
     Raises:
         ValueError: a file is not a result file under ``root``.
     """
-    from hsm.reproduce import ReproduceError, command_for, invocation_of
-    from hsm.results import load_results
+    from hsm_lab.reproduce import ReproduceError, command_for, invocation_of
+    from hsm_lab.results import load_results
 
     def cost_words(seconds: float) -> str:
         """A duration as the book states costs: whole CPU-minutes up to 90, CPU-hours beyond."""

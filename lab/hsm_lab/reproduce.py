@@ -1,6 +1,6 @@
 """``python -m hsm reproduce RESULT.json``: run a result file's command again and compare.
 
-A result file (:mod:`hsm.results`) records the command that made it (``provenance.invocation``:
+A result file (:mod:`hsm_lab.results`) records the command that made it (``provenance.invocation``:
 the experiment, its scale, device and ``-o`` options, or the benchmark's arguments) and the code
 (``git_commit``, plus ``git_diff`` when that code had uncommitted changes). This command runs the
 same command again into a scratch folder (training every run again there: finished runs in the
@@ -21,7 +21,7 @@ checked either.
 The default tolerance follows what the arithmetic can promise. Integers (counts, sizes, epochs)
 must be equal. Float results must be equal too when the re-run did the same arithmetic as the
 file's run: one thread, the same CPU model, vector extensions and kernels, and the same torch,
-numpy and numba (:func:`hsm.results.machine_arithmetic`; the provenance records them). Otherwise
+numpy and numba (:func:`hsm_lab.results.machine_arithmetic`; the provenance records them). Otherwise
 float results are compared at a relative :data:`FLOAT32_RTOL`: the models train in float32, whose
 rounding (a relative ``6e-8`` per operation) depends on the order of each sum, and that order
 changes with the instruction set, the thread count and the libraries' kernels; a training run
@@ -42,8 +42,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from hsm import config as hsm_config
-from hsm.results import _CODE_AT_START, check_destination, load_results, machine_arithmetic, scale_of_label
+from hsm_lab import config as hsm_config
+from hsm_lab.results import _CODE_AT_START, check_destination, load_results, machine_arithmetic, scale_of_label
 
 __all__ = ["Difference", "ReproduceError", "FLOAT32_RTOL", "same_arithmetic", "invocation_of", "command_for",
            "compare_records", "main"]
@@ -127,7 +127,7 @@ def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str,
         if "description" not in options and isinstance(description, str):
             # files written before the overrides kept the description: pass it again where it is
             # not the preset's, or the rerun would describe another run
-            from hsm.experiments.lm.presets import SCALES
+            from hsm_lab.experiments.lm.presets import SCALES
 
             preset = SCALES.get(experiment, {}).get(scale)
             if preset is not None and description != preset.description:
@@ -136,16 +136,16 @@ def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str,
             # no rows trained: the run only picked the learning rate
             options["runs"] = _option_text(config["runs"]) or "selection"
     else:
-        from hsm.experiments.sampling.presets import FIG_SETTINGS, LM_SETTINGS
+        from hsm_lab.experiments.sampling.presets import FIG_SETTINGS, LM_SETTINGS
 
         figure = next((r.get("figure") for r in records if isinstance(r, Mapping) and r.get("figure")), None)
         if experiment is None and config.get("table") in ("table1", "table3") and "dims" in config:
-            from hsm.experiments.classification.config import _config_json, _parse_options
+            from hsm_lab.experiments.classification.config import _config_json, _parse_options
 
             experiment = "icml-table1" if config["table"] == "table1" else "icml-table3"
             preset = _config_json(_parse_options(scale, {}))
         elif experiment is None and config.get("loader") is not None and isinstance(config.get("data"), str):
-            from hsm.experiments.taxonomy import DATASETS, _settings
+            from hsm_lab.experiments.taxonomy import DATASETS, _settings
 
             if config["data"] not in DATASETS:
                 return None
@@ -168,7 +168,7 @@ def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str,
 def _bench_argv(config: Mapping[str, Any]) -> list[str]:
     """``python -m hsm bench`` arguments that give ``config`` (a benchmark file's settings: every
     argument it parsed), naming only those that differ from the parser's defaults."""
-    from hsm.bench import _parser, scale_defaults
+    from hsm_lab.bench import _parser, scale_defaults
 
     parser = _parser()
     # the sizes left unset are recorded as the scale filled them in: passing them again would
@@ -256,7 +256,7 @@ def _is_number(value: Any) -> bool:
 
 def same_arithmetic(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     """Whether two runs, given their provenances, did the same float operations in the same order:
-    both on one thread, with equal :func:`hsm.results.machine_arithmetic` (a provenance without
+    both on one thread, with equal :func:`hsm_lab.results.machine_arithmetic` (a provenance without
     those fields never qualifies). Only then are float results compared exactly by default."""
     mine = machine_arithmetic(old)
     return mine is not None and mine == machine_arithmetic(new) and old.get("threads") == 1

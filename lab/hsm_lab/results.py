@@ -12,13 +12,13 @@ Every experiment writes its measured numbers to a JSON file under ``results/`` (
 
 A record is a flat dict of JSON values. Two keys have a meaning here:
 
-* ``claim`` (optional): the key of the paper number it reproduces (:data:`hsm.paper.NUMBERS`);
+* ``claim`` (optional): the key of the paper number it reproduces (:data:`hsm_lab.paper.NUMBERS`);
   records with a claim appear in the book's table of measured numbers next to the paper's number
-  (:mod:`hsm.report`).
+  (:mod:`hsm_lab.report`).
 * ``value``: the measured number, in the paper number's unit, when ``claim`` is set.
 
 Anything else (data set, arity, seed, epoch, ...) is free-form and kept as is.
-The book reads the files at build time (:mod:`hsm.report` builds its verdicts and its table of
+The book reads the files at build time (:mod:`hsm_lab.report` builds its verdicts and its table of
 measured numbers from them), so its tables never go stale.
 
 Usage::
@@ -34,7 +34,7 @@ directory), at the same relative path (``hsm-results/lm/ptb.json`` for ``results
 Only an explicit ``--out results/lm/ptb.json`` updates a committed file, and even then
 :func:`write_results` refuses to replace a result of a larger scale (``full``) with a smaller one
 (``quick``) unless ``force=True`` (``--force``). Every file goes through the package's atomic writer,
-:func:`hsm._atomic.atomic_write`.
+:func:`hsm.atomic.atomic_write`.
 """
 from __future__ import annotations
 
@@ -53,9 +53,9 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from hsm import paper
-from hsm._atomic import _nearest_existing, atomic_write
-from hsm.config import scale as _scale
+from hsm_lab import paper
+from hsm.atomic import nearest_existing, atomic_write
+from hsm_lab.config import scale as _scale
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -89,10 +89,11 @@ SCHEMA_VERSION = 1
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
-#: what counts as "the code" in a result's provenance: the package and its pins. A change
+#: what counts as "the code" in a result's provenance: the library, the lab and their pins. A change
 #: anywhere else (the book, notes, result files, untracked scratch files) leaves the code that made a
 #: result known, so it does not make the result dirty.
-CODE_PATHSPECS = (":(top)hsm", ":(top)pyproject.toml", ":(top)constraints.txt")
+CODE_PATHSPECS = (":(top)hsm", ":(top)lab/hsm_lab", ":(top)pyproject.toml", ":(top)lab/pyproject.toml",
+                  ":(top)constraints.txt")
 
 
 def _git(*args: str, strip: bool = True) -> str | None:
@@ -255,7 +256,7 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         wall_time_s: how long the run took, in seconds.
         scale: the scale that actually ran (``quick`` or ``full``), recorded as ``hsm_scale``.
             Experiments always pass it: the ``--scale`` of a run can differ from ``HSM_SCALE``.
-            None: ``HSM_SCALE`` (:func:`hsm.config.scale`), for callers with no scale of their own.
+            None: ``HSM_SCALE`` (:func:`hsm_lab.config.scale`), for callers with no scale of their own.
             A label that qualifies the scale, ``"full, <what differs>"``, is recorded as given (its
             first word is the scale): the reproduction table lists it apart from the plain ``full`` rows.
 
@@ -280,7 +281,7 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         if not math.isfinite(wall_time_s) or wall_time_s < 0:
             raise ValueError(f"wall_time_s must be a finite, non-negative number of seconds, got {wall_time_s}")
     if scale is not None:
-        from hsm.experiments import check_scale
+        from hsm_lab.checks import check_scale
 
         check_scale(scale_of_label(scale))
     recorded = scale if scale is not None else _scale()
@@ -351,7 +352,7 @@ def make_record(claim: str | None, value: float, **fields: Any) -> dict[str, Any
     """A result record for :func:`write_results`, checking that ``claim`` names a paper number.
 
     Args:
-        claim: key of the paper number this value reproduces (see :data:`hsm.paper.NUMBERS`),
+        claim: key of the paper number this value reproduces (see :data:`hsm_lab.paper.NUMBERS`),
             or None for a measurement with no counterpart in the papers.
         value: the measured number, in the paper number's unit.
         **fields: anything else worth keeping (data set, arity, seed, epoch, ...).
@@ -367,7 +368,7 @@ def make_record(claim: str | None, value: float, **fields: Any) -> dict[str, Any
 def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, Any]], provenance: Mapping[str, Any],
                   force: bool = False) -> Path:
     """Write ``{"schema", "provenance", "records"}`` to ``path`` as JSON, atomically
-    (:func:`~hsm._atomic.atomic_write`: a reader, a crash or a full disk never leaves a half-written file, and
+    (:func:`~hsm.atomic.atomic_write`: a reader, a crash or a full disk never leaves a half-written file, and
     the previous file survives a failed write). Parent directories are created. Returns the path.
 
     Raises:
@@ -381,10 +382,10 @@ def write_results(path: str | os.PathLike[str], records: Sequence[Mapping[str, A
     if isinstance(records, Mapping) or not isinstance(records, Sequence):
         raise TypeError("records must be a list of dicts")
     if not isinstance(provenance, Mapping):
-        raise TypeError(f"provenance must be a dict (from hsm.results.provenance), got {type(provenance).__name__}")
+        raise TypeError(f"provenance must be a dict (from hsm_lab.results.provenance), got {type(provenance).__name__}")
     missing = {"date_utc", "git_commit", "hsm_scale"} - set(provenance)
     if missing:
-        raise ValueError(f"provenance lacks {sorted(missing)}: build it with hsm.results.provenance()")
+        raise ValueError(f"provenance lacks {sorted(missing)}: build it with hsm_lab.results.provenance()")
     clean_records = []
     for index, record in enumerate(records):
         if not isinstance(record, Mapping):
@@ -442,7 +443,7 @@ def check_destination(path: str | os.PathLike[str], what: str = "result file", f
     hint = fix or ("choose another --out" + (f" or {OUTPUT_ENV}" if os.environ.get(OUTPUT_ENV) else ""))
     if path.is_dir():
         raise ValueError(f"{what} {path} is an existing directory, not a file: {hint} (e.g. {path / 'result.json'})")
-    existing = _nearest_existing(path.parent)
+    existing = nearest_existing(path.parent)
     if not existing.is_dir():
         raise ValueError(f"{what} {path} cannot be written: {existing} is a file, not a folder; {hint}")
     try:
@@ -472,7 +473,7 @@ def read_json_or_none(path: str | os.PathLike[str], what: str = "file") -> Any |
 
 
 def save_checkpoint(state: Any, path: str | os.PathLike[str]) -> Path:
-    """``torch.save(state)`` to ``path`` through :func:`~hsm._atomic.atomic_write` (unique temporary, fsync,
+    """``torch.save(state)`` to ``path`` through :func:`~hsm.atomic.atomic_write` (unique temporary, fsync,
     rename): a run killed while it saves leaves the previous checkpoint whole."""
     import torch
 
@@ -643,9 +644,9 @@ def check_result_payload(path: str | os.PathLike[str], payload: Any) -> dict[str
     """``payload`` (the JSON read from the result file ``path``) after checking it is a sound
     result file; ValueError naming ``path`` and the damage otherwise: ``provenance`` not an object
     (or lacking ``hsm_scale``), ``records`` not a list of objects, a schema newer than this code,
-    a record whose ``claim`` is not a paper number (:data:`hsm.paper.NUMBERS`), or a claimed
+    a record whose ``claim`` is not a paper number (:data:`hsm_lab.paper.NUMBERS`), or a claimed
     record without a numeric ``value``. A non-finite ``value`` (``NaN`` / ``Infinity``, which
-    :func:`write_results` never writes) is kept: the book's tables mark it (:data:`hsm.report.NOT_FINITE`)."""
+    :func:`write_results` never writes) is kept: the book's tables mark it (:data:`hsm_lab.report.NOT_FINITE`)."""
     where = f"result file {path}"
     if not isinstance(payload, dict):
         raise ValueError(f"{where} is not a result file: expected an object with 'provenance' and 'records', "
@@ -679,7 +680,7 @@ def check_result_payload(path: str | os.PathLike[str], payload: Any) -> dict[str
             except KeyError as exc:
                 hint = f" ({exc.args[0]})"
             raise ValueError(f"{where}: records[{index}] names an unknown claim {claim!r}{hint}; fix the record "
-                             f"or add the paper number to hsm.paper")
+                             f"or add the paper number to hsm_lab.paper")
         value = record.get("value")
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{where}: records[{index}] (claim {claim!r}) has a non-numeric value {value!r}")

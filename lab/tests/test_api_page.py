@@ -9,12 +9,12 @@ import pytest
 
 import hsm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LIBRARY = "book/api.md"
 LAB = "book/api_lab.md"
 PAGES = {page: (ROOT / page).read_text() for page in (LIBRARY, LAB)}
 #: packages only the book's experiments use: their modules belong on the lab page
-LAB_PACKAGES = ("hsm.data", "hsm.experiments")
+LAB_PACKAGES = ("hsm_lab.data", "hsm_lab.experiments")
 
 
 def _public_modules() -> list[str]:

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from hsm import config
-from hsm.data import (
+from hsm_lab import config
+from hsm_lab.data import (
     CacheWarning,
     ChecksumMismatchError,
     DataError,
@@ -31,9 +31,9 @@ from hsm.data import (
     load_gutenberg,
     load_text_classification,
 )
-from hsm.data import cli, gutenberg, registry
-from hsm.data.fetch import sha256_of
-from hsm.data.registry import DataFile, Source
+from hsm_lab.data import cli, gutenberg, registry
+from hsm_lab.data.fetch import sha256_of
+from hsm_lab.data.registry import DataFile, Source
 
 VOCAB = 20  # below the synthetic books' ~28 types, so the cap binds and <unk> occurs
 BOOKS = 5

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 import torch
 
-from hsm import bench, results
-from hsm.data.lm import LMCorpus
-from hsm.experiments import check_device, check_scale, cli, lm
-from hsm.experiments import classification as C
-from hsm.experiments import lm_timing
-from hsm.experiments import sampling as S
-from hsm.experiments import taxonomy as T
+from hsm_lab import bench, results
+from hsm_lab.data.lm import LMCorpus
+from hsm_lab.experiments import check_device, check_scale, cli, lm
+from hsm_lab.experiments import classification as C
+from hsm_lab.experiments import lm_timing
+from hsm_lab.experiments import sampling as S
+from hsm_lab.experiments import taxonomy as T
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: softmax-regression settings small enough for a second-long run of sampling-fig1/fig2
 TINY_FIG = ["num_points=120", "dim=8", "num_classes=30", "batch_size=10", "num_negatives=5", "iterations=20",
             "eval_every=10", "seeds=0", "lr_pick_iterations=10", "pick_lr=0"]

@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hsm import report, results
-from hsm.experiments import classification as C
-from hsm.experiments import taxonomy as T
+from hsm_lab import report, results
+from hsm_lab.experiments import classification as C
+from hsm_lab.experiments import taxonomy as T
 
-MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
 needs_trec = pytest.mark.skipif(not (MIRROR / "trec").exists(), reason="data mirror not available")
 needs_cooking = pytest.mark.skipif(not (MIRROR / "cooking").exists(), reason="data mirror not available")
 
@@ -88,7 +88,7 @@ def test_an_interrupted_taxonomy_rerun_keeps_the_complete_result(tmp_path, monke
 def test_no_experiment_rewrites_its_result_file_mid_run():
     """Every experiment that writes during a run goes through write_progress (the pattern of the
     two that rewrite their file after every part), so none can replace a complete result early."""
-    root = Path(__file__).resolve().parents[1] / "hsm" / "experiments"
+    root = Path(__file__).resolve().parents[2] / "hsm" / "experiments"
     for path in sorted(root.rglob("*.py")):
         text = path.read_text()
         if "complete=" in text:
@@ -108,7 +108,7 @@ def test_tree_prefix_is_the_result_files_own_except_table1_table3():
 def test_committed_table_results_point_at_their_own_trees():
     """The committed Table 1 / Table 3 files name the trees their prefix gives (Table 3's are
     Table 1's, the same files)."""
-    folder = Path(__file__).resolve().parents[1] / "results" / "classification"
+    folder = Path(__file__).resolve().parents[2] / "results" / "classification"
     for path in sorted(folder.glob("table*.json")):
         for record in results.load_results(path)["records"]:
             if record.get("tree_file"):
@@ -203,7 +203,7 @@ def test_a_non_finite_value_is_kept_and_marked_not_rendered_as_nan(tmp_path, val
 
 
 def test_every_committed_result_file_is_sound():
-    root = Path(__file__).resolve().parents[1] / "results"
+    root = Path(__file__).resolve().parents[2] / "results"
     paths = [path for path, _ in results.iter_results(root)]  # raises, naming a damaged file
     assert len(paths) >= 50
     for path in paths:
@@ -239,7 +239,7 @@ def test_check_destination_names_an_unusable_path(tmp_path, monkeypatch):
 
 
 def _cli(capsys, *argv):
-    from hsm.experiments import cli
+    from hsm_lab.experiments import cli
 
     code = cli.main(list(argv))
     return code, capsys.readouterr().err
@@ -267,7 +267,7 @@ def test_cli_refuses_an_unwritable_hsm_output_before_any_work(tmp_path, capsys, 
 
 
 def test_bench_json_must_be_a_writable_json_path(tmp_path, capsys):
-    from hsm import bench
+    from hsm_lab import bench
 
     assert bench.main(["--quick", "--json", str(tmp_path / "x.txt")]) == 2
     assert "expected a .json path" in capsys.readouterr().err
@@ -284,7 +284,7 @@ def test_bad_hsm_threads_is_named_before_any_work(capsys, monkeypatch, value, me
 
 @pytest.mark.parametrize("value", ["0.1,,0.2", "0.1,", ",0.1"])
 def test_a_list_option_with_an_empty_entry_is_refused(tmp_path, value):
-    from hsm.experiments import option_floats
+    from hsm_lab.experiments import option_floats
 
     with pytest.raises(ValueError, match="has an empty entry"):
         option_floats("lr_grid", value, positive=True)
@@ -297,8 +297,8 @@ def test_a_list_option_with_an_empty_entry_is_refused(tmp_path, value):
 def test_cli_reports_a_full_disk_in_one_line(tmp_path, capsys, monkeypatch):
     import errno
 
-    from hsm import experiments
-    from hsm._atomic import atomic_write
+    from hsm_lab import experiments
+    from hsm.atomic import atomic_write
 
     def no_space(handle):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -332,7 +332,7 @@ def test_a_row_that_diverges_at_every_rate_is_recorded_and_the_table_goes_on(tmp
 
 
 def test_cli_reports_a_diverged_run_in_one_line(tmp_path, capsys, monkeypatch):
-    from hsm import experiments
+    from hsm_lab import experiments
 
     experiment = experiments.get("taxonomy-tables")
 

@@ -1,4 +1,4 @@
-"""hsm.bench: the benchmark's table structure and cost model (no timings are checked)."""
+"""hsm_lab.bench: the benchmark's table structure and cost model (no timings are checked)."""
 import json
 import math
 from pathlib import Path
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hsm import bench
+from hsm_lab import bench
 
 
 def test_quick_benchmark_writes_a_complete_table(tmp_path, capsys):
@@ -113,7 +113,7 @@ def test_trials_take_the_median_of_the_processes_medians(monkeypatch):
 
 
 def test_one_factory_builds_every_output_layer():
-    """hsm.bench.output_layer: the experiments' and the benchmark's layers, zero-initialised on
+    """hsm_lab.bench.output_layer: the experiments' and the benchmark's layers, zero-initialised on
     request, the adaptive baseline's cutoffs a setting; bad kinds are one-line errors."""
     import hsm
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 WORDS_PER_MINUTE = 200
 MINUTES_PER_FIGURE = 0.5

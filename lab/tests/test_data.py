@@ -1,4 +1,4 @@
-"""Tests of ``hsm.data``: counts on the real data (through the mirror), the Gutenberg pipeline on a slice, the
+"""Tests of ``hsm_lab.data``: counts on the real data (through the mirror), the Gutenberg pipeline on a slice, the
 encodings, the CLI and every error path of acquisition and parsing (on files made here in ``tmp_path``).
 
 The mirror tests need ``HSM_DATA_MIRROR`` (the Makefile sets ``../shared/data``) or a cache that already holds the
@@ -22,8 +22,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hsm import config
-from hsm.data import (
+from hsm_lab import config
+from hsm_lab.data import (
     CacheWarning,
     ChecksumMismatchError,
     CorruptArchiveError,
@@ -41,11 +41,11 @@ from hsm.data import (
     load_ptb,
     load_text_classification,
 )
-from hsm.data import cli, gutenberg
-from hsm.data.fetch import iter_tar_members, read_text, sha256_of
-from hsm.data.ptb import read_sentences
-from hsm.data.registry import DataFile
-from hsm.data.text_classification import Ragged, TextClassificationData, TokenizedTexts
+from hsm_lab.data import cli, gutenberg
+from hsm_lab.data.fetch import iter_tar_members, read_text, sha256_of
+from hsm_lab.data.ptb import read_sentences
+from hsm_lab.data.registry import DataFile
+from hsm_lab.data.text_classification import Ragged, TextClassificationData, TokenizedTexts
 
 QUICK_BOOKS = 4
 

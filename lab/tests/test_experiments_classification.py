@@ -1,4 +1,4 @@
-"""Tests for hsm.experiments.classification (ICML Tables 1 and 3 on the stand-ins).
+"""Tests for hsm_lab.experiments.classification (ICML Tables 1 and 3 on the stand-ins).
 
 The end-to-end runs use a few hundred cooking questions, d = 8 and one learning rate: they
 check the result file's structure and invariants, not accuracy or timings.
@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 import hsm
-from hsm.experiments import classification as C
-from hsm.results import load_results
+from hsm_lab.experiments import classification as C
+from hsm_lab.results import load_results
 
 MIRROR = os.environ.get("HSM_DATA_MIRROR") or (
-    str(Path(__file__).resolve().parents[2] / "shared" / "data")
-    if (Path(__file__).resolve().parents[2] / "shared" / "data" / "cooking").is_dir() else None)
+    str(Path(__file__).resolve().parents[3] / "shared" / "data")
+    if (Path(__file__).resolve().parents[3] / "shared" / "data" / "cooking").is_dir() else None)
 needs_cooking = pytest.mark.skipif(MIRROR is None, reason="no data mirror (HSM_DATA_MIRROR) with cooking")
 
 TINY = dict(data="cooking", train_limit="400", test_limit="150", dims="8", lr_grid="0.5", vw_lr_grid="0.5",
@@ -127,7 +127,7 @@ def test_options_are_parsed_and_checked():
 
 
 def test_experiments_are_registered():
-    from hsm.experiments import get
+    from hsm_lab.experiments import get
 
     assert get("icml-table1").func is C.icml_table1
     assert get("icml-table3").func is C.icml_table3
@@ -201,7 +201,7 @@ def test_a_stopped_table_resumes_from_its_partial_file(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         C.run_table(config, "table1", out=out, log=lambda s: None)
     partial = json.loads((tmp_path / ".t.json.partial.json").read_text())
-    assert list(partial["parts"]) == ["d8/flat"]  # hsm.results.ResumableParts' file
+    assert list(partial["parts"]) == ["d8/flat"]  # hsm_lab.results.ResumableParts' file
     # a run under another config does not take the saved row (stopped at once: the file stays as it was)
     calls.clear()
 
@@ -272,7 +272,7 @@ def test_a_fasttext_file_runs_the_real_table_and_claims_the_paper_numbers(tmp_pa
 
 
 def test_fast_trainer_through_train_bow_is_the_compiled_classifier():
-    from hsm.fast_classifier import FastBowClassifier
+    from hsm.classifiers.fast_classifier import FastBowClassifier
 
     rng = np.random.default_rng(2)
     labels = [[int(l)] for l in rng.integers(0, 30, 600)]
@@ -321,8 +321,8 @@ def test_fasttext_peer_runs_on_the_threads_of_our_rows(tmp_path, monkeypatch, tr
 
 @needs_cooking
 def test_a_full_scale_slice_is_labelled_reduced_with_the_whole_training_size(monkeypatch):
-    from hsm.experiments.classification.commands import scale_label
-    from hsm.experiments.classification.config import _parse_options
+    from hsm_lab.experiments.classification.commands import scale_label
+    from hsm_lab.experiments.classification.config import _parse_options
 
     monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
     whole = _parse_options("full", {"data": "cooking"})

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hsm.experiments import classification_fast as CF
-from hsm.results import load_results
+from hsm_lab.experiments import classification_fast as CF
+from hsm_lab.results import load_results
 
 pytest.importorskip("numba")
 TINY = {"train_limit": 400, "test_limit": 150, "epochs": 2}
@@ -56,7 +56,7 @@ def test_ablation_runs_every_seed_and_variant(tmp_path, monkeypatch):
 
 
 def test_a_stopped_ablation_resumes_from_its_finished_parts(tmp_path, monkeypatch):
-    """Each (seed, variant) is a part of hsm.results.ResumableParts: a run stopped in its third part
+    """Each (seed, variant) is a part of hsm_lab.results.ResumableParts: a run stopped in its third part
     keeps the first two, a run under other options ignores them, and the next run trains only the rest."""
     calls = []
 
@@ -166,7 +166,7 @@ def test_time_split_times_every_row_at_one_and_e_epochs(tmp_path):
 def test_depth_limit_runs_stay_out_of_the_main_tables():
     """The single-thread depth-limit runs repeat the Huffman and learned 20-ary rows: the main
     tables (fast_runs) must keep their own two-thread runs, and the depth-limit table shows every row."""
-    from hsm.experiments import classification as C
+    from hsm_lab.experiments import classification as C
 
     main, depth = C.fast_runs("cooking", 50), C.depth_limit_runs("cooking")
     assert "learned20-fixed-depth" not in main and set(depth) == set(C.DEPTH_LIMIT_OUTPUTS)

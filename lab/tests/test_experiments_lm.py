@@ -1,4 +1,4 @@
-"""hsm.experiments.lm: the language-modelling experiments at a tiny scale (structure, invariants)."""
+"""hsm_lab.experiments.lm: the language-modelling experiments at a tiny scale (structure, invariants)."""
 from __future__ import annotations
 
 import json
@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hsm import config, results
-from hsm.data.lm import LMCorpus
-from hsm.experiments import lm
+from hsm_lab import config, results
+from hsm_lab.data.lm import LMCorpus
+from hsm_lab.experiments import lm
 
 MIRROR = config.data_mirror()
 needs_mirror = pytest.mark.skipif(MIRROR is None or not (MIRROR / "ptb").exists(),
@@ -24,7 +24,7 @@ needs_mirror = pytest.mark.skipif(MIRROR is None or not (MIRROR / "ptb").exists(
 def _cache(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("HSM_CACHE", str(tmp_path / "cache"))
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # what the experiments use on CPU (see hsm.experiments.lm.run_table)
+    torch.set_num_threads(1)  # what the experiments use on CPU (see hsm_lab.experiments.lm.run_table)
     yield
     torch.set_num_threads(threads)
 
@@ -461,7 +461,7 @@ def test_fasttext_embeddings_refuse_words_fasttext_would_split() -> None:
 
 
 def test_ranked_adaptive_softmax_is_a_distribution_over_the_original_ids() -> None:
-    from hsm.bench import AdaptiveSoftmaxBaseline
+    from hsm_lab.bench import AdaptiveSoftmaxBaseline
 
     counts = np.array([5, 40, 1, 300, 7, 0, 22, 90, 3, 11], dtype=np.int64)
     layer = AdaptiveSoftmaxBaseline(8, len(counts), counts=counts)
@@ -557,8 +557,8 @@ def test_the_lm_ptb_full_learned_run_key_is_pinned() -> None:
 
 
 def test_scale_label_calls_only_smaller_runs_reductions() -> None:
-    from hsm.experiments.lm.presets import SCALES
-    from hsm.experiments.lm.report import scale_label
+    from hsm_lab.experiments.lm.presets import SCALES
+    from hsm_lab.experiments.lm.report import scale_label
 
     full = SCALES["lm-gutenberg-65"]["full"]
     assert scale_label("full", {}, full) == "full"
@@ -634,7 +634,7 @@ def test_every_held_out_book_of_both_labelled_draws_has_a_genre() -> None:
     assert set(genres.values()) <= {"fiction", "drama", "poetry", "non-fiction", "mixed"}
     if MIRROR is None or not (MIRROR / "gutenberg").exists():
         pytest.skip("Gutenberg unavailable")
-    from hsm.data import gutenberg
+    from hsm_lab.data import gutenberg
 
     books = gutenberg.select_books()
     for seed in (None, 1):
@@ -686,7 +686,7 @@ def test_a_clustering_tree_grouped_at_random_is_its_own_run(tmp_path) -> None:
 
 
 def test_each_clustering_tree_variant_has_its_own_run_key() -> None:
-    from hsm.experiments.lm.tables import clustering_variant
+    from hsm_lab.experiments.lm.tables import clustering_variant
 
     sc = lm.SCALES["lm-gutenberg-65"]["full"]
     assert clustering_variant(sc) is None  # the table's own tree: the committed runs' key
@@ -903,7 +903,7 @@ def test_lm_gutenberg_decoding_tiny(tmp_path) -> None:
 
 
 def test_run_help_names_the_lm_options_and_the_prebuilt_corpus(capsys) -> None:
-    from hsm.experiments import cli
+    from hsm_lab.experiments import cli
 
     for argv in (["--help"], ["lm-gutenberg-65", "--help"]):
         with pytest.raises(SystemExit) as stop:

@@ -1,11 +1,11 @@
-"""hsm.experiments.lm_timing: the timing experiment's code path and result file (not its timings)."""
+"""hsm_lab.experiments.lm_timing: the timing experiment's code path and result file (not its timings)."""
 import json
 from pathlib import Path
 
 import pytest
 
-from hsm import config
-from hsm.experiments import lm_timing
+from hsm_lab import config
+from hsm_lab.experiments import lm_timing
 
 MIRROR = config.data_mirror()
 needs_ptb = pytest.mark.skipif(MIRROR is None or not (MIRROR / "ptb").exists(),
@@ -65,7 +65,7 @@ def test_lm_timing_records_phases_cost_floor_and_the_adaptive_baseline(tmp_path)
 
 def test_step_cost_and_floor_by_hand():
     """The whole step's cost: the model's products and passes plus the bench's layer cost."""
-    from hsm import bench
+    from hsm_lab import bench
 
     cost = lm_timing.step_cost("learned", 1000, 10, 8, 2, arity=10, unique_nodes=5.0, unique_words=12.0)
     assert cost["model_flops"] == 6 * 8 * 2 * 10 * 10
@@ -85,7 +85,7 @@ def test_step_cost_and_floor_by_hand():
 def test_adaptive_cutoffs_of_the_timing_and_the_benchmark():
     """The adaptive baseline: 2k/20k/100k below V (a tail that would get no dimension dropped);
     the pre-issue-18 configuration stays the function's default (bench method adaptive-x5)."""
-    from hsm import bench
+    from hsm_lab import bench
 
     assert bench.adaptive_cutoffs(250_000, 200, base=bench.ADAPTIVE_CUTOFFS) == [2_000, 20_000, 100_000]
     assert bench.adaptive_cutoffs(10_000, 200, base=bench.ADAPTIVE_CUTOFFS) == [2_000]

@@ -1,4 +1,4 @@
-"""The seed-004 experiments (hsm.experiments.sampling) at a tiny scale: structure and invariants."""
+"""The seed-004 experiments (hsm_lab.experiments.sampling) at a tiny scale: structure and invariants."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from hsm.experiments import sampling as E
-from hsm.results import load_results
+from hsm_lab.experiments import sampling as E
+from hsm_lab.results import load_results
 
 TINY = dict(num_points="120", dim="8", num_classes="30", batch_size="10", num_negatives="5",
             iterations="20", eval_every="10", seeds="0", lr_pick_iterations="10")
@@ -79,7 +79,7 @@ def test_unknown_option_is_refused(tmp_path):
 import os  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
 needs_ptb = pytest.mark.skipif(not (MIRROR / "ptb").exists(), reason="data mirror (PTB) not available")
 
 TINY_LM = dict(vocab_size="300", train_tokens="4000", eval_tokens="1500", dim="16", epochs="1",
@@ -119,7 +119,7 @@ def test_lm_ptb_sampling_rejects_bad_options(tmp_path):
 
 
 def test_sparse_sampled_outputs_switch_train_lms_layer_and_restore_it():
-    from hsm.experiments import lm
+    from hsm_lab.experiments import lm
     from hsm.sampling import SampledSoftmax
 
     original = lm.training._make_output

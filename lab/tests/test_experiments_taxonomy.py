@@ -1,4 +1,4 @@
-"""Seed 003 pieces (hsm.sequence_models, hsm.experiments.taxonomy) and the experiment at a tiny scale."""
+"""Seed 003 pieces (hsm.sequence_models, hsm_lab.experiments.taxonomy) and the experiment at a tiny scale."""
 from __future__ import annotations
 
 import os
@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hsm
-from hsm.results import load_results
-from hsm.experiments import taxonomy as E
+from hsm_lab.results import load_results
+from hsm_lab.experiments import taxonomy as E
 from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classification_metrics, encode_texts
 
-MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
+MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[3] / "shared" / "data"))
 needs_data = pytest.mark.skipif(not (MIRROR / "trec").exists(), reason="data mirror not available")
 
 
@@ -94,7 +94,7 @@ def test_classification_metrics_macro_f1_is_mean_of_per_class_f1():
 
 
 def test_encode_texts_truncates_and_pads():
-    from hsm.data.text_classification import _Encoder
+    from hsm_lab.data.text_classification import _Encoder
 
     texts = _Encoder().encode([["a", "b", "c", "d"], ["b"], []])
     vocab = TextVocabulary.from_texts(texts)
@@ -220,7 +220,7 @@ def test_full_preset_is_the_papers_setting():
 
 
 def test_pretrained_rows_copy_the_vectors_of_known_words():
-    from hsm.data.text_classification import _Encoder
+    from hsm_lab.data.text_classification import _Encoder
 
     texts = _Encoder().encode([["a", "b", "a"], ["c"]])
     vocab = TextVocabulary.from_texts(texts)
@@ -235,7 +235,7 @@ def test_pretrained_rows_copy_the_vectors_of_known_words():
 
 def test_glove_standin_vectors_are_cached_and_cover_the_training_types(tmp_path, monkeypatch):
     pytest.importorskip("fasttext")
-    from hsm.data.text_classification import _Encoder
+    from hsm_lab.data.text_classification import _Encoder
 
     monkeypatch.setenv("HSM_CACHE", str(tmp_path))
     docs = [["the", "cat", "sat"], ["a", "dog", "ran", "far"]] * 30
@@ -313,7 +313,7 @@ def test_full_scale_random_reference_is_labelled_apart_from_the_papers_setting(t
     label = load_results(path)["provenance"]["hsm_scale"]
     assert label.startswith("full, ") and "8-d random-init embeddings, not the paper's GloVe" in label
     assert "first 60 training documents" in label and "models: flat" in label
-    from hsm.report import measurements
+    from hsm_lab.report import measurements
 
     assert [m.scale for m in measurements(tmp_path)["sf2020.table1.trec.flat.f1"]] == [label]
 
@@ -378,7 +378,7 @@ def test_train_one_ignores_a_checkpoint_of_another_run(tmp_path, monkeypatch):
 
 
 def test_headline_file_is_the_complete_standin_run_with_the_largest_budget(tmp_path):
-    from hsm.results import write_results
+    from hsm_lab.results import write_results
 
     folder = tmp_path / "taxonomy"
 
@@ -405,7 +405,7 @@ def test_headline_file_is_the_complete_standin_run_with_the_largest_budget(tmp_p
 # ------------------------------------------------------------------------- model selection by cross-validation
 @needs_data
 def test_taxonomy_cv_scores_every_setting_on_every_fold_and_resumes(tmp_path, monkeypatch):
-    from hsm.experiments import taxonomy_cv as CV
+    from hsm_lab.experiments import taxonomy_cv as CV
 
     monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
     options = dict(train_limit="60", test_limit="40", max_tokens="8", max_vocab="300", folds="3",
@@ -442,7 +442,7 @@ def test_taxonomy_cv_scores_every_setting_on_every_fold_and_resumes(tmp_path, mo
 
 
 def test_taxonomy_cv_refuses_the_options_it_varies(tmp_path):
-    from hsm.experiments import taxonomy_cv as CV
+    from hsm_lab.experiments import taxonomy_cv as CV
 
     with pytest.raises(ValueError, match="hidden_sizes"):
         CV.run_taxonomy_cv(out=tmp_path / "x.json", hidden_size="100")

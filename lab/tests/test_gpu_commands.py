@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hsm import bench, config, results
-from hsm.data import gutenberg
-from hsm.data.errors import CorruptArchiveError
-from hsm.experiments import lm
-from hsm.experiments.cli import main as run_main
+from hsm_lab import bench, config, results
+from hsm_lab.data import gutenberg
+from hsm_lab.data.errors import CorruptArchiveError
+from hsm_lab.experiments import lm
+from hsm_lab.experiments.cli import main as run_main
 
 MIRROR = config.data_mirror()
 needs_gutenberg = pytest.mark.skipif(MIRROR is None or not (MIRROR / "gutenberg").exists(),
@@ -154,7 +154,7 @@ def test_exported_corpus_refuses_other_settings_and_damage(exported) -> None:
 
 @needs_gutenberg
 def test_data_export_command(tmp_path, capsys, slice_cache, monkeypatch) -> None:
-    from hsm.data.cli import main as data_main
+    from hsm_lab.data.cli import main as data_main
 
     monkeypatch.setenv("HSM_CACHE", str(slice_cache))
     assert data_main(["export", "gutenberg", str(tmp_path / "c"), "--max-books", "3", "--vocab-size", "120",

@@ -1,8 +1,8 @@
-"""`make lab`: a chapter opened in JupyterLab and saved unedited is written back byte for byte,
+"""`make jupyterlab`: a chapter opened in JupyterLab and saved unedited is written back byte for byte,
 and so is plain Markdown (README.md), which a double-click opens as a notebook too.
 
 JupyterLab hands the saved notebook to jupytext, configured by jupytext.toml, then to the pre-save
-hook of lab/jupyter_server_config.py; on opening, that configuration collapses the cells the book
+hook of jupyter/jupyter_server_config.py; on opening, that configuration collapses the cells the book
 hides. Most tests run the same steps without a server: read with jupytext, collapse, write, hook;
 one goes through the configured contents manager itself where jupyter_server is installed.
 """
@@ -15,8 +15,8 @@ import pytest
 jupytext = pytest.importorskip("jupytext")
 from jupytext.config import load_jupytext_configuration_file  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-LAB = runpy.run_path(str(ROOT / "lab" / "jupyter_server_config.py"))
+ROOT = Path(__file__).resolve().parents[2]
+LAB = runpy.run_path(str(ROOT / "jupyter" / "jupyter_server_config.py"))
 CONFIG = load_jupytext_configuration_file(str(ROOT / "jupytext.toml"))
 CHAPTERS = sorted(p for p in [*ROOT.glob("notebooks/*.md"), *ROOT.glob("book/*.md")]
                   if p.read_text(encoding="utf-8").startswith("---\njupytext:"))
@@ -51,9 +51,9 @@ def test_solutions_open_collapsed():
 def test_make_lab_installs_jupyterlab_and_the_settings():
     makefile = (ROOT / "Makefile").read_text()
     assert "\nlab: $(LAB_STAMP)" in makefile and ".[test,book,experiments,lab]" in makefile
-    assert "lab/overrides.json" in makefile and "lab/jupyter_server_config.py" in makefile
+    assert "jupyter/overrides.json" in makefile and "jupyter/jupyter_server_config.py" in makefile
     assert '"jupyterlab>=4"' in (ROOT / "pyproject.toml").read_text()
-    assert "Jupytext Notebook" in (ROOT / "lab" / "overrides.json").read_text()
+    assert "Jupytext Notebook" in (ROOT / "jupyter" / "overrides.json").read_text()
 
 
 #: plain Markdown that jupytext does not read and write back unchanged, beside the README
@@ -94,13 +94,13 @@ def test_chapters_are_told_apart_from_plain_markdown():
 
 
 def test_the_lab_contents_manager_keeps_plain_markdown_and_chapters(tmp_path: Path):
-    """Through the contents manager `make lab` installs: open every file as a notebook (what a
+    """Through the contents manager `make jupyterlab` installs: open every file as a notebook (what a
     double-click does), save it unedited, and compare the bytes on disk."""
     pytest.importorskip("jupyter_server")
     from traitlets.config import Config
 
     config = Config()
-    server = runpy.run_path(str(ROOT / "lab" / "jupyter_server_config.py"), init_globals={"get_config": lambda: config})
+    server = runpy.run_path(str(ROOT / "jupyter" / "jupyter_server_config.py"), init_globals={"get_config": lambda: config})
     manager = server["c"].ServerApp.contents_manager_class(root_dir=str(tmp_path))
     (tmp_path / "jupytext.toml").write_text((ROOT / "jupytext.toml").read_text())
     chapter = ROOT / "notebooks" / "using_hsm.md"

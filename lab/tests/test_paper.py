@@ -1,4 +1,4 @@
-"""hsm.paper: the papers' numbers as printed, and the ratios the papers state in words."""
+"""hsm_lab.paper: the papers' numbers as printed, and the ratios the papers state in words."""
 from __future__ import annotations
 
 import math
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hsm import paper
+from hsm_lab import paper
 
 
 @pytest.mark.parametrize(
@@ -80,7 +80,7 @@ def test_leaves_tables() -> None:
     assert paper.ICML_TABLE4_LEAVES["Leaf 230"].count("pa.") == 2  # printed twice
 
 
-BIBLIOGRAPHY = (Path(__file__).resolve().parent.parent / "book" / "references.bib").read_text(encoding="utf-8")
+BIBLIOGRAPHY = (Path(__file__).resolve().parents[2] / "book" / "references.bib").read_text(encoding="utf-8")
 
 
 def test_every_number_is_finite_and_sourced() -> None:

@@ -20,7 +20,7 @@ from typing import Iterable, Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: (name, pattern): what a reader cannot resolve. Case-insensitive.
 RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple((name, re.compile(pattern, re.IGNORECASE)) for name, pattern in (

@@ -1,4 +1,4 @@
-"""hsm.report: the landing page's verdicts and the appendix's table of every measured number."""
+"""hsm_lab.report: the landing page's verdicts and the appendix's table of every measured number."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hsm import paper, report
+from hsm_lab import paper, report
 
 
 def _write(root: Path, rel: str, records: list[dict], scale: str = "full", date: str = "2026-01-01T00:00:00Z",
@@ -113,7 +113,7 @@ def test_committed_results_give_at_most_fifteen_verdicts() -> None:
 
 def test_every_link_names_a_chapter_of_the_book() -> None:
     """{doc} links inside a cell's Markdown output are not checked by the build: check them here."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     toc = (root / "_toc.yml").read_text(encoding="utf-8")
     docs = {row.doc for row in report.verdicts()} | {group.doc for group in report.number_groups()}
     for doc in docs:
@@ -258,7 +258,7 @@ def test_regenerate_note_short_command_is_one_line_with_threads_and_note():
 
 
 def test_regenerate_note_without_a_recorded_command_names_the_experiment():
-    from hsm.reproduce import ReproduceError, invocation_of
+    from hsm_lab.reproduce import ReproduceError, invocation_of
 
     path = report.default_results_root() / "classification/fast-ablation-cooking.json"
     with pytest.raises(ReproduceError):
@@ -281,7 +281,7 @@ def test_regenerate_note_many_files_fold_into_a_dropdown_and_bad_paths_fail():
 
 
 def test_regenerate_note_wrapped_lines_join_back_into_the_recorded_command():
-    from hsm.reproduce import command_for, invocation_of
+    from hsm_lab.reproduce import command_for, invocation_of
 
     name = "classification/today-cooking-ablations.json"  # a list option longer than the page
     path = report.default_results_root() / name

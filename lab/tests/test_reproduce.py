@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hsm import reproduce as R
+from hsm_lab import reproduce as R
 
 FIXTURES = Path(__file__).parent / "data" / "results"
 
@@ -116,7 +116,7 @@ def test_a_re_run_trains_its_runs_again_unless_told_to_reuse_them(tmp_path: Path
 def test_a_benchmark_re_run_leaves_unset_sizes_unset() -> None:
     """A benchmark file records the sizes it filled in; passing them back would change the command
     (``--algorithm1`` without ``--vocab`` times V = 250k, with it the first size given)."""
-    from hsm.bench import scale_defaults
+    from hsm_lab.bench import scale_defaults
 
     config = {"vocab": scale_defaults(False)["vocab"], "dim": 200, "batch": [128], "methods": ["flat"],
               "metrics": ["train"], "predict_scale": 10.0, "algorithm1": True, "quick": False}
@@ -151,7 +151,7 @@ def test_integers_are_compared_exactly_at_any_tolerance() -> None:
 
 
 def test_provenance_records_the_arithmetic() -> None:
-    from hsm.results import machine_arithmetic, provenance
+    from hsm_lab.results import machine_arithmetic, provenance
 
     prov = provenance(scale="quick")
     assert isinstance(prov["threads"], int) and prov["threads"] >= 1
@@ -184,18 +184,18 @@ def test_a_folder_given_as_the_result_is_a_one_line_error(tmp_path: Path, capsys
 def _check_options(invocation: dict) -> None:
     """The experiment's own option checks (ValueError), without running it."""
     if invocation["command"] == "bench":
-        from hsm.bench import _parser
+        from hsm_lab.bench import _parser
 
         _parser().parse_args(invocation["argv"])
         return
     if invocation["command"] == "bench-decoding":
-        from hsm.bench_decoding import _parser as decoding_parser
+        from hsm_lab.bench_decoding import _parser as decoding_parser
 
         decoding_parser().parse_args(invocation["argv"])
         return
     name, scale, options = invocation["experiment"], invocation["scale"], dict(invocation["options"])
     if name == "lm-ptb-lemma31":
-        from hsm.experiments.lm.lemma31 import _options
+        from hsm_lab.experiments.lm.lemma31 import _options
 
         _options(scale, options)
     elif name == "lm-gutenberg-decoding":
@@ -208,38 +208,38 @@ def _check_options(invocation: dict) -> None:
     elif name == "lm-gutenberg-node-accuracy":
         assert set(options) <= {"models", "tokens"}, options
     elif name.startswith("lm-") and name != "lm-ptb-sampling":
-        from hsm.experiments.lm.commands import _scale_for
+        from hsm_lab.experiments.lm.commands import _scale_for
 
         options.pop("runs", None), options.pop("variants", None), options.pop("checkpoint_minutes", None)
         _scale_for(name, scale, options)
     elif name == "lm-ptb-sampling":
-        from hsm.experiments.sampling.config import _lm_settings
+        from hsm_lab.experiments.sampling.config import _lm_settings
 
         _lm_settings(scale, options)
     elif name.startswith("sampling-"):
-        from hsm.experiments.sampling.config import _settings
+        from hsm_lab.experiments.sampling.config import _settings
 
         _settings(scale, options)
     elif name == "taxonomy-tables":
-        from hsm.experiments.taxonomy import _settings
+        from hsm_lab.experiments.taxonomy import _settings
 
         _settings(scale, options.pop("data"), options)
     elif name == "taxonomy-cv":
-        from hsm.experiments.taxonomy import _settings
+        from hsm_lab.experiments.taxonomy import _settings
 
         for key in ("folds", "hidden_sizes", "directions"):
             options.pop(key, None)
         _settings(scale, options.pop("data", "trec"), options)
     elif name.startswith("icml-table"):
-        from hsm.experiments.classification.config import _parse_options
+        from hsm_lab.experiments.classification.config import _parse_options
 
         _parse_options(scale, options)
     elif name == "label-addition":
-        from hsm.experiments.label_addition import parse_options
+        from hsm_lab.experiments.label_addition import parse_options
 
         parse_options(scale, options)
     elif name == "today-tools":
-        from hsm.experiments.classification.today import _parse_today
+        from hsm_lab.experiments.classification.today import _parse_today
 
         _parse_today(scale, options)
     else:
@@ -252,7 +252,7 @@ _NOT_REBUILT = {"fast-ablation-cooking.json", "fast-repeats-cooking.json",
 
 
 def test_every_committed_result_names_a_command_its_experiment_accepts() -> None:
-    root = Path(__file__).resolve().parents[1] / "results"
+    root = Path(__file__).resolve().parents[2] / "results"
     seen = 0
     for path in sorted(root.rglob("*.json")):
         payload = json.loads(path.read_text())
@@ -269,7 +269,7 @@ def test_every_committed_result_names_a_command_its_experiment_accepts() -> None
 
 
 def test_an_inferred_command_changes_only_what_the_file_changed() -> None:
-    root = Path(__file__).resolve().parents[1] / "results"
+    root = Path(__file__).resolve().parents[2] / "results"
     path = root / "lm" / "gutenberg-678books-250k-75ary-2ep-learned.json"
     invocation = R.invocation_of(path, json.loads(path.read_text()))
     assert invocation["inferred"] and invocation["experiment"] == "lm-gutenberg-75"
@@ -284,7 +284,7 @@ def test_an_inferred_command_changes_only_what_the_file_changed() -> None:
 def test_a_language_model_run_with_its_own_description_is_re_run_with_it() -> None:
     """A run described by ``-o description=...`` keeps its description when re-run, whether the
     file recorded it among its overrides or (older files) only in its configuration."""
-    from hsm.experiments.lm.presets import SCALES
+    from hsm_lab.experiments.lm.presets import SCALES
 
     preset = SCALES["lm-ptb-ablation"]["full"]
     config = {"experiment": "lm-ptb-ablation", "device": "cpu", "description": "a 4M-token slice",

@@ -1,4 +1,4 @@
-"""hsm.results: provenance, atomic result files, and the reproduction-status table."""
+"""hsm_lab.results: provenance, atomic result files, and the reproduction-status table."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hsm import report, results
+from hsm_lab import report, results
 
 LEARNED = "icml2017.table2.learned_tree.perplexity"
 
@@ -145,7 +145,7 @@ def test_reading_rejects_results_with_unknown_claims(tmp_path: Path) -> None:
 
 
 def test_default_results_root_finds_the_checkout(monkeypatch: pytest.MonkeyPatch) -> None:
-    checkout = Path(results.__file__).resolve().parents[1]
+    checkout = Path(results.__file__).resolve().parents[2]
     monkeypatch.chdir(checkout / "tests")
     assert results.default_results_root() == checkout / "results"
     monkeypatch.setenv("HSM_RESULTS", "/tmp/elsewhere")
@@ -159,7 +159,7 @@ def test_hardware_summary() -> None:
 
 
 def test_provenance_credits_the_code_the_process_started_with(monkeypatch):
-    from hsm import results as R
+    from hsm_lab import results as R
 
     monkeypatch.setattr(R, "_CODE_AT_START", ("a" * 40, False))
     monkeypatch.setattr(R, "_code_state", lambda: ("b" * 40, False))  # HEAD moved while the run went on
@@ -173,7 +173,7 @@ def test_provenance_credits_the_code_the_process_started_with(monkeypatch):
 def test_code_state_reads_commit_and_dirtiness_of_the_checkout(monkeypatch, tmp_path: Path) -> None:
     import subprocess
 
-    from hsm import results as R
+    from hsm_lab import results as R
 
     monkeypatch.setattr(R, "_PACKAGE_DIR", tmp_path)
     assert R._code_state() == (None, None)  # not a checkout
@@ -192,7 +192,7 @@ def test_code_state_reads_commit_and_dirtiness_of_the_checkout(monkeypatch, tmp_
 
 
 def test_resumable_parts_skip_finished_parts_and_ignore_another_config(tmp_path: Path) -> None:
-    from hsm.results import ResumableParts
+    from hsm_lab.results import ResumableParts
 
     out = tmp_path / "table.json"
     calls: list[str] = []
@@ -218,7 +218,7 @@ def test_resumable_parts_skip_finished_parts_and_ignore_another_config(tmp_path:
 
 
 def test_resumable_parts_warn_about_an_unreadable_file(tmp_path: Path) -> None:
-    from hsm.results import ResumableParts
+    from hsm_lab.results import ResumableParts
 
     (tmp_path / ".t.json.partial.json").write_text('{"config": ', encoding="utf-8")
     with pytest.warns(UserWarning, match="partial-run file"):
@@ -259,7 +259,7 @@ def _scratch_repo(tmp_path: Path) -> list[str]:
 
 
 def test_only_changes_to_the_code_make_a_result_dirty(monkeypatch, tmp_path: Path) -> None:
-    from hsm import results as R
+    from hsm_lab import results as R
 
     _scratch_repo(tmp_path)
     monkeypatch.setattr(R, "_PACKAGE_DIR", tmp_path / "hsm")
@@ -276,7 +276,7 @@ def test_only_changes_to_the_code_make_a_result_dirty(monkeypatch, tmp_path: Pat
 
 
 def test_a_dirty_result_records_the_diff_and_a_full_run_is_refused(monkeypatch) -> None:
-    from hsm import results as R
+    from hsm_lab import results as R
 
     diff = {"sha256": "f" * 64, "files": ["hsm/layers.py"], "insertions": 3, "deletions": 1}
     monkeypatch.setattr(R, "_CODE_AT_START", ("a" * 40, True))
@@ -293,8 +293,8 @@ def test_a_dirty_result_records_the_diff_and_a_full_run_is_refused(monkeypatch) 
 
 
 def test_the_command_line_refuses_a_dirty_full_run_before_any_work(monkeypatch, capsys) -> None:
-    from hsm import results as R
-    from hsm.experiments import cli
+    from hsm_lab import results as R
+    from hsm_lab.experiments import cli
 
     monkeypatch.setattr(R, "_CODE_AT_START", ("a" * 40, True))
     monkeypatch.setattr(R, "_DIFF_AT_START", {"sha256": "f" * 64, "files": ["hsm/x.py"], "insertions": 1,
@@ -304,7 +304,7 @@ def test_the_command_line_refuses_a_dirty_full_run_before_any_work(monkeypatch, 
 
 
 def test_provenance_records_the_invocation_within_its_block() -> None:
-    from hsm import results as R
+    from hsm_lab import results as R
 
     with R.recording_invocation({"command": "run", "experiment": "lm-ptb", "options": {"epochs": "2"}}):
         assert R.provenance(config={}, scale="quick")["invocation"]["options"] == {"epochs": "2"}
@@ -313,13 +313,13 @@ def test_provenance_records_the_invocation_within_its_block() -> None:
 
 def test_committed_result_labels_say_what_ran() -> None:
     """A label never calls a run plain ``full`` when it departs from the paper's protocol."""
-    from hsm.experiments.lm.presets import SCALES
-    from hsm.experiments.lm.presets import LMScale
-    from hsm.experiments.lm.report import scale_label as lm_label
+    from hsm_lab.experiments.lm.presets import SCALES
+    from hsm_lab.experiments.lm.presets import LMScale
+    from hsm_lab.experiments.lm.report import scale_label as lm_label
 
     lm_fields = LMScale.__dataclass_fields__
 
-    root = Path(__file__).resolve().parents[1] / "results"
+    root = Path(__file__).resolve().parents[2] / "results"
     for path in sorted(root.rglob("*.json")):
         payload = json.loads(path.read_text())
         prov = payload.get("provenance")
@@ -340,7 +340,7 @@ def test_committed_result_labels_say_what_ran() -> None:
             expected = lm_label(base, config["overrides"], SCALES[config["experiment"]].get(base))
             if config["experiment"] == "lm-ptb-ablation" and base == "full":
                 # its full preset is itself reduced from the paper's setting, which the label names
-                from hsm.experiments.lm.commands import _scale_for, ablation_scale_label
+                from hsm_lab.experiments.lm.commands import _scale_for, ablation_scale_label
 
                 fields = {k: v for k, v in config["overrides"].items() if k in lm_fields}
                 expected = ablation_scale_label(base, _scale_for("lm-ptb-ablation", base, fields),

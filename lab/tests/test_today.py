@@ -1,4 +1,4 @@
-"""Tests for hsm.experiments.classification.today (experiment ``today-tools``): today's label-tree
+"""Tests for hsm_lab.experiments.classification.today (experiment ``today-tools``): today's label-tree
 libraries and fastText with bigrams side by side.
 
 The end-to-end run uses a few hundred cooking questions and one fastText setting: it checks the
@@ -13,13 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hsm.experiments import classification as C
-from hsm.experiments.classification import today as T
-from hsm.results import load_results, provenance, write_results
+from hsm_lab.experiments import classification as C
+from hsm_lab.experiments.classification import today as T
+from hsm_lab.results import load_results, provenance, write_results
 
 MIRROR = os.environ.get("HSM_DATA_MIRROR") or (
-    str(Path(__file__).resolve().parents[2] / "shared" / "data")
-    if (Path(__file__).resolve().parents[2] / "shared" / "data" / "cooking").is_dir() else None)
+    str(Path(__file__).resolve().parents[3] / "shared" / "data")
+    if (Path(__file__).resolve().parents[3] / "shared" / "data" / "cooking").is_dir() else None)
 needs_cooking = pytest.mark.skipif(MIRROR is None, reason="no data mirror (HSM_DATA_MIRROR) with cooking")
 
 TINY_DATA = dict(data="cooking", train_limit="300", test_limit="100")
@@ -93,7 +93,7 @@ def test_a_bad_scale_or_a_gpu_is_refused(tmp_path):
 
 
 def test_the_experiment_is_registered():
-    from hsm.experiments import get
+    from hsm_lab.experiments import get
 
     assert get("today-tools").func is T.today_tools
 
@@ -150,7 +150,7 @@ def _no_data(name: str):
 
 
 def test_when_no_method_asked_for_can_run_nothing_is_loaded_or_written(tmp_path, monkeypatch, capsys):
-    from hsm.experiments.cli import main
+    from hsm_lab.experiments.cli import main
 
     monkeypatch.setattr(T, "method_available", _missing("napkinxc-plt", "omikuji-bonsai"))
     monkeypatch.setattr(T, "load_classification_data", _no_data)
@@ -205,7 +205,7 @@ def test_a_missing_library_is_skipped_and_the_rest_runs(tmp_path, monkeypatch):
 
 @needs_cooking
 def test_a_limit_above_the_split_is_no_reduction(tmp_path, monkeypatch):
-    from hsm.experiments.classification.data import _subset_rows
+    from hsm_lab.experiments.classification.data import _subset_rows
 
     monkeypatch.setenv("HSM_DATA_MIRROR", MIRROR)
     real = T.load_classification_data

@@ -25,15 +25,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hsm._help import plain
-from hsm.data.errors import DataError
-from hsm.data.registry import DATASETS, SOURCES
+from hsm.cli_text import plain
+from hsm_lab.data.errors import DataError
+from hsm_lab.data.registry import DATASETS, SOURCES
 
 
 def _load(name: str, max_books: int | None):
-    from hsm.data import load_gutenberg, load_ptb
-    from hsm.data.registry import dataset
-    from hsm.data.text_classification import load_text_classification
+    from hsm_lab.data import load_gutenberg, load_ptb
+    from hsm_lab.data.registry import dataset
+    from hsm_lab.data.text_classification import load_text_classification
 
     entry = dataset(name)
     if name == "ptb":
@@ -63,7 +63,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:
-    from hsm.data.fetch import fetch
+    from hsm_lab.data.fetch import fetch
 
     for relpath, path in fetch(args.name).items():
         print(f"ok  {relpath}  ->  {path}")
@@ -71,7 +71,7 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from hsm.data.fetch import verify
+    from hsm_lab.data.fetch import verify
 
     statuses = verify(args.names or None)
     bad = 0
@@ -103,10 +103,10 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 def _git_commit() -> str:
     try:
-        root = Path(__file__).resolve().parents[2]
+        root = Path(__file__).resolve().parents[3]
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                                 check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "hsm/data"], cwd=root,
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "lab/hsm_lab/data"], cwd=root,
                                capture_output=True, text=True).stdout.strip()
         return commit + ("+dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -129,7 +129,7 @@ def _machine() -> dict[str, object]:
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from hsm.data import gutenberg
+    from hsm_lab.data import gutenberg
 
     if args.name != "gutenberg":
         raise ValueError("only `build gutenberg` is supported (the other data sets need no build step)")
@@ -147,8 +147,8 @@ def _cmd_build(args: argparse.Namespace) -> int:
     # ru_maxrss is in KiB on Linux: the peak resident memory of this whole process (interpreter and torch included).
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     report = {
-        "what": "full build of the Gutenberg LM corpus from the mirror's archive (hsm.data.load_gutenberg)"
-        if args.max_books is None else f"build of the first {args.max_books} books (hsm.data.load_gutenberg)",
+        "what": "full build of the Gutenberg LM corpus from the mirror's archive (hsm_lab.data.load_gutenberg)"
+        if args.max_books is None else f"build of the first {args.max_books} books (hsm_lab.data.load_gutenberg)",
         "command": f"python -m hsm data build gutenberg --vocab-size {args.vocab_size}"
         + (f" --max-books {args.max_books}" if args.max_books else "") + (" --lowercase" if args.lowercase else ""),
         "date_utc": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -162,7 +162,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
     }
     text = json.dumps(report, indent=1, ensure_ascii=False)
     if args.report:
-        from hsm._atomic import atomic_write
+        from hsm.atomic import atomic_write
 
         atomic_write(args.report, text + "\n")  # a killed run never leaves half a report
     print(text)
@@ -170,7 +170,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from hsm.data import gutenberg
+    from hsm_lab.data import gutenberg
 
     started = time.perf_counter()
     sizes = gutenberg.export_lm_corpus(Path(args.directory), args.max_books, args.vocab_size,

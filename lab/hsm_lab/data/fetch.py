@@ -1,24 +1,24 @@
 """Acquisition: cache, then mirror, then canonical download; every file verified by sha256.
 
-Order of look-up for one registry file (:class:`~hsm.data.registry.DataFile`):
+Order of look-up for one registry file (:class:`~hsm_lab.data.registry.DataFile`):
 
-1. the cache, ``hsm.config.cache_dir() / relpath`` (``HSM_CACHE``, default ``~/.cache/hsm``), if its sha256 is right.
-   A cached copy whose sha256 is wrong (truncated, corrupted) is *not* used: a :class:`~hsm.data.errors.CacheWarning`
+1. the cache, ``hsm_lab.config.cache_dir() / relpath`` (``HSM_CACHE``, default ``~/.cache/hsm``), if its sha256 is right.
+   A cached copy whose sha256 is wrong (truncated, corrupted) is *not* used: a :class:`~hsm_lab.data.errors.CacheWarning`
    names it and the look-up goes on below, and the good copy replaces it. Only if no other copy can be had is
-   :class:`~hsm.data.errors.ChecksumMismatchError` raised, naming the cached file and why it could not be re-fetched;
-2. the mirror, ``hsm.config.data_mirror() / relpath`` (``HSM_DATA_MIRROR``), copied into the cache. When a mirror
+   :class:`~hsm_lab.data.errors.ChecksumMismatchError` raised, naming the cached file and why it could not be re-fetched;
+2. the mirror, ``hsm_lab.config.data_mirror() / relpath`` (``HSM_DATA_MIRROR``), copied into the cache. When a mirror
    is named, it is the only remote used: a file missing from it is an error, not a silent download, so a CI run
    never reaches for the network. If the cache cannot be written (a read-only ``HSM_CACHE``, a full disk), the
-   verified mirror file is read in place, with a :class:`~hsm.data.errors.CacheWarning`;
+   verified mirror file is read in place, with a :class:`~hsm_lab.data.errors.CacheWarning`;
 3. a verified copy shipped in the package (only for this project's own small files: the Gutenberg manifest and
    the taxonomies);
 4. the canonical URL, downloaded with a progress bar (an unwritable cache is then a :class:`DataError` naming the
    path and ``HSM_CACHE``).
 
-Writes go through the package's one writer, :func:`hsm._atomic.atomic_write` (processed corpora and reports too):
+Writes go through the package's one writer, :func:`hsm.atomic.atomic_write` (processed corpora and reports too):
 a temporary name in the destination folder, unique to the process, fsynced and renamed only once complete and, for
 downloads, once the checksum is right, so an interrupted copy, download or build never leaves a file that looks
-complete. Every failure raises a subclass of :class:`~hsm.data.errors.DataError` whose message names the file and
+complete. Every failure raises a subclass of :class:`~hsm_lab.data.errors.DataError` whose message names the file and
 the fix.
 """
 from __future__ import annotations
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from hsm import config
-from hsm._atomic import atomic_write
-from hsm.data.errors import (
+from hsm_lab import config
+from hsm.atomic import atomic_write
+from hsm_lab.data.errors import (
     CacheWarning,
     ChecksumMismatchError,
     CorruptArchiveError,
@@ -50,7 +50,7 @@ from hsm.data.errors import (
     MirrorFileMissingError,
     NetworkError,
 )
-from hsm.data.registry import SOURCES, DataFile, source
+from hsm_lab.data.registry import SOURCES, DataFile, source
 
 #: Seconds to wait for a server before giving up (a closed port fails at once; a black hole after this).
 DOWNLOAD_TIMEOUT_S = 30.0
@@ -137,7 +137,7 @@ def _download_into(url: str, out: BinaryIO, *, label: str, timeout: float) -> No
         raise NetworkError(
             f"cannot download {label} from {url}: {getattr(exc, 'reason', exc)}. "
             f"Fix: check the network, or point {config.MIRROR_ENV} at a directory holding {label} "
-            f"(one folder per source, as in hsm.data.registry), or put a verified copy at {config.cache_dir() / label}."
+            f"(one folder per source, as in hsm_lab.data.registry), or put a verified copy at {config.cache_dir() / label}."
         ) from exc
     with response:
         total = response.headers.get("Content-Length")

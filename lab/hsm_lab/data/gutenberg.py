@@ -35,7 +35,7 @@ Pipeline (one streaming pass over the archive, one book in memory at a time):
    other token maps to ``<unk>``. Ids are sorted by decreasing training count. ``min_count=k`` also drops the
    types seen fewer than ``k`` times in training.
 
-Processed token ids are cached as ``.npy`` under ``hsm.config.cache_dir()/gutenberg/processed/<key>/`` where the key
+Processed token ids are cached as ``.npy`` under ``hsm_lab.config.cache_dir()/gutenberg/processed/<key>/`` where the key
 hashes the archive checksum, the pipeline version, the book selection and the vocabulary size, so a second call
 with the same configuration only loads arrays.
 
@@ -47,9 +47,9 @@ offsets must be consistent, and every token id must lie in ``[0, number of types
 that fails any check (a truncated ``.npy``, a missing ``stats.json`` or ``vocab.txt``, out-of-range ids, and
 in-range damage: negative counts, counts that are not the training split's, a repeated word or type, a type
 ``ids.npy`` never uses, an ``<eos>`` count other than ``stats.json``'s) is
-treated as absent: a :class:`~hsm.data.errors.CacheWarning` names the file and the problem, and the folder is
+treated as absent: a :class:`~hsm_lab.data.errors.CacheWarning` names the file and the problem, and the folder is
 rebuilt from the verified archive and replaced. If the cache cannot be written, the corpus is built in memory and
-used, with a :class:`~hsm.data.errors.CacheWarning` (it is rebuilt on the next call).
+used, with a :class:`~hsm_lab.data.errors.CacheWarning` (it is rebuilt on the next call).
 """
 from __future__ import annotations
 
@@ -67,12 +67,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hsm import config
-from hsm.data.errors import CacheWarning, CorruptArchiveError, EmptyCorpusError
-from hsm._atomic import atomic_directory, atomic_write
-from hsm.data.fetch import fetch_file, is_write_error, iter_tar_members
-from hsm.data.lm import EOS, UNK, LMCorpus
-from hsm.data.registry import GUTENBERG_COMMIT, GUTENBERG_GITHUB_ARCHIVE, SOURCES  # noqa: F401 (re-exported)
+from hsm_lab import config
+from hsm_lab.data.errors import CacheWarning, CorruptArchiveError, EmptyCorpusError
+from hsm.atomic import atomic_directory, atomic_write
+from hsm_lab.data.fetch import fetch_file, is_write_error, iter_tar_members
+from hsm_lab.data.lm import EOS, UNK, LMCorpus
+from hsm_lab.data.registry import GUTENBERG_COMMIT, GUTENBERG_GITHUB_ARCHIVE, SOURCES  # noqa: F401 (re-exported)
 
 #: Seed of the one shuffle of the manifest that fixes book order (and so the split and the quick slices).
 BOOK_ORDER_SEED = 20170806
@@ -471,7 +471,7 @@ def tokenized_books(
 ) -> TokenizedBooks:
     """Read, strip and tokenize the selected books (cached; see the module docstring).
 
-    A cached folder that fails its checks is rebuilt, with a :class:`~hsm.data.errors.CacheWarning` naming it.
+    A cached folder that fails its checks is rebuilt, with a :class:`~hsm_lab.data.errors.CacheWarning` naming it.
     """
     selection = select_books(max_books)
     directory = _processed_dir("tokens", _selection_key(selection, lowercase))
@@ -572,7 +572,7 @@ def load_gutenberg(
     types, the vocabulary's coverage of the training tokens and the out-of-vocabulary rate of each split.
 
     The processed corpus is cached and checked on loading (see the module docstring): a damaged cached folder is
-    rebuilt with a :class:`~hsm.data.errors.CacheWarning` naming the file at fault, never used.
+    rebuilt with a :class:`~hsm_lab.data.errors.CacheWarning` naming the file at fault, never used.
     """
     if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 2:
         raise ValueError(f"vocab_size must be an int >= 2 (it counts <unk>), got {vocab_size!r}")
@@ -775,7 +775,7 @@ def load_prebuilt_lm(directory: Path, max_books: int | None = None, vocab_size: 
     :func:`load_gutenberg` gives with these arguments, without the archive or the manifest.
 
     Raises ValueError when the folder was exported with other settings (naming both), and
-    :class:`~hsm.data.errors.CorruptArchiveError` for a missing, undecodable or altered file (its sha256 is
+    :class:`~hsm_lab.data.errors.CorruptArchiveError` for a missing, undecodable or altered file (its sha256 is
     checked), each naming the fix."""
     import lzma
 

@@ -13,7 +13,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from hsm.data.errors import EmptyCorpusError
+from hsm_lab.data.errors import EmptyCorpusError
 
 EOS = "<eos>"
 UNK = "<unk>"

@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from hsm.data.errors import EmptyCorpusError
-from hsm.data.fetch import fetch_file, read_text
-from hsm.data.lm import EOS, UNK, LMCorpus, frequency_order
-from hsm.data.registry import SOURCES
+from hsm_lab.data.errors import EmptyCorpusError
+from hsm_lab.data.fetch import fetch_file, read_text
+from hsm_lab.data.lm import EOS, UNK, LMCorpus, frequency_order
+from hsm_lab.data.registry import SOURCES
 
 SPLITS = ("train", "valid", "test")
 
@@ -45,7 +45,7 @@ def _encode(sentences: list[list[str]], index: dict[str, int], unk_id: int) -> t
 
 
 def load_ptb(context: int | None = None) -> LMCorpus:
-    """Load PTB (Mikolov split) as an :class:`~hsm.data.lm.LMCorpus`, fetching and verifying the files.
+    """Load PTB (Mikolov split) as an :class:`~hsm_lab.data.lm.LMCorpus`, fetching and verifying the files.
 
     The vocabulary is the training file's types plus ``<eos>``, ids sorted by decreasing training count.
     ``context`` sets the default window size ``T`` of :meth:`LMCorpus.windows` (arXiv: 3 on PTB).

@@ -6,7 +6,7 @@ and so on. The sha256 of every mirror file is the one in the mirror's ``SHA256SU
 
 Each *data set* (what a loader returns: ``ptb``, ``gutenberg``, ``cooking``, ``gutenberg-books``,
 ``trec-coarse``, ``trec-fine``, ``20ng``, ``r8``, ``r52``) names the source it is built from, its licence and
-its citation. :func:`dataset` raises :class:`~hsm.data.errors.UnknownDatasetError` for any other name.
+its citation. :func:`dataset` raises :class:`~hsm_lab.data.errors.UnknownDatasetError` for any other name.
 
 Canonical downloads. A user with internet gets each file from its canonical URL. Where the canonical file is
 byte-identical to the mirror's, one checksum serves both. Where it is not, the registry says how it differs:
@@ -16,9 +16,9 @@ byte-identical to the mirror's, one checksum serves both. Where it is not, the r
   which is what the site's ``.txt`` must hash to; the download is stored uncompressed and read as such.
 * Gutenberg's canonical source is the repository archive of ``rcdm-uga/Gutenberg_Text`` at a fixed commit
   (GitHub does not promise byte-stable archives, so it has no sha256); the 678 selected books are verified one by
-  one against the git blob ids in ``MANIFEST.tsv`` while they are read (see :mod:`hsm.data.gutenberg`).
+  one against the git blob ids in ``MANIFEST.tsv`` while they are read (see :mod:`hsm_lab.data.gutenberg`).
 * ``gutenberg/MANIFEST.tsv`` and ``cachopo/taxonomies.json`` are this project's own files: a verified copy
-  ships inside the package (``hsm/data/resources``) and serves when neither the cache nor the mirror has one.
+  ships inside the package (``lab/hsm_lab/data/resources``) and serves when neither the cache nor the mirror has one.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-from hsm.data.errors import UnknownDatasetError
+from hsm_lab.data.errors import UnknownDatasetError
 
 #: The commit of ``rcdm-uga/Gutenberg_Text`` the 678 books were taken from (first line of MANIFEST.tsv).
 GUTENBERG_COMMIT = "a0b16d35a9851168ce9ac649851c17b7ab08d48e"
@@ -46,7 +46,7 @@ class DataFile:
     ``relpath`` is its path relative to the mirror root (and to the cache root); ``sha256`` its checksum there.
     ``url`` is the canonical download; when the download is not byte-identical to the mirror file it is stored
     at ``download_relpath`` and must hash to ``download_sha256``. ``bundled`` names a verified copy shipped in
-    ``hsm/data/resources``.
+    ``lab/hsm_lab/data/resources``.
     """
 
     relpath: str
@@ -64,7 +64,7 @@ class DataFile:
         """Path of the copy shipped in the package, if any."""
         if self.bundled is None:
             return None
-        return Path(str(resources.files("hsm.data") / "resources" / self.bundled))
+        return Path(str(resources.files("hsm_lab.data") / "resources" / self.bundled))
 
 
 @dataclass(frozen=True)

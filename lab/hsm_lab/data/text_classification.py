@@ -25,9 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from hsm.data.errors import CorruptArchiveError, EmptyCorpusError, UnknownLabelError
-from hsm.data.fetch import _DECODE_ERRORS, _corrupt, fetch_file, open_compressed, read_tar_member, read_text
-from hsm.data.registry import SOURCES, dataset
+from hsm_lab.data.errors import CorruptArchiveError, EmptyCorpusError, UnknownLabelError
+from hsm_lab.data.fetch import _DECODE_ERRORS, _corrupt, fetch_file, open_compressed, read_tar_member, read_text
+from hsm_lab.data.registry import SOURCES, dataset
 
 _WORD_RE = re.compile(r"\w+|[^\w\s]")
 
@@ -540,13 +540,13 @@ def _load_gutenberg_books(max_books: int | None = None, passage_tokens: int = PA
                           test_every: int = TEST_EVERY) -> TextClassificationData:
     """Passage -> book: our construction, a stand-in for YFCC100M tag prediction (678 classes).
 
-    Each book (boilerplate stripped, tokenized as in :mod:`hsm.data.gutenberg`, ``<eos>`` removed) is cut into
+    Each book (boilerplate stripped, tokenized as in :mod:`hsm_lab.data.gutenberg`, ``<eos>`` removed) is cut into
     consecutive non-overlapping passages of ``passage_tokens`` tokens (a shorter tail is dropped). Passage ``j`` of
     a book goes to test if ``j % test_every == test_every - 1`` (20 % by default, spread evenly through the
     book), else to train; a book with fewer than ``test_every`` passages (one of the 678 has 3) gives its last
     passage to test, and a book with fewer than 2 passages is an error. The class is the book (``Author/Title``); the taxonomy is author -> books.
     """
-    from hsm.data.gutenberg import tokenized_books
+    from hsm_lab.data.gutenberg import tokenized_books
 
     if passage_tokens < 1 or test_every < 2:
         raise ValueError("passage_tokens must be >= 1 and test_every >= 2")

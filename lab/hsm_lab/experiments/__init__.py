@@ -1,8 +1,8 @@
 """Experiments: one registered command per table or figure of the papers.
 
 ``python -m hsm run NAME --scale quick|full --device cpu|cuda [--out PATH] [--force]`` runs the
-experiment ``NAME`` and writes its JSON result file (records + provenance, :mod:`hsm.results`):
-without ``--out`` under ``hsm-results/`` (``HSM_OUTPUT``; :func:`hsm.results.output_path`), so
+experiment ``NAME`` and writes its JSON result file (records + provenance, :mod:`hsm_lab.results`):
+without ``--out`` under ``hsm-results/`` (``HSM_OUTPUT``; :func:`hsm_lab.results.output_path`), so
 only ``--out results/...`` updates a committed result, and a full-scale file is never replaced
 by a quick run without ``--force``. Scale, device and every ``-o KEY=VALUE`` option are checked
 (:func:`check_scale`, :func:`check_device`, the ``option_*`` parsers) before any work starts.
@@ -17,24 +17,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hsm_lab.checks import SCALES, check_device, check_scale
+
 __all__ = [
     "Experiment", "MODULES", "REGISTRY", "SCALES", "experiment", "get", "check_scale", "check_device",
     "option_int", "option_float", "option_floats", "option_ints", "option_choice", "option_choices", "option_bool",
 ]
 
-#: the two scales every experiment knows (``hsm.config.scale``); "full" is the larger
-SCALES = ("quick", "full")
 
 #: modules that register experiments (imported by :func:`load_all`)
 MODULES = [
-    "hsm.experiments.lm",  # language modelling: arXiv Table 1, ICML Table 2, figures
-    "hsm.experiments.lm_timing",  # the same tables' ms/batch at the papers' full vocabularies
-    "hsm.experiments.classification",  # ICML Tables 1 and 3 on stand-ins
-    "hsm.experiments.classification_fast",  # the compiled trainer: statistics/schedule ablation, threaded repeats
-    "hsm.experiments.taxonomy",  # Schuurmans & Frasincar: two-level softmax over natural taxonomies
-    "hsm.experiments.taxonomy_cv",  # their model selection: k-fold cross-validation of h_dim and direction
-    "hsm.experiments.sampling",  # Barber & Botev: sampling approximations of the softmax
-    "hsm.experiments.label_addition",  # labels added to a trained classifier without retraining
+    "hsm_lab.experiments.lm",  # language modelling: arXiv Table 1, ICML Table 2, figures
+    "hsm_lab.experiments.lm_timing",  # the same tables' ms/batch at the papers' full vocabularies
+    "hsm_lab.experiments.classification",  # ICML Tables 1 and 3 on stand-ins
+    "hsm_lab.experiments.classification_fast",  # the compiled trainer: statistics/schedule ablation, threaded repeats
+    "hsm_lab.experiments.taxonomy",  # Schuurmans & Frasincar: two-level softmax over natural taxonomies
+    "hsm_lab.experiments.taxonomy_cv",  # their model selection: k-fold cross-validation of h_dim and direction
+    "hsm_lab.experiments.sampling",  # Barber & Botev: sampling approximations of the softmax
+    "hsm_lab.experiments.label_addition",  # labels added to a trained classifier without retraining
 ]
 
 
@@ -44,7 +44,7 @@ class Experiment:
     func: Callable[..., Any]  #: ``func(scale: str, device: str, out: Path | None, **options) -> Path`` of the result file
     summary: str
     #: the committed result file, relative to the repository root, e.g. "results/lm/ptb-25.json"; a run
-    #: without ``out`` writes the same path under hsm-results/ instead (hsm.results.output_path)
+    #: without ``out`` writes the same path under hsm-results/ instead (hsm_lab.results.output_path)
     default_out: str
 
 
@@ -89,53 +89,6 @@ def get(name: str) -> Experiment:
 
 
 # ---------------------------------------------------------------------------------------------- validation
-def check_scale(scale: Any) -> str:
-    """``scale`` if it is ``"quick"`` or ``"full"``; else ValueError naming it.
-
-    Every experiment function calls this first: they branch on ``scale == "quick"``, so any other
-    string (``"Quick"``, ``"huge"``) would otherwise run the full configuration and be labelled
-    with the string it was given. (``HSM_SCALE`` is read, case-insensitively, by
-    :func:`hsm.config.scale`; a function argument must be exact.)"""
-    if not isinstance(scale, str) or scale not in SCALES:
-        raise ValueError(f"scale must be 'quick' or 'full', got {scale!r}")
-    return scale
-
-
-def check_device(device: Any) -> str:
-    """``device`` (a string or :class:`torch.device`) as a string, after checking that torch can use
-    it here; raises ValueError naming it when it does not parse as a torch device, when it is not
-    a CPU, CUDA or MPS device, or when that device is not available (no CUDA build or no GPU, a
-    GPU index past the last one). Failing here, before any work, is what keeps a run from
-    silently computing on the CPU while its result says ``cuda``, and from dying later in a
-    traceback deep inside torch."""
-    import torch
-
-    if not isinstance(device, (str, torch.device)):
-        raise ValueError(f"device must be a string such as 'cpu' or 'cuda', got {type(device).__name__} {device!r}")
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError, TypeError) as exc:
-        raise ValueError(f"device {str(device)!r} is not a torch device (e.g. 'cpu', 'cuda', 'cuda:1'): {exc}") from None
-    if parsed.type == "cpu":
-        return str(device)
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            why = ("this torch build has no CUDA support" if torch.version.cuda is None
-                   else "no CUDA GPU is visible")
-            raise ValueError(f"device {str(device)!r} was requested but CUDA is not available ({why}, torch "
-                             f"{torch.__version__}); use --device cpu")
-        count = torch.cuda.device_count()
-        if parsed.index is not None and parsed.index >= count:
-            raise ValueError(f"device {str(device)!r} was requested but only {count} CUDA device(s) exist "
-                             f"(cuda:0..cuda:{count - 1})")
-        return str(device)
-    if parsed.type == "mps":
-        if not (hasattr(torch.backends, "mps") and torch.backends.mps.is_available()):
-            raise ValueError(f"device {str(device)!r} was requested but MPS is not available here; use --device cpu")
-        return str(device)
-    raise ValueError(f"device {str(device)!r}: only cpu, cuda and mps devices are supported")
-
-
 def _fail(key: str, value: Any, what: str) -> ValueError:
     return ValueError(f"option {key}={value!r}: {what}")
 

@@ -1,4 +1,4 @@
-"""Two experiments of the compiled bag-of-words trainer (:class:`hsm.fast_classifier.FastBowClassifier`).
+"""Two experiments of the compiled bag-of-words trainer (:class:`hsm.classifiers.fast_classifier.FastBowClassifier`).
 
 ``icml-fast-ablation`` asks which of the tree-learning choices the paper leaves open decides
 whether a learned tree beats the M-ary Huffman tree it starts from (ICML §7.1 claims up to +3.3
@@ -32,12 +32,12 @@ from typing import Any
 
 import numpy as np
 
-from hsm.experiments import (check_device, check_scale, experiment, option_choices, option_float, option_int,
+from hsm_lab.experiments import (check_device, check_scale, experiment, option_choices, option_float, option_int,
                              option_ints)
-from hsm.experiments.classification import (OUTPUTS, TableConfig, _default_out, _parse_options, _subset_rows,
+from hsm_lab.experiments.classification import (OUTPUTS, TableConfig, _default_out, _parse_options, _subset_rows,
                                             encode_data, evaluate_bow, load_classification_data, load_table_data,
                                             run_table, train_bow)
-from hsm.results import ResumableParts, check_replace, provenance, write_results
+from hsm_lab.results import ResumableParts, check_replace, provenance, write_results
 
 __all__ = ["ABLATION_VARIANTS", "REPEAT_CONFIGS", "fast_ablation", "fast_repeats", "fast_time_split", "split_time",
            "summarise_ablation"]
@@ -210,7 +210,7 @@ def _watch(spec: dict[str, Any], timeout_s: float, log: Callable[[str], None], s
     outcomes: list[dict[str, Any]] = []
     first = 0
     while first < spec["repeats"]:
-        proc = subprocess.Popen([sys.executable, "-m", "hsm.experiments.classification_fast", "--worker",
+        proc = subprocess.Popen([sys.executable, "-m", "hsm_lab.experiments.classification_fast", "--worker",
                                  json.dumps(dict(spec, first=first))], stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True, env=os.environ.copy())
         lines: queue.Queue[str | None] = queue.Queue()
@@ -348,7 +348,7 @@ def fast_time_split(scale: str = "quick", device: str = "cpu", out: Path | str |
     dictionary, which its ``train_supervised`` time includes; ours takes the encoded data, whose
     encoding time is recorded beside it (``encode_seconds``). Options as ``icml-table1`` (``data``,
     default gutenberg-books; quick: a slice of cooking); ``dims`` gives the d (first value)."""
-    from hsm.experiments.classification.peers import (_doc_tokens, _fasttext_lines, _word_text, peer_available,
+    from hsm_lab.experiments.classification.peers import (_doc_tokens, _fasttext_lines, _word_text, peer_available,
                                                       run_fasttext)
 
     check_device(device)

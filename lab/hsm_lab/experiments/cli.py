@@ -1,6 +1,6 @@
 """``python -m hsm run``: list or run the registered experiments.
 
-Without ``--out`` a run writes under :func:`hsm.results.output_root` (``HSM_OUTPUT``, default
+Without ``--out`` a run writes under :func:`hsm_lab.results.output_root` (``HSM_OUTPUT``, default
 ``./hsm-results``), at the path the experiment registers below ``results/`` (``lm-ptb`` ->
 ``hsm-results/lm/ptb.json``): the committed ``results/`` change only when ``--out`` names a file
 there, and a file recorded at full scale is not replaced by a quick run without ``--force``.
@@ -9,7 +9,7 @@ Bad input (an unknown experiment or option, an option value out of range, a scal
 quick/full, a device torch cannot use here, a refused replacement, an unusable ``--out`` or
 ``HSM_OUTPUT``, a bad ``HSM_THREADS``) is one line on stderr and exit status 2, before any work is
 done, and so is a full-scale run from code with uncommitted changes unless ``--allow-dirty``
-(:func:`hsm.results.check_code_committed`); a full disk while writing a result or checkpoint is one
+(:func:`hsm_lab.results.check_code_committed`); a full disk while writing a result or checkpoint is one
 line naming the file, exit status 1. Every result file records the command that made it
 (``provenance.invocation``), which ``python -m hsm reproduce`` runs again.
 """
@@ -19,13 +19,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from hsm._atomic import DiskFullError
-from hsm._help import plain
-from hsm.config import env_threads
-from hsm.data.errors import DataError
-from hsm.results import check_code_committed, recording_invocation
+from hsm.atomic import DiskFullError
+from hsm.cli_text import plain
+from hsm_lab.config import env_threads
+from hsm_lab.data.errors import DataError
+from hsm_lab.results import check_code_committed, recording_invocation
 
-from . import REGISTRY, check_device, check_scale, get, load_all
+from hsm_lab.experiments import REGISTRY, check_device, check_scale, get, load_all
 
 #: keyword arguments the CLI passes itself; ``-o`` may not set them
 _RESERVED = {"scale", "device", "out", "force", "allow_dirty"}
@@ -56,7 +56,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     failed = load_all()
     if args.name in (None, "list"):
-        from hsm.results import output_path
+        from hsm_lab.results import output_path
 
         for name, exp in sorted(REGISTRY.items()):
             print(f"{name:28s} {exp.summary}  -> {output_path(exp.default_out)}")
@@ -68,7 +68,7 @@ def main(argv: list[str]) -> int:
         if args.scale is not None:
             scale = args.scale
         else:
-            from hsm.config import scale as env_scale
+            from hsm_lab.config import scale as env_scale
 
             scale = env_scale()  # HSM_SCALE, validated (ValueError naming it)
         check_scale(scale)

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from hsm.experiments import check_device, check_scale, experiment, option_choice, option_float, option_int, option_ints
-from hsm.results import ResumableParts, check_replace, output_path, provenance, write_results
+from hsm_lab.experiments import check_device, check_scale, experiment, option_choice, option_float, option_int, option_ints
+from hsm_lab.results import ResumableParts, check_replace, output_path, provenance, write_results
 
 __all__ = ["METHODS", "held_out_labels", "label_addition", "parse_options", "summarise"]
 
@@ -207,7 +207,7 @@ def label_addition(scale: str = "quick", device: str = "cpu", out: Path | str | 
     ``held_out`` (the share of labels, default 0.1) and ``reference`` (trained labels' training passages the
     new slots are calibrated against, default 2,000; 0 for none). A stopped run resumes from its
     partial file."""
-    from hsm.experiments.classification import encode_data, load_classification_data
+    from hsm_lab.experiments.classification import encode_data, load_classification_data
 
     quick = check_scale(scale) == "quick"
     check_device(device)

@@ -4,14 +4,14 @@ arXiv Table 1, the timing columns), measured side by side in one run.
 Training the log-bilinear model with a flat softmax over Gutenberg's 250,000 words for epochs is
 out of reach of this project's 2-core CPU (about a third of a second per batch of 128: some
 30 hours per epoch), so the perplexity columns of ICML Table 2 come from a reduced corpus
-(:mod:`hsm.experiments.lm`). Its *speed* columns do not need training to convergence: a few
+(:mod:`hsm_lab.experiments.lm`). Its *speed* columns do not need training to convergence: a few
 hundred steps of the real model on real batches, at the real vocabulary, give the milliseconds
 per batch. This experiment measures, for each output layer,
 
 * ``train_ms_per_batch``: the median wall time of a full training step (log-bilinear
   representation, output layer, backward, Adagrad on all parameters: the papers' optimiser, as
   :class:`hsm.RowSparseAdagrad`, for the trees fused into the layer's backward as
-  :func:`hsm.experiments.lm.train_lm` runs it, :meth:`hsm.RowSparseAdagrad.fuse`), and for the learned tree also Algorithm 1's statistics in
+  :func:`hsm_lab.experiments.lm.train_lm` runs it, :meth:`hsm.RowSparseAdagrad.fuse`), and for the learned tree also Algorithm 1's statistics in
   every step plus one re-assignment (timed) amortised over the papers' schedule (50 per epoch
   in ICML, 20 in arXiv);
 * ``test_ms_per_batch``: the median wall time of ``log p(target)`` for a batch of test windows
@@ -25,7 +25,7 @@ the same arithmetic as one ``backward()`` plus one more autograd call).
 
 Outputs: flat softmax, random tree, learned tree, and :class:`torch.nn.AdaptiveLogSoftmaxWithLoss`
 (``adaptive``, not in the papers: the strongest common baseline, on the same log-bilinear model,
-with the benchmark's cutoffs, :data:`hsm.bench.ADAPTIVE_CUTOFFS` below V (2k/20k/100k, ``div_value=4``); word ids are frequency ranks in both
+with the benchmark's cutoffs, :data:`hsm_lab.bench.ADAPTIVE_CUTOFFS` below V (2k/20k/100k, ``div_value=4``); word ids are frequency ranks in both
 corpora, as its cutoffs need). The clustering tree is a fixed tree of the
 same shape as the random one (its cost differs only through which nodes a batch shares); it is
 not timed here because building it needs the clustering embeddings of the full corpus.
@@ -43,13 +43,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm import config as hsm_config
-from hsm.bench import cost_model, machine_limits, output_layer
-from hsm.experiments import check_device, check_scale, experiment, option_choices, option_int
-from hsm.experiments.lm import _slice, _sync, load_lm_corpus
+from hsm_lab import config as hsm_config
+from hsm_lab.bench import cost_model, machine_limits
+from hsm_lab.output_layers import output_layer
+from hsm_lab.experiments import check_device, check_scale, experiment, option_choices, option_int
+from hsm_lab.experiments.lm import _slice, _sync, load_lm_corpus
 from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
-from hsm.results import check_replace, make_record, output_path, provenance, write_results
+from hsm_lab.results import check_replace, make_record, output_path, provenance, write_results
 from hsm.training import TreeLearner
 from hsm.tree import Tree
 
@@ -122,13 +123,13 @@ def step_cost(output: str, vocab: int, dim: int, batch: int, context: int, arity
               unique_nodes: float = 0.0, unique_words: float = 0.0, parameters: int = 0) -> dict[str, float]:
     """Minimal bytes and FLOPs of one training step of the log-bilinear LM with ``output``
     (float32), split into the model and the output layer with its optimiser, in the convention of
-    :func:`hsm.bench.cost_model` (every parameter-sized array a step must touch counted once per
+    :func:`hsm_lab.bench.cost_model` (every parameter-sized array a step must touch counted once per
     pass, at memory speed).
 
     Model: ``6 B T d^2`` FLOPs (the forward's T products and the backward's 2T); bytes: seven
     passes over the touched embedding rows (``unique_words`` per batch) and over the ``R_k`` (read
     forward; gradient written and read; Adagrad reads parameter and state and writes both).
-    Output layer: :func:`hsm.bench.cost_model`'s ``train_adagrad`` (a tree: ``unique_nodes``
+    Output layer: :func:`hsm_lab.bench.cost_model`'s ``train_adagrad`` (a tree: ``unique_nodes``
     [M, d] blocks, seven passes, ``6 B D M d`` FLOPs), plus for the learned tree Algorithm 1's
     statistics (each pair's M sums read and written). ValueError for an unknown ``output``."""
     if output not in OUTPUTS:

@@ -45,13 +45,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from hsm import paper
-from hsm.config import configure_threads, seed_everything
-from hsm.experiments import (check_device, check_scale, experiment, option_bool, option_choices, option_float,
+from hsm_lab import paper
+from hsm_lab.config import configure_threads, seed_everything
+from hsm_lab.experiments import (check_device, check_scale, experiment, option_bool, option_choices, option_float,
                              option_int, option_ints)
-from hsm.bench import output_layer
+from hsm_lab.output_layers import output_layer
 from hsm.layers import HierarchicalSoftmax
-from hsm.results import (ResumableParts, check_replace, load_checkpoint, make_record, output_path, provenance,
+from hsm_lab.results import (ResumableParts, check_replace, load_checkpoint, make_record, output_path, provenance,
                          save_checkpoint, write_progress, write_results)
 from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classification_metrics, encode_texts
 from hsm.training import TreeLearner, train_epoch
@@ -192,15 +192,15 @@ def glove_standin_vectors(data_name: str, dataset, dim: int = 300, gutenberg_tok
     """``(words, vectors)``: ``dim``-d fastText skip-gram vectors (negative sampling, whole words)
     for every type of ``dataset``'s training split, trained on its training documents followed by
     the first ``gutenberg_tokens`` tokens of the mirror's Gutenberg books (lower-cased, in
-    :func:`hsm.data.gutenberg.book_order`; 0: the training documents only). Our stand-in for the
+    :func:`hsm_lab.data.gutenberg.book_order`; 0: the training documents only). Our stand-in for the
     GloVe 6B-300d vectors of Schuurmans & Frasincar, which cannot be downloaded here.
 
-    Reuses :func:`hsm.experiments.lm.embeddings.fasttext_embeddings` (cached under
-    ``hsm.config.cache_dir()/derived/fasttext``, atomic writes): the corpus is handed to it as the
+    Reuses :func:`hsm_lab.experiments.lm.embeddings.fasttext_embeddings` (cached under
+    ``hsm_lab.config.cache_dir()/derived/fasttext``, atomic writes): the corpus is handed to it as the
     ids of one vocabulary = the training types plus ``<unk>``, to which every Gutenberg word outside
     the training vocabulary maps (it never needs a vector: the model only looks up training types).
     """
-    from hsm.experiments.lm.embeddings import fasttext_embeddings
+    from hsm_lab.experiments.lm.embeddings import fasttext_embeddings
 
     if gutenberg_tokens < 0:
         raise ValueError(f"gutenberg_tokens must be >= 0, got {gutenberg_tokens}")
@@ -215,7 +215,7 @@ def glove_standin_vectors(data_name: str, dataset, dim: int = 300, gutenberg_tok
     new_id[train_types] = np.arange(len(train_types))
     parts = [new_id[np.asarray(texts.values, dtype=np.int64)]]
     if gutenberg_tokens:
-        from hsm.data.gutenberg import tokenized_books
+        from hsm_lab.data.gutenberg import tokenized_books
 
         # the first books of the fixed book order until the budget; 10 books (~0.5M tokens) are
         # enough for small budgets, so quick runs tokenize little
@@ -594,7 +594,7 @@ def _settings(scale: str, data: str, options: dict[str, Any]) -> dict[str, Any]:
 def _prepare(scale: str, data: str, options: dict[str, Any]):
     """Settings, the (test-limited) data set, the resolved document cap with its kept token shares,
     and the pretrained vectors (None for random embeddings)."""
-    from hsm.data import load_text_classification
+    from hsm_lab.data import load_text_classification
 
     if data not in DATASETS:
         raise ValueError(f"data must be one of {sorted(DATASETS)}, got {data!r}")
@@ -664,7 +664,7 @@ def run_taxonomy_tables(scale: str = "quick", device: str = "cpu", out: Path | s
                         data: str = "trec", force: bool = False, **options: Any) -> Path:
     """One table of Schuurmans & Frasincar (``data`` = trec, 20ng, r8 or r52) at the configured scale.
 
-    ``out`` None: ``hsm-results/taxonomy/<data>.json`` (:func:`hsm.results.output_path`); a
+    ``out`` None: ``hsm-results/taxonomy/<data>.json`` (:func:`hsm_lab.results.output_path`); a
     full-scale file at ``out`` is not replaced by a quick run unless ``force``. ValueError for a
     bad scale, data, device or option, before any training. ``device="cuda"`` moves the models
     and batches to the GPU (the batch stays 10, as in the paper)."""
@@ -731,8 +731,8 @@ def headline_file(data: str, root: Path | str | None = None, embeddings: str = "
     full-path files with the GloVe stand-ins (``<root>/taxonomy/<data>-full-ft*.json``), the one with
     the largest epoch budget; None when there is none yet. ``embeddings="random"`` gives the
     random-init lower reference the same way (``<data>-full-random*.json``). ``root``: the results
-    folder (default :func:`hsm.results.default_results_root`)."""
-    from hsm.results import default_results_root, load_results
+    folder (default :func:`hsm_lab.results.default_results_root`)."""
+    from hsm_lab.results import default_results_root, load_results
 
     if data not in DATASETS:
         raise ValueError(f"data must be one of {sorted(DATASETS)}, got {data!r}")

@@ -3,7 +3,7 @@ direction of the LSTM.
 
 The paper picks its models by 4-fold cross-validation on the training set, with macro-F1 as the
 criterion, over a grid of bidirectionality and h_dim that it does not give; it reports h_dim 150
-(R52: 100). The tables (:mod:`hsm.experiments.taxonomy`) use those sizes with one validation split
+(R52: 100). The tables (:mod:`hsm_lab.experiments.taxonomy`) use those sizes with one validation split
 instead. Here every setting of the grid is trained on k - 1 folds of the training split with early
 stopping on the remaining fold, once per fold; the mean of the k best fold macro-F1s scores the
 setting, and the best score picks one setting per model (flat, hierarchical). The test split plays
@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm.experiments import check_device, check_scale, experiment, option_choices, option_int, option_ints
-from hsm.results import ResumableParts, check_replace, make_record, output_path, provenance, write_progress, write_results
+from hsm_lab.experiments import check_device, check_scale, experiment, option_choices, option_int, option_ints
+from hsm_lab.results import ResumableParts, check_replace, make_record, output_path, provenance, write_progress, write_results
 
-from . import taxonomy as T
+from hsm_lab.experiments import taxonomy as T
 
 __all__ = ["DIRECTIONS", "cv_summary", "run_taxonomy_cv"]
 

@@ -25,7 +25,7 @@ YFCC100M cannot be had here, so the commands run on two stand-ins (say so wherev
 ``cooking`` (cooking.stackexchange, 736 tags, fastText's tutorial split) and ``gutenberg-books``
 (100-token passage -> book, 678 classes, authors as a taxonomy). Anyone holding the YFCC100M
 files in fastText format runs the real table with ``-o data=/path/to/train.txt -o
-test=/path/to/test.txt`` (read by :func:`hsm.data.load_fasttext_file`, labels seen fewer than 100
+test=/path/to/test.txt`` (read by :func:`hsm_lab.data.load_fasttext_file`, labels seen fewer than 100
 times dropped as ICML §7.1 does).
 
 Multi-label examples (cooking, YFCC) are trained on **one label sampled uniformly per example and
@@ -43,25 +43,25 @@ layers and the two trainers), :mod:`.evaluation` (P@1, R@1, test time, nodes vis
 :mod:`.table` (every row of a table, resumable), :mod:`.report` (result records and markdown
 tables), :mod:`.commands` (the registered experiments) and :mod:`.today` (today's label-tree
 libraries and fastText with bigrams, experiment ``today-tools``). Every name is re-exported here
-(``from hsm.experiments import classification as C; C.train_bow``).
+(``from hsm_lab.experiments import classification as C; C.train_bow``).
 """
 from __future__ import annotations
 
-from . import commands, config, data, evaluation, peers, presets, report, table, today, training, trees
-from .commands import _default_out, _reissue_table1, _run_command, icml_table1, icml_table3
-from .config import TableConfig, _config_json, _parse_options
-from .data import (EncodedSplit, _data_slug, _label_counts, _open_count, _ragged_labels, _subset_rows, encode_data,
+from hsm_lab.experiments.classification import commands, config, data, evaluation, peers, presets, report, table, today, training, trees
+from hsm_lab.experiments.classification.commands import _default_out, icml_table1, icml_table3
+from hsm_lab.experiments.classification.config import TableConfig, _parse_options
+from hsm_lab.experiments.classification.data import (EncodedSplit, _subset_rows, encode_data,
                    load_classification_data, load_table_data)
-from .evaluation import _precision_recall, evaluate_bow
-from .peers import _doc_tokens, _fasttext_lines, _package_version, peer_available, run_fasttext, run_vw
-from .presets import OUTPUTS, PAPER_LR_GRID, PEERS, QUICK, REASSIGNS, STAND_INS, VW_LR_GRID
-from .report import (DEPTH_LIMIT_OUTPUTS, _MODEL_NAMES, _ROW_ORDER, _describe, _gains, _paper_key, _record, _seconds,
+from hsm_lab.experiments.classification.evaluation import _precision_recall, evaluate_bow
+from hsm_lab.experiments.classification.peers import peer_available, run_fasttext, run_vw
+from hsm_lab.experiments.classification.presets import OUTPUTS, PAPER_LR_GRID, PEERS, QUICK, REASSIGNS, STAND_INS, VW_LR_GRID
+from hsm_lab.experiments.classification.report import (DEPTH_LIMIT_OUTPUTS, _ROW_ORDER, _seconds,
                      depth_limit_markdown, depth_limit_runs, fast_runs,
                      paper_table_markdown, table_markdown)
-from .table import _peer_row, _run_ours, _run_peer, _select, run_table, tree_prefix_of
-from .today import TODAY_METHODS, TodayConfig, precision_at_k, run_today, today_tools
-from .training import TrainedBow, _train_bow_fast, build_output_layer, train_bow
-from .trees import _save_trees, author_grouping
+from hsm_lab.experiments.classification.table import _run_ours, run_table, tree_prefix_of
+from hsm_lab.experiments.classification.today import TODAY_METHODS, TodayConfig, precision_at_k, run_today, today_tools
+from hsm_lab.experiments.classification.training import TrainedBow, build_output_layer, train_bow
+from hsm_lab.experiments.classification.trees import author_grouping
 
 __all__ = [
     "OUTPUTS",

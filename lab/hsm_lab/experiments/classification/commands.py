@@ -10,18 +10,18 @@ from typing import Any
 
 import torch
 
-from hsm.experiments import check_device, experiment
-from hsm.results import check_replace, load_results, output_path, provenance, write_results
+from hsm_lab.experiments import check_device, experiment
+from hsm_lab.results import check_replace, load_results, output_path, provenance, write_results
 
-from .config import TableConfig, _config_json, _parse_options
-from .data import _data_slug
-from .table import run_table
+from hsm_lab.experiments.classification.config import TableConfig, _config_json, _parse_options
+from hsm_lab.experiments.classification.data import _data_slug
+from hsm_lab.experiments.classification.table import run_table
 
 __all__ = ["icml_table1", "icml_table3", "scale_label"]
 
 
 def _default_out(table: str, scale: str, data: str) -> Path:
-    """Where a table goes without ``out``: under :func:`hsm.results.output_root` (not the committed
+    """Where a table goes without ``out``: under :func:`hsm_lab.results.output_root` (not the committed
     ``results/``), ``classification/<table>-<data>[-quick].json``."""
     suffix = "" if scale == "full" else "-quick"
     return output_path(f"results/classification/{table}-{_data_slug(data)}{suffix}.json")
@@ -52,7 +52,7 @@ def scale_label(scale: str, config: TableConfig) -> str:
     limits = [f"{key}={getattr(config, key)}" for key in ("train_limit", "test_limit") if getattr(config, key)]
     if scale != "full" or not limits:
         return scale
-    from .data import load_classification_data
+    from hsm_lab.experiments.classification.data import load_classification_data
 
     data = load_classification_data(config.data, config.test, config.max_books, config.min_label_count)
     unit = "passages" if config.data == "gutenberg-books" else "examples"

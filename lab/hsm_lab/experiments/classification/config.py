@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hsm.experiments import (check_scale, option_bool, option_choice, option_float, option_floats, option_int,
+from hsm_lab.experiments import (check_scale, option_bool, option_choice, option_float, option_floats, option_int,
                              option_ints)
 
-from .presets import OUTPUTS, PAPER_LR_GRID, PEERS, QUICK, REASSIGNS, VW_LR_GRID
+from hsm_lab.experiments.classification.presets import OUTPUTS, PAPER_LR_GRID, PEERS, QUICK, REASSIGNS, VW_LR_GRID
 
 __all__ = ["TableConfig"]
 
@@ -41,7 +41,7 @@ class TableConfig:
     tree_decay: float = 1.0
     reset_moved_nodes: bool = False
     #: "torch" (mini-batches of batch_size) or "fast" (compiled per-example Hogwild SGD,
-    #: :class:`hsm.fast_classifier.FastBowClassifier`)
+    #: :class:`hsm.classifiers.fast_classifier.FastBowClassifier`)
     trainer: str = "torch"
     statistics: str = "ours"  #: trainer="fast": "ours" or "released" (the authors' fork's policy)
     schedule: str = "first_half"  #: trainer="fast": "first_half" or "every_tokens" (the fork's)

@@ -8,10 +8,10 @@ from typing import Any
 
 import numpy as np
 
-from hsm.fast_classifier import unique_label_sets
+from hsm.classifiers.fast_classifier import unique_label_sets
 from hsm.text_models import WordVocabulary, hashed_bigrams
 
-from .presets import STAND_INS
+from hsm_lab.experiments.classification.presets import STAND_INS
 
 __all__ = ["EncodedSplit", "encode_data", "load_classification_data"]
 
@@ -50,7 +50,7 @@ class EncodedSplit:
 
 
 def _ragged_labels(labels: Any) -> tuple[np.ndarray, np.ndarray]:
-    if hasattr(labels, "offsets"):  # hsm.data.Ragged (multi-label)
+    if hasattr(labels, "offsets"):  # hsm_lab.data.Ragged (multi-label)
         return np.asarray(labels.values, dtype=np.int64), np.asarray(labels.offsets, dtype=np.int64)
     labels = np.asarray(labels, dtype=np.int64)
     return labels, np.arange(labels.size + 1, dtype=np.int64)
@@ -64,7 +64,7 @@ def encode_data(data: Any, ngrams: int = 1, buckets: int = 2_000_000, min_count:
                 ) -> tuple[WordVocabulary, EncodedSplit, EncodedSplit]:
     """Build the model vocabulary on ``data``'s training split and encode both splits.
 
-    ``data`` is a :class:`hsm.data.TextClassificationData` (its ``test_*`` is whatever split is
+    ``data`` is a :class:`hsm_lab.data.TextClassificationData` (its ``test_*`` is whatever split is
     evaluated: the real test split, or the validation part of ``validation_split``)."""
     train_texts, test_texts = data.train_texts, data.test_texts
     vocab = WordVocabulary(train_texts.values, len(train_texts.vocab), min_count=min_count)
@@ -95,7 +95,7 @@ def load_classification_data(data: str, test: str | None = None, max_books: int 
 
     For a file, ``test`` names the test file (else the last 10 % of the lines are the test set),
     and labels seen fewer than ``min_label_count`` times are dropped (ICML §7.1: 100)."""
-    from hsm.data import load_fasttext_file, load_text_classification
+    from hsm_lab.data import load_fasttext_file, load_text_classification
 
     if data in STAND_INS:
         options = {"max_books": max_books} if data == "gutenberg-books" and max_books else {}
@@ -117,7 +117,7 @@ class _open_count:
         self.path = path
 
     def __enter__(self) -> int:
-        from hsm.data.fetch import open_compressed
+        from hsm_lab.data.fetch import open_compressed
 
         with open_compressed(self.path) as handle:
             return sum(1 for _ in handle)

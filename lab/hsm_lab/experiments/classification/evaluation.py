@@ -9,8 +9,8 @@ import torch
 
 from hsm.text_models import make_bags
 
-from .data import EncodedSplit
-from .training import TrainedBow
+from hsm_lab.experiments.classification.data import EncodedSplit
+from hsm_lab.experiments.classification.training import TrainedBow
 
 __all__ = ["evaluate_bow"]
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import numpy as np
 
-from hsm._atomic import atomic_write
+from hsm.atomic import atomic_write
 
-from .data import EncodedSplit
-from .evaluation import _precision_recall
+from hsm_lab.experiments.classification.data import EncodedSplit
+from hsm_lab.experiments.classification.evaluation import _precision_recall
 
 __all__ = ["peer_available", "run_fasttext", "run_vw"]
 

@@ -1,7 +1,7 @@
 """The presets of the classification experiments, as plain values: the paper's grids and output
 layers (ICML §7.1 and supplement §11.1), the peers, the stand-in data sets, and what the quick
 scale changes. ``-o key=value`` options override :class:`~.config.TableConfig` fields
-(:func:`hsm.experiments.classification.config._parse_options`)."""
+(:func:`hsm_lab.experiments.classification.config._parse_options`)."""
 from __future__ import annotations
 
 from typing import Any

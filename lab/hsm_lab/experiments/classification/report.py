@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from hsm.results import make_record
+from hsm_lab.results import make_record
 
-from .presets import OUTPUTS
+from hsm_lab.experiments.classification.presets import OUTPUTS
 
 __all__ = ["DEPTH_LIMIT_OUTPUTS", "depth_limit_markdown", "depth_limit_runs", "fast_runs", "paper_table_markdown",
            "table_markdown"]
@@ -21,7 +21,7 @@ _MODEL_NAMES = {"flat": "Flat softmax", "huffman": "Huffman tree", "learned": "L
 
 
 def _paper_key(table: str, dim: int, model: str, arity: int | None) -> str | None:
-    from hsm import paper
+    from hsm_lab import paper
 
     slug = {"Huffman tree": "huffman_tree", "Learned tree": "learned_tree", "fastText": "fasttext"}.get(model)
     if slug is None or dim not in (50, 200):
@@ -113,7 +113,7 @@ def table_markdown(records: Sequence[dict[str, Any]], recall: bool = False) -> s
 
 def paper_table_markdown(table: str = "table1") -> str:
     """The paper's YFCC100M rows (ICML Table 1, or supplement Table 3 with recall), as printed."""
-    from hsm import paper
+    from hsm_lab import paper
 
     recall = table == "table3"
     head = ["d", "Model", "Arity", "P@1"] + (["Recall"] if recall else []) + ["Train", "Test"]
@@ -149,7 +149,7 @@ def _runs_by_output_and_seed(root: str | Path | None, pattern: str, keep) -> dic
     """``{output: {seed: record}}`` of the table runs in the result files ``classification/<pattern>``
     under ``root`` (default: the committed results): every trained row (not the gain rows nor the
     skipped ones) for which ``keep(path, config, record)`` holds."""
-    from hsm.results import default_results_root, load_results
+    from hsm_lab.results import default_results_root, load_results
 
     folder = Path(root if root is not None else default_results_root()) / "classification"
     out: dict[str, dict[int, dict]] = {}

@@ -1,7 +1,7 @@
 """Every row of ICML Table 1 / supplement Table 3: each output layer and peer at each ``d``, its
 learning rate picked on a validation split carved from train, then trained on all of train and
 tested (:func:`run_table`); a stopped table resumes from its finished rows
-(:class:`hsm.results.ResumableParts`)."""
+(:class:`hsm_lab.results.ResumableParts`)."""
 from __future__ import annotations
 
 import math
@@ -14,17 +14,17 @@ import numpy as np
 import torch
 
 from hsm.layers import NonFiniteInputError
-from hsm.results import ResumableParts
+from hsm_lab.results import ResumableParts
 
-from .config import TableConfig, _config_json
-from .data import _data_slug, _label_counts, encode_data, load_table_data
-from .evaluation import evaluate_bow
-from .peers import (_doc_tokens, _fasttext_lines, _package_version, _word_text, peer_available, run_fasttext,
+from hsm_lab.experiments.classification.config import TableConfig, _config_json
+from hsm_lab.experiments.classification.data import _data_slug, _label_counts, encode_data, load_table_data
+from hsm_lab.experiments.classification.evaluation import evaluate_bow
+from hsm_lab.experiments.classification.peers import (_doc_tokens, _fasttext_lines, _package_version, _word_text, peer_available, run_fasttext,
                     run_vw)
-from .presets import STAND_INS
-from .report import _gains, _record
-from .training import train_bow
-from .trees import _save_trees, author_grouping
+from hsm_lab.experiments.classification.presets import STAND_INS
+from hsm_lab.experiments.classification.report import _gains, _record
+from hsm_lab.experiments.classification.training import train_bow
+from hsm_lab.experiments.classification.trees import _save_trees, author_grouping
 
 __all__ = ["run_table"]
 
@@ -35,7 +35,7 @@ def run_table(config: TableConfig, table: str, device: str = "cpu", out: Path | 
     train, then trained on all of train and tested; one record per row of the table.
 
     With ``out``, completed rows are kept in ``.<out name>.partial.json`` beside it
-    (:class:`hsm.results.ResumableParts`, under this config) so that a stopped run resumes where
+    (:class:`hsm_lab.results.ResumableParts`, under this config) so that a stopped run resumes where
     it was; the file is removed once every row is done."""
     torch.set_num_threads(1)  # one core: the same budget as fastText's -thread 1
     data = load_table_data(config)

@@ -13,7 +13,7 @@ try now, beside fastText with bigrams, in one run on the same splits and the sam
   multi-label model), the HSM a distribution over labels (ICML eq. 1 with a clustered tree).
 * ``napkinxc-ovr``: napkinXC's one-vs-rest logistic regressions, the flat reference.
 * ``omikuji-parabel-1tree``: Parabel with one tree instead of its ensemble of three.
-* ``hsm-sparse-*``: our :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows:
+* ``hsm-sparse-*``: our :class:`hsm.classifiers.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows:
   a softmax over the children of each node with a linear model per node, trained by per-example
   AdaGrad (``sparse_optimizer``) for ``sparse_epochs`` epochs; ``flat`` (one softmax over all labels), ``huffman`` and
   ``kmeans`` (the M-ary Huffman tree, or the balanced k-means label tree, fixed), and
@@ -36,7 +36,7 @@ try now, beside fastText with bigrams, in one run on the same splits and the sam
   fastText tutorial's cooking setting is lr 1.0, 25 epochs, bigrams).
 
 The label-tree libraries read sparse TF-IDF vectors of unigrams and hashed bigrams
-(:mod:`hsm.sparse_features`, fitted on the training split); fastText reads the words and makes
+(:mod:`hsm.classifiers.sparse_features`, fitted on the training split); fastText reads the words and makes
 its own bigrams. The libraries' settings are their published defaults, not tuned on our data
 (only fastText's rate and epochs are picked on a validation split carved from train, as the
 chapter's Table 1 does). Every method gets the same ``threads``.
@@ -63,19 +63,19 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from hsm.experiments import (check_device, check_scale, experiment, option_choice, option_choices, option_floats,
+from hsm_lab.experiments import (check_device, check_scale, experiment, option_choice, option_choices, option_floats,
                              option_int, option_ints)
-from hsm.results import check_replace, output_path, provenance, read_json_or_none, write_results
-from hsm.sparse_features import tfidf_features
+from hsm_lab.results import check_replace, output_path, provenance, read_json_or_none, write_results
+from hsm.classifiers.sparse_features import tfidf_features
 
-from .data import EncodedSplit, _ragged_labels, _subset_rows, encode_data, load_classification_data
-from .peers import _doc_tokens, _fasttext_lines, _package_version, _word_text, run_fasttext
-from .presets import STAND_INS
+from hsm_lab.experiments.classification.data import EncodedSplit, _ragged_labels, _subset_rows, encode_data, load_classification_data
+from hsm_lab.experiments.classification.peers import _doc_tokens, _fasttext_lines, _package_version, _word_text, run_fasttext
+from hsm_lab.experiments.classification.presets import STAND_INS
 
 __all__ = ["ABLATIONS", "DEFAULT_METHODS", "METHOD_NAMES", "SPARSE_METHODS", "TODAY_METHODS", "TodayConfig",
            "precision_at_k", "run_today", "summarise", "today_scale_label", "today_tools", "unavailable_methods"]
 
-#: our rows: :class:`hsm.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method -> its
+#: our rows: :class:`hsm.classifiers.sparse_tree.SparseTreeClassifier` on the same TF-IDF rows, method -> its
 #: settings. ``output="refit"``: the tree learned from that start, then a new model trained from
 #: zero on it, fixed (is the learned tree itself worse, or its training?). ``changed_nodes``: what
 #: a rebuild does to the nodes it changes. ``node_loss="binary"``: the probabilistic label tree's
@@ -111,7 +111,7 @@ TODAY_METHODS: dict[str, tuple[str, str]] = {
     "napkinxc-hsm": ("napkinxc", "napkinxc"),
     "napkinxc-ovr": ("napkinxc", "napkinxc"),
     "omikuji-parabel-1tree": ("omikuji", "omikuji"),
-    **{method: ("hsm.sparse_tree", "hsm") for method in SPARSE_METHODS},
+    **{method: ("hsm.classifiers.sparse_tree", "hsm") for method in SPARSE_METHODS},
 }
 #: ours that only answer questions about ours: run when named in ``methods``
 ABLATIONS: tuple[str, ...] = (
@@ -284,7 +284,7 @@ class _Features:
 
 def _tfidf(data: Any, config: TodayConfig) -> _Features:
     """Unigrams and hashed bigrams (:func:`~.data.encode_data`), TF-IDF fitted on train
-    (:func:`hsm.sparse_features.tfidf_features`); timed once for every method."""
+    (:func:`hsm.classifiers.sparse_features.tfidf_features`); timed once for every method."""
     start = time.perf_counter()
     vocab, train, test = encode_data(data, ngrams=2, buckets=config.buckets)
     weights = tfidf_features(train.values, train.offsets, len(vocab) + config.buckets, min_df=config.min_df)
@@ -524,12 +524,12 @@ def run_today(config: TodayConfig, log: Callable[[str], None] = _log) -> tuple[l
 
 def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: int,
                      picked: dict[str, tuple[float, dict[str, float]]]) -> dict[str, Any]:
-    """Our classifier (:class:`hsm.sparse_tree.SparseTreeClassifier`, ``config.sparse_optimizer``,
+    """Our classifier (:class:`hsm.classifiers.sparse_tree.SparseTreeClassifier`, ``config.sparse_optimizer``,
     ``config.sparse_epochs`` epochs, arity ceil(sqrt(K))) on the libraries' TF-IDF rows. Its rate is picked once per method
     (on the first seed) by P@1 on a seeded 10 % of the training rows, trained on the other 90 %;
     then it is trained on all of train and tested. ``picked`` carries the choice to later seeds."""
-    from hsm.assign import _moved_fraction
-    from hsm.sparse_tree import SparseTreeClassifier
+    from hsm.assign import moved_fraction
+    from hsm.classifiers.sparse_tree import SparseTreeClassifier
 
     chosen = {**_SPARSE_DEFAULTS, **SPARSE_METHODS[method]}
     output, start = chosen["output"], chosen["start"]
@@ -592,7 +592,7 @@ def _run_sparse_tree(method: str, feats: _Features, config: TodayConfig, seed: i
             "moved_labels_last_rebuild": (clf.history.rebuilds[-1].moved_labels if clf.history.rebuilds else None),
             # the share of labels whose path (nodes and slots) differs from the start tree's
             "labels_moved_from_start": (None if output not in ("learned", "refit")
-                                        else _moved_fraction(clf.start_tree, tree)),
+                                        else moved_fraction(clf.start_tree, tree)),
             **({"learn_seconds": learn_seconds} if output == "refit" else {})}
 
 

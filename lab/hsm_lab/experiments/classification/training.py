@@ -1,6 +1,6 @@
 """Training the bag-of-words classifier (ICML §7.1, supplement §11.1): the output layers of the
 table (:func:`build_output_layer`), the PyTorch mini-batch trainer (:func:`train_bow`) and the
-adapter to the compiled per-example trainer (:class:`hsm.fast_classifier.FastBowClassifier`)."""
+adapter to the compiled per-example trainer (:class:`hsm.classifiers.fast_classifier.FastBowClassifier`)."""
 from __future__ import annotations
 
 import math
@@ -11,14 +11,14 @@ import numpy as np
 import torch
 
 from hsm import RowSparseSGD, Tree, TreeLearner
-from hsm.bench import output_layer
-from hsm.config import seed_everything
-from hsm.fast_classifier import fixed_depth_start
+from hsm_lab.output_layers import output_layer
+from hsm_lab.config import seed_everything
+from hsm.classifiers.fast_classifier import fixed_depth_start
 from hsm.layers import NonFiniteInputError
 from hsm.text_models import BagOfWordsClassifier, make_bags
 
-from .data import EncodedSplit, _label_counts
-from .presets import LEARNED_KINDS, OUTPUTS, REASSIGNS
+from hsm_lab.experiments.classification.data import EncodedSplit, _label_counts
+from hsm_lab.experiments.classification.presets import LEARNED_KINDS, OUTPUTS, REASSIGNS
 
 __all__ = ["TrainedBow", "build_output_layer", "train_bow"]
 
@@ -27,7 +27,7 @@ def build_output_layer(output: str, dim: int, counts: np.ndarray) -> tuple[torch
     """The output layer ``output`` (a key of :data:`OUTPUTS`) over ``len(counts)`` labels, zero
     initialised as fastText initialises its output matrix (so every run starts from the uniform
     distribution); Huffman trees are built on the training label counts, and a fixed-depth tree
-    (kind ``learned_fixed_depth``) is :func:`hsm.fast_classifier.fixed_depth_start`, the compiled
+    (kind ``learned_fixed_depth``) is :func:`hsm.classifiers.fast_classifier.fixed_depth_start`, the compiled
     trainer's own start."""
     if output not in OUTPUTS:
         raise ValueError(f"unknown output layer {output!r}; choose from {list(OUTPUTS)}")
@@ -80,7 +80,7 @@ def train_bow(
 ) -> TrainedBow:
     """Train a bag-of-words classifier with output layer ``output`` (ICML §7.1 / §11.1).
 
-    ``trainer="fast"``: :class:`hsm.fast_classifier.FastBowClassifier`, compiled per-example
+    ``trainer="fast"``: :class:`hsm.classifiers.fast_classifier.FastBowClassifier`, compiled per-example
     Hogwild SGD on ``threads`` threads as fastText and the authors' fork train (``batch_size`` is
     then 1 by construction and ignored), with the statistics policy ``statistics`` ("ours" or
     "released") and the rebuild ``schedule`` ("first_half" or the fork's "every_tokens"); unigram
@@ -192,11 +192,11 @@ def _train_bow_fast(train: EncodedSplit, output: str, dim: int, lr: float, epoch
                     vocab_size: int | None, reassigns: int, tree_prior: str, tree_decay: float,
                     reset_moved_nodes: bool, seed: int, device: str, statistics: str, schedule: str,
                     threads: int | None) -> TrainedBow:
-    """:func:`train_bow` with :class:`hsm.fast_classifier.FastBowClassifier`: per-example Hogwild SGD as
+    """:func:`train_bow` with :class:`hsm.classifiers.fast_classifier.FastBowClassifier`: per-example Hogwild SGD as
     fastText trains (the chapter's section "Mini-batches or one example at a time?")."""
     from types import SimpleNamespace
 
-    from hsm.fast_classifier import FastBowClassifier
+    from hsm.classifiers.fast_classifier import FastBowClassifier
 
     if ngrams != 1:
         raise ValueError(f"trainer='fast' trains unigram bags only, got ngrams={ngrams}")

@@ -44,13 +44,13 @@ perplexity of every held-out book from the kept model (:mod:`.offset`), to see w
 our Gutenberg perplexities from the paper's comes from.
 
 Long runs are resumable: each (experiment, run) checkpoints after every epoch under
-``hsm.config.runs_dir()`` (``HSM_RUNS``, else ``lm-runs/`` in the cache) and stores its finished record, so re-running the experiment
+``hsm_lab.config.runs_dir()`` (``HSM_RUNS``, else ``lm-runs/`` in the cache) and stores its finished record, so re-running the experiment
 command continues where it stopped. Those files are written atomically under unique temporary
 names (two runs of the same command do not collide; a full disk leaves the previous file); a
 finished-run or checkpoint file that cannot be read is ignored with a warning naming it, and
 the run is recomputed (from the checkpoint when only the finished-run file is bad).
 
-Result files go to ``out``, or without it under :func:`hsm.results.output_root`
+Result files go to ``out``, or without it under :func:`hsm_lab.results.output_root`
 (``hsm-results/lm/...``), never over the committed ``results/`` unless ``out`` names them; a
 full-scale file is not replaced by a quick run unless ``force=True``.
 
@@ -62,36 +62,33 @@ clustering tree's word vectors; the tree itself is :func:`hsm.clustering.cluster
 their per-book perplexities), :mod:`.mnih_hinton` (the thesis' simple Mnih-Hinton baseline),
 :mod:`.node_accuracy` (the node decisions' accuracy and nats at each depth),
 :mod:`.report` (result records, tables and plots for the notebooks) and :mod:`.commands` (the registered experiments and their
-options). Every name is re-exported here (``from hsm.experiments import lm; lm.train_lm``).
+options). Every name is re-exported here (``from hsm_lab.experiments import lm; lm.train_lm``).
 """
 from __future__ import annotations
 
 from hsm.clustering import kmeans_fill, clustering_tree, greedy_fill
-from hsm.data.lm import UNK, LMCorpus
+from hsm_lab.data.lm import UNK, LMCorpus
 from hsm.tree import Tree
 
-from . import (commands, config, data, decoding, embeddings, lemma31, mnih_hinton, node_accuracy, offset, presets,
+from hsm_lab.experiments.lm import (commands, config, data, decoding, embeddings, lemma31, mnih_hinton, node_accuracy, offset, presets,
                report, tables, training)
-from .commands import (_COUNT_MINIMUM, _OPTIONAL_COUNTS, _parse_options, _ptb_schedules, _run_experiment, _scale_for,
+from hsm_lab.experiments.lm.commands import (_parse_options, _scale_for,
                        run_lm_gutenberg_65, run_lm_gutenberg_75, run_lm_ptb, run_lm_ptb_ablation, run_lm_ptb_schedules)
-from .config import _KEY_OPTIONAL, OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMRunResult
-from .data import _slice, cap_vocabulary, load_lm_corpus
-from .embeddings import fasttext_embeddings, learn_embeddings
-from .presets import (ABLATION_VARIANTS, ABLATION_WHAT, DEFAULT_OUT, RESULTS_DIR, RUN_FOLDER, SCALES, LMScale,
-                      _ablation_changes)
-from .report import (_EMBEDDINGS, _MODEL_NAMES, _SLUGS, _ablation_records, _out_path, _records, _write,
-                     ablation_markdown, ablation_rows, best_epoch_markdown, combine_parts, leaf_table,
+from hsm_lab.experiments.lm.config import OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMRunResult
+from hsm_lab.experiments.lm.data import _slice, cap_vocabulary, load_lm_corpus
+from hsm_lab.experiments.lm.embeddings import fasttext_embeddings, learn_embeddings
+from hsm_lab.experiments.lm.presets import (ABLATION_VARIANTS, ABLATION_WHAT, DEFAULT_OUT, RESULTS_DIR, RUN_FOLDER, SCALES, LMScale)
+from hsm_lab.experiments.lm.report import (ablation_markdown, ablation_rows, best_epoch_markdown, combine_parts, leaf_table,
                      leaf_table_markdown, load_tree_file, plot_ablation, plot_learning_evidence, plot_per_epoch,
                      plt_colours, read_runs, RunRecord, runs_of, table_markdown)
-from .decoding import decoder_agreement, run_lm_gutenberg_decoding
-from .lemma31 import mean_objective_by_depth, run_lm_ptb_lemma31
-from .mnih_hinton import run_lm_gutenberg_mnih_hinton, train_mnih_hinton, word_vectors
-from .node_accuracy import (node_accuracy_markdown, node_accuracy_rows, node_decisions_by_depth,
+from hsm_lab.experiments.lm.decoding import decoder_agreement, run_lm_gutenberg_decoding
+from hsm_lab.experiments.lm.lemma31 import mean_objective_by_depth, run_lm_ptb_lemma31
+from hsm_lab.experiments.lm.mnih_hinton import run_lm_gutenberg_mnih_hinton, train_mnih_hinton, word_vectors
+from hsm_lab.experiments.lm.node_accuracy import (node_accuracy_markdown, node_accuracy_rows, node_decisions_by_depth,
                             run_lm_gutenberg_node_accuracy)
-from .offset import book_genres, per_book_perplexity, run_lm_gutenberg_offset, token_nll
-from .tables import _run_dir, _table_corpus, run_ablation, run_table
-from .training import (RunFiles, _add_l2, _evaluate, _load_checkpoint,
-                       _load_finished, _make_output, _select_lr, _sync, train_lm)
+from hsm_lab.experiments.lm.offset import book_genres, per_book_perplexity, run_lm_gutenberg_offset, token_nll
+from hsm_lab.experiments.lm.tables import run_ablation, run_table
+from hsm_lab.experiments.lm.training import (RunFiles, _add_l2, _make_output, _select_lr, _sync, train_lm)
 
 __all__ = [
     "LMRunConfig",

@@ -1,7 +1,7 @@
 """The registered language-model experiments (``python -m hsm run lm-ptb ...``) and their
 ``-o key=value`` options: each checks its scale, device and options before training, trains its
-table (:mod:`~hsm.experiments.lm.tables`) and writes its result file
-(:mod:`~hsm.experiments.lm.report`)."""
+table (:mod:`~hsm_lab.experiments.lm.tables`) and writes its result file
+(:mod:`~hsm_lab.experiments.lm.report`)."""
 from __future__ import annotations
 
 import json
@@ -11,13 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hsm.experiments import (check_device, check_scale, experiment, option_choice, option_choices, option_float,
+from hsm_lab.experiments import (check_device, check_scale, experiment, option_choice, option_choices, option_float,
                              option_floats, option_int)
-from hsm.results import check_replace
+from hsm_lab.results import check_replace
 
-from .presets import ABLATION_VARIANTS, DEFAULT_OUT, SCALES, LMScale, _ablation_changes
-from .report import _ablation_records, _out_path, _records, _write, scale_label
-from .tables import run_ablation, run_table
+from hsm_lab.experiments.lm.presets import ABLATION_VARIANTS, DEFAULT_OUT, SCALES, LMScale, _ablation_changes
+from hsm_lab.experiments.lm.report import _ablation_records, _out_path, _records, _write, scale_label
+from hsm_lab.experiments.lm.tables import run_ablation, run_table
 
 __all__ = ["ablation_scale_label", "run_lm_gutenberg_65", "run_lm_gutenberg_75", "run_lm_ptb", "run_lm_ptb_ablation", "run_lm_ptb_schedules"]
 
@@ -133,7 +133,7 @@ def _corpus_source(sc: LMScale) -> dict[str, Any]:
     """What a Gutenberg table's corpus was when not built from the archive (for the provenance):
     the exported corpus's identity (its settings and the sha256 of every part), not the folder it
     was read from, which names only the machine."""
-    from hsm.data.gutenberg import prebuilt_directory
+    from hsm_lab.data.gutenberg import prebuilt_directory
 
     prebuilt = prebuilt_directory() if sc.dataset == "gutenberg" else None
     if prebuilt is None:

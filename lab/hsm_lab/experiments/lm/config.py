@@ -2,7 +2,7 @@
 (:class:`LMRunResult`), and the run key that names its files in the run folder.
 
 The key must never change for an existing configuration: finished runs and checkpoints under
-``hsm.config.runs_dir()`` (``HSM_RUNS``, else ``lm-runs/`` in the cache) are found by it (see :meth:`LMRunConfig.key`)."""
+``hsm_lab.config.runs_dir()`` (``HSM_RUNS``, else ``lm-runs/`` in the cache) are found by it (see :meth:`LMRunConfig.key`)."""
 from __future__ import annotations
 
 import hashlib

@@ -7,8 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm.data.gutenberg import CHUNK_TOKENS
-from hsm.data.lm import UNK, LMCorpus
+from hsm_lab.data.gutenberg import CHUNK_TOKENS
+from hsm_lab.data.lm import UNK, LMCorpus
 
 __all__ = ["cap_vocabulary", "load_lm_corpus"]
 
@@ -63,14 +63,14 @@ def load_lm_corpus(dataset: str, *, max_books: int | None = None, vocab_size: in
     The vocabulary cap is applied before slicing, from the counts of the whole training split
     (PTB) or of the selected books (Gutenberg: the cap is the loader's own ``vocab_size``).
     ``gutenberg_split`` (``split``, ``split_seed``, ``chunk_tokens``, ``min_count``) goes to
-    :func:`hsm.data.load_gutenberg`; PTB refuses any that differ from the defaults.
+    :func:`hsm_lab.data.load_gutenberg`; PTB refuses any that differ from the defaults.
     """
     defaults = {"split": "books", "split_seed": None, "chunk_tokens": CHUNK_TOKENS, "min_count": 1}
     unknown = sorted(set(gutenberg_split) - set(defaults))
     if unknown:
         raise TypeError(f"load_lm_corpus got unknown options {unknown}; known: {sorted(defaults)}")
     if dataset == "ptb":
-        from hsm.data import load_ptb
+        from hsm_lab.data import load_ptb
 
         changed = {k: v for k, v in gutenberg_split.items() if v != defaults[k]}
         if changed:
@@ -79,8 +79,8 @@ def load_lm_corpus(dataset: str, *, max_books: int | None = None, vocab_size: in
         if vocab_size is not None:
             corpus = cap_vocabulary(corpus, vocab_size)
     elif dataset == "gutenberg":
-        from hsm.data import load_gutenberg
-        from hsm.data.gutenberg import load_prebuilt_lm, prebuilt_directory
+        from hsm_lab.data import load_gutenberg
+        from hsm_lab.data.gutenberg import load_prebuilt_lm, prebuilt_directory
 
         prebuilt = prebuilt_directory()
         if prebuilt is not None:  # a machine without the archive: the exported corpus, checked to be the same

@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm.experiments import check_device, check_scale, experiment, option_choice, option_int, option_ints
-from hsm.results import check_replace, make_record
+from hsm_lab.experiments import check_device, check_scale, experiment, option_choice, option_int, option_ints
+from hsm_lab.results import check_replace, make_record
 
-from .offset import OFFSET_EXPERIMENT, kept_learned_run, kept_random_run
-from .report import _common_fields, _out_path, _write
-from .tables import kept_model_scale
-from .training import load_trained_model
+from hsm_lab.experiments.lm.offset import OFFSET_EXPERIMENT, kept_learned_run, kept_random_run
+from hsm_lab.experiments.lm.report import _common_fields, _out_path, _write
+from hsm_lab.experiments.lm.tables import kept_model_scale
+from hsm_lab.experiments.lm.training import load_trained_model
 
 __all__ = ["DECODING_TREES", "decoder_agreement", "run_lm_gutenberg_decoding"]
 
@@ -83,7 +83,7 @@ def run_lm_gutenberg_decoding(scale: str = "quick", device: str = "cpu", out: Pa
                               force: bool = False, **options: Any) -> Path:
     """See the module docstring. Options: ``tokens`` (first test tokens scored), ``beams`` (beam
     widths; 1 is the greedy descent), ``tree`` (``random``, the default, or ``learned``)."""
-    from .commands import _scale_for
+    from hsm_lab.experiments.lm.commands import _scale_for
 
     start = time.perf_counter()
     scale = check_scale(scale)

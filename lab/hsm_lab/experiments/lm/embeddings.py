@@ -8,16 +8,16 @@ import warnings
 import numpy as np
 import torch
 
-from hsm import config as hsm_config
-from hsm._atomic import atomic_write
-from hsm.data.lm import LMCorpus
-from hsm.experiments import check_device
+from hsm_lab import config as hsm_config
+from hsm.atomic import atomic_write
+from hsm_lab.data.lm import LMCorpus
+from hsm_lab.experiments import check_device
 from hsm.layers import HierarchicalSoftmax
 from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm.tree import Tree
 
-from .config import LMRunConfig
+from hsm_lab.experiments.lm.config import LMRunConfig
 
 __all__ = ["fasttext_embeddings", "learn_embeddings"]
 
@@ -60,7 +60,7 @@ def fasttext_embeddings(corpus: LMCorpus, dim: int = 50, epochs: int = 5, loss: 
     ``char_ngrams=(minn, maxn)`` adds fastText's character n-grams of ``minn`` to ``maxn``
     characters (its default is (3, 6)): a word's vector is then the sum of its own and its
     n-grams' vectors, so words that share spelling move closer.
-    The vectors are cached under ``hsm.config.cache_dir()`` like any derived data. fastText
+    The vectors are cached under ``hsm_lab.config.cache_dir()`` like any derived data. fastText
     (``fasttext-wheel`` 0.9.2 takes no seed) with several threads is not deterministic.
     Raises ImportError with the install command when fastText is missing."""
     try:

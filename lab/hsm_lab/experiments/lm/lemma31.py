@@ -22,16 +22,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm import config as hsm_config
-from hsm.experiments import check_device, check_scale, experiment, option_floats, option_int, option_ints
+from hsm_lab import config as hsm_config
+from hsm_lab.experiments import check_device, check_scale, experiment, option_floats, option_int, option_ints
 from hsm.layers import HierarchicalSoftmax
 from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
-from hsm.results import check_replace, make_record, output_path, provenance, write_results
+from hsm_lab.results import check_replace, make_record, output_path, provenance, write_results
 from hsm.statistics import NodeStatistics, node_objectives
 from hsm.tree import Tree
 
-from .data import load_lm_corpus
+from hsm_lab.experiments.lm.data import load_lm_corpus
 
 __all__ = ["LEMMA_SCALES", "mean_objective_by_depth", "run_lm_ptb_lemma31"]
 

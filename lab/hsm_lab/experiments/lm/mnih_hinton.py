@@ -27,16 +27,16 @@ import numpy as np
 import torch
 
 from hsm.clustering import clustering_tree
-from hsm.experiments import check_device, check_scale, experiment, option_choice
-from hsm.results import check_replace, make_record
+from hsm_lab.experiments import check_device, check_scale, experiment, option_choice
+from hsm_lab.results import check_replace, make_record
 
-from hsm.data.lm import LMCorpus
+from hsm_lab.data.lm import LMCorpus
 
-from .config import LMRunConfig, LMRunResult
-from .offset import OFFSET_EXPERIMENT, kept_random_run
-from .report import _common_fields, _out_path, _write
-from .tables import _run_dir
-from .training import load_trained_model, train_lm
+from hsm_lab.experiments.lm.config import LMRunConfig, LMRunResult
+from hsm_lab.experiments.lm.offset import OFFSET_EXPERIMENT, kept_random_run
+from hsm_lab.experiments.lm.report import _common_fields, _out_path, _write
+from hsm_lab.experiments.lm.tables import _run_dir
+from hsm_lab.experiments.lm.training import load_trained_model, train_lm
 
 __all__ = ["WORD_VECTORS", "run_lm_gutenberg_mnih_hinton", "train_mnih_hinton", "word_vectors"]
 
@@ -94,7 +94,7 @@ def train_mnih_hinton(corpus: LMCorpus, cfg: LMRunConfig, model: torch.nn.Module
 def run_lm_gutenberg_mnih_hinton(scale: str = "quick", device: str = "cpu", out: Path | None = None,
                                  force: bool = False, **options: Any) -> Path:
     """See the module docstring. Option: ``word_vectors`` (``predicted``, the default, or ``input``)."""
-    from .commands import _scale_for
+    from hsm_lab.experiments.lm.commands import _scale_for
 
     start = time.perf_counter()
     scale = check_scale(scale)

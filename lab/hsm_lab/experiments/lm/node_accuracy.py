@@ -29,15 +29,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm.experiments import check_device, check_scale, experiment, option_choices, option_int
-from hsm.results import check_replace, make_record
+from hsm_lab.experiments import check_device, check_scale, experiment, option_choices, option_int
+from hsm_lab.results import check_replace, make_record
 
-from .config import LMRunConfig
-from .mnih_hinton import train_mnih_hinton
-from .offset import OFFSET_EXPERIMENT, kept_learned_run, kept_random_run
-from .report import _common_fields, _out_path, _write
-from .tables import _run_dir, kept_model_scale, table_clustering_tree
-from .training import RunFiles, load_trained_model, train_lm
+from hsm_lab.experiments.lm.config import LMRunConfig
+from hsm_lab.experiments.lm.mnih_hinton import train_mnih_hinton
+from hsm_lab.experiments.lm.offset import OFFSET_EXPERIMENT, kept_learned_run, kept_random_run
+from hsm_lab.experiments.lm.report import _common_fields, _out_path, _write
+from hsm_lab.experiments.lm.tables import _run_dir, kept_model_scale, table_clustering_tree
+from hsm_lab.experiments.lm.training import RunFiles, load_trained_model, train_lm
 
 __all__ = ["NODE_ACCURACY_MODELS", "node_accuracy_markdown", "node_accuracy_rows", "node_decisions_by_depth",
            "run_lm_gutenberg_node_accuracy"]
@@ -106,7 +106,7 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
                                    force: bool = False, **options: Any) -> Path:
     """See the module docstring. Options: ``models`` (a subset of :data:`NODE_ACCURACY_MODELS`),
     ``tokens`` (how many test tokens are scored, evenly spaced over the test split)."""
-    from .commands import _scale_for
+    from hsm_lab.experiments.lm.commands import _scale_for
 
     start = time.perf_counter()
     scale = check_scale(scale)

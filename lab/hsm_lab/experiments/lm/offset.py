@@ -2,8 +2,8 @@
 65-ary depth-3 tree and learning rate, one epoch) on a corpus with one thing varied, and the test
 perplexity of every held-out book and of each genre, read from the trained model.
 
-What can vary (``-o`` options, :class:`~hsm.experiments.lm.presets.LMScale` fields, see
-:func:`hsm.data.gutenberg.split_pieces`): ``split_seed`` (another draw of the book split),
+What can vary (``-o`` options, :class:`~hsm_lab.experiments.lm.presets.LMScale` fields, see
+:func:`hsm_lab.data.gutenberg.split_pieces`): ``split_seed`` (another draw of the book split),
 ``split=chunks`` (held-out pieces of 2,000 tokens inside every book instead of whole books) and
 ``min_count`` (a vocabulary of the training types seen at least that often). Without options the
 run is the corpus' own split and vocabulary, the reference the others are read against.
@@ -24,23 +24,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm.data.gutenberg import split_segments
-from hsm.data.lm import LMCorpus
-from hsm.experiments import check_device, check_scale, experiment
-from hsm.results import check_replace, make_record
+from hsm_lab.data.gutenberg import split_segments
+from hsm_lab.data.lm import LMCorpus
+from hsm_lab.experiments import check_device, check_scale, experiment
+from hsm_lab.results import check_replace, make_record
 
-from .config import LMRunConfig, LMRunResult
-from .presets import DEFAULT_OUT, LMScale
-from .report import _common_fields, _out_path, _write
-from .tables import _run_dir, run_table
-from .training import RunFiles, load_trained_model
+from hsm_lab.experiments.lm.config import LMRunConfig, LMRunResult
+from hsm_lab.experiments.lm.presets import DEFAULT_OUT, LMScale
+from hsm_lab.experiments.lm.report import _common_fields, _out_path, _write
+from hsm_lab.experiments.lm.tables import _run_dir, run_table
+from hsm_lab.experiments.lm.training import RunFiles, load_trained_model
 
 __all__ = ["OFFSET_EXPERIMENT", "book_genres", "kept_learned_run", "kept_random_run", "per_book_perplexity",
            "run_lm_gutenberg_offset", "token_nll"]
 
 #: the experiment whose kept random-tree model the Gutenberg diagnostics read (decoding, Mnih-Hinton, node decisions)
 OFFSET_EXPERIMENT = "lm-gutenberg-offset"
-#: the genre file's name under ``hsm/data/resources``
+#: the genre file's name under ``lab/hsm_lab/data/resources``
 GENRES_FILE = "gutenberg-genres.tsv"
 
 
@@ -51,7 +51,7 @@ def _book_key(path: str) -> str:
 
 def book_genres() -> dict[str, str]:
     """``{book path: genre}`` from the genre file (fiction, drama, poetry, non-fiction, mixed)."""
-    text = (resources.files("hsm.data") / "resources" / GENRES_FILE).read_text(encoding="utf-8")
+    text = (resources.files("hsm_lab.data") / "resources" / GENRES_FILE).read_text(encoding="utf-8")
     genres = {}
     for line in text.splitlines():
         if line and not line.startswith("#") and not line.startswith("path\t"):
@@ -167,7 +167,7 @@ def run_lm_gutenberg_offset(scale: str = "quick", device: str = "cpu", out: Path
                             force: bool = False, **options: Any) -> Path:
     """One random-tree run on the (varied) corpus, its model kept in the run folder, and the
     perplexity of each held-out book and genre from that model (see the module docstring)."""
-    from .commands import _scale_for
+    from hsm_lab.experiments.lm.commands import _scale_for
 
     start = time.perf_counter()
     name = OFFSET_EXPERIMENT

@@ -1,13 +1,13 @@
 """The presets of the language-model experiments, as plain values: what each experiment trains on
 and how long at each scale (:class:`LMScale`, :data:`SCALES`), where it writes (:data:`DEFAULT_OUT`),
 and the ablation's variants (:data:`ABLATION_VARIANTS`). ``-o key=value`` options override
-:class:`LMScale` fields (:func:`hsm.experiments.lm.commands._parse_options`)."""
+:class:`LMScale` fields (:func:`hsm_lab.experiments.lm.commands._parse_options`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
-from hsm.data.gutenberg import CHUNK_TOKENS
+from hsm_lab.data.gutenberg import CHUNK_TOKENS
 
 __all__ = ["ABLATION_VARIANTS", "ABLATION_WHAT", "DEFAULT_OUT", "LMScale", "RESULTS_DIR", "RUN_FOLDER", "SCALES"]
 
@@ -57,7 +57,7 @@ class LMScale:
     #: the clustering tree's top level (hsm.clustering.clustering_tree's groups): "kmeans" (ours) or
     #: "random" (clusters grouped at random under the root)
     clustering_groups: str = "kmeans"
-    #: Gutenberg only: the held-out text (hsm.data.gutenberg.split_pieces): "books" (whole books, the
+    #: Gutenberg only: the held-out text (hsm_lab.data.gutenberg.split_pieces): "books" (whole books, the
     #: corpus' split) or "chunks" (pieces of chunk_tokens tokens inside books); split_seed None is the
     #: corpus' own draw
     split: str = "books"
@@ -136,7 +136,7 @@ SCALES: dict[str, dict[str, LMScale]] = {
                          description="quick: first 60k PTB training tokens, first 10k valid/test tokens, vocabulary "
                                      "2,000 (13-ary trees), 2 epochs (learned: 1 learning + 1 fine-tuning), lr 0.05"),
         # full PTB data, but 2 epochs: on a slice (250k tokens) the trees over-fit after one epoch (no
-        # L2: see the hsm.experiments.lm docstring) and the learned tree then "wins" by training less
+        # L2: see the hsm_lab.experiments.lm docstring) and the learned tree then "wins" by training less
         "full": LMScale("ptb", context=3, arity=25, epochs=2, reassign_per_epoch=20, lr_grid=(0.05,), select_steps=0,
                         random_seeds=3, learn_epochs=1,
                         description="ablation: full PTB (929k training tokens, 10k vocabulary, 25-ary depth-3 trees), "

@@ -13,12 +13,12 @@ from typing import Any
 
 import numpy as np
 
-from hsm._atomic import atomic_write
-from hsm.data.lm import LMCorpus
-from hsm.results import check_replace, make_record, output_path, provenance, write_results
+from hsm.atomic import atomic_write
+from hsm_lab.data.lm import LMCorpus
+from hsm_lab.results import check_replace, make_record, output_path, provenance, write_results
 from hsm.tree import Tree
 
-from .presets import ABLATION_WHAT, ABLATION_VARIANTS, SCALES, LMScale, _ablation_changes
+from hsm_lab.experiments.lm.presets import ABLATION_WHAT, ABLATION_VARIANTS, SCALES, LMScale, _ablation_changes
 
 __all__ = ["ablation_markdown", "ablation_rows", "best_epoch_markdown", "combine_parts", "leaf_table",
            "leaf_table_markdown", "load_tree_file", "plot_ablation", "plot_learning_evidence", "plot_per_epoch",
@@ -118,7 +118,7 @@ _EMBEDDINGS = {"fasttext": "fastText skip-gram (fasttext-wheel), d=50, hs loss, 
 
 
 def _out_path(out: Path | None, default: str) -> Path:
-    """``out``, else ``default`` under :func:`hsm.results.output_root` (not the committed results)."""
+    """``out``, else ``default`` under :func:`hsm_lab.results.output_root` (not the committed results)."""
     return output_path(default, out)
 
 
@@ -331,7 +331,7 @@ def table_markdown(payload: dict[str, Any], paper_prefix: str | None = None, tim
     """Our rows (test perplexity, train and test ms/batch) with the paper's numbers beside them,
     labelled as the paper's; ``paper_prefix`` e.g. ``icml2017.table2`` or ``arxiv2016.table1.ptb``;
     ``delta`` adds ours minus the paper's perplexity."""
-    from hsm import paper
+    from hsm_lab import paper
 
     rows = runs_of(payload)
     head = "| Model | perplexity (ours) | train ms/batch (ours) | test ms/batch (ours) |"
@@ -533,7 +533,7 @@ def plt_colours() -> list[str]:
 def best_epoch_markdown(payload: dict[str, Any], paper_prefix: str | None = None) -> str:
     """Each run's test perplexity after its last epoch and at its best **validation** epoch (early
     stopping, chosen on validation only), with the paper's number (after 4 epochs) beside them."""
-    from hsm import paper
+    from hsm_lab import paper
 
     lines = ["| Model | test ppl, last epoch (ours) | best valid epoch (ours) | test ppl there (ours) |"
              + (" perplexity (paper) |" if paper_prefix else ""),

@@ -1,7 +1,7 @@
 """Training every row of a table (:func:`run_table`: flat, random, clustering, learned trees and
 the schedules) or of the ablation (:func:`run_ablation`), each row a resumable
-:func:`~hsm.experiments.lm.training.train_lm` run in the experiment's run folder under
-``hsm.config.runs_dir()`` (``HSM_RUNS``, else ``lm-runs/`` in the cache)."""
+:func:`~hsm_lab.experiments.lm.training.train_lm` run in the experiment's run folder under
+``hsm_lab.config.runs_dir()`` (``HSM_RUNS``, else ``lm-runs/`` in the cache)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -11,16 +11,16 @@ from typing import Any
 
 import torch
 
-from hsm import config as hsm_config
+from hsm_lab import config as hsm_config
 from hsm.clustering import clustering_tree
-from hsm.data.lm import LMCorpus
+from hsm_lab.data.lm import LMCorpus
 from hsm.tree import Tree
 
-from .config import LMRunConfig, LMRunResult
-from .data import load_lm_corpus
-from .embeddings import fasttext_embeddings, learn_embeddings
-from .presets import ABLATION_VARIANTS, RUN_FOLDER, LMScale, _ablation_changes
-from .training import _select_lr, train_lm
+from hsm_lab.experiments.lm.config import LMRunConfig, LMRunResult
+from hsm_lab.experiments.lm.data import load_lm_corpus
+from hsm_lab.experiments.lm.embeddings import fasttext_embeddings, learn_embeddings
+from hsm_lab.experiments.lm.presets import ABLATION_VARIANTS, RUN_FOLDER, LMScale, _ablation_changes
+from hsm_lab.experiments.lm.training import _select_lr, train_lm
 
 __all__ = ["clustering_variant", "kept_model_scale", "run_ablation", "run_table", "table_clustering_tree"]
 
@@ -118,7 +118,7 @@ def run_table(
     ``schedules`` adds learned-tree runs ``(label, learn_epochs)`` (arXiv Fig. 3). ``keep_models``:
     the random-tree and learned-tree runs keep their trained model in the run folder
     (``RunFiles.model``). ``checkpoint_seconds``: training time between two checkpoints within an
-    epoch (:func:`~hsm.experiments.lm.training.train_lm`'s default when None). The tree's learning
+    epoch (:func:`~hsm_lab.experiments.lm.training.train_lm`'s default when None). The tree's learning
     rate is searched only when a tree is trained (or ``outputs`` is empty: the selection alone), so
     that the flat row alone costs only its own trials."""
     log = log or (lambda message: print(message, flush=True))

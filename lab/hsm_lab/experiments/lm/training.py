@@ -22,24 +22,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from hsm import config as hsm_config
-from hsm._atomic import atomic_write
-from hsm.bench import output_layer
-from hsm.data.lm import LMCorpus
-from hsm.experiments import check_device
+from hsm_lab import config as hsm_config
+from hsm.atomic import atomic_write
+from hsm_lab.output_layers import output_layer
+from hsm_lab.data.lm import LMCorpus
+from hsm_lab.experiments import check_device
 from hsm.layers import HierarchicalSoftmax, NonFiniteInputError
 from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
-from hsm.results import load_checkpoint as _load_checkpoint
-from hsm.results import read_json_or_none
-from hsm.results import save_checkpoint as _save_checkpoint
+from hsm_lab.results import load_checkpoint as _load_checkpoint
+from hsm_lab.results import read_json_or_none
+from hsm_lab.results import save_checkpoint as _save_checkpoint
 from hsm.sampling import SampledSoftmax
 from hsm.training import TreeLearner
 from hsm.tree import Tree
 
-from .config import OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMRunResult
-from .data import _slice
-from .presets import LMScale
+from hsm_lab.experiments.lm.config import OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMRunResult
+from hsm_lab.experiments.lm.data import _slice
+from hsm_lab.experiments.lm.presets import LMScale
 
 __all__ = ["RunFiles", "load_trained_model", "train_lm"]
 

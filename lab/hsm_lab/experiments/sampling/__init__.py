@@ -20,7 +20,7 @@ And one beyond the paper:
 
 * ``lm-ptb-sampling``: "tree or sampling?" -- the log-bilinear language model of ``lm-ptb`` (the
   main paper's PTB experiment) with its output layer trained by each approximation
-  (:class:`hsm.sampling.SampledSoftmax` through :func:`hsm.experiments.lm.train_lm`), evaluated
+  (:class:`hsm.sampling.SampledSoftmax` through :func:`hsm_lab.experiments.lm.train_lm`), evaluated
   exactly, so that its perplexity and speed sit beside the flat softmax and the trees of
   ``results/lm/ptb.json`` (:func:`run_lm_ptb_sampling`).
 
@@ -39,26 +39,23 @@ its ``-o key=value`` options checked), :mod:`.training` (Figs. 1-2: the problem,
 minibatch loss, one run, the rate search), :mod:`.lm_training` (``lm-ptb-sampling``'s runs, rate
 selection and step benchmark), :mod:`.report` (result records, :func:`lm_rows` for the
 sampled-softmax chapter) and :mod:`.commands` (the registered experiments). Every name is
-re-exported here (``from hsm.experiments import sampling as E; E.run_fig2``).
+re-exported here (``from hsm_lab.experiments import sampling as E; E.run_fig2``).
 """
 from __future__ import annotations
 
 # the library names the submodules call, re-exported as the single module had them
 from hsm import sampling as S
-from hsm.config import seed_everything
-from hsm.experiments import check_device, check_scale
-from hsm.results import check_replace, make_record, output_path, provenance, write_results
+from hsm_lab.config import seed_everything
+from hsm_lab.experiments import check_device, check_scale
+from hsm_lab.results import check_replace, make_record, output_path, provenance, write_results
 
-from . import commands, config, lm_training, presets, report, training
-from .commands import _fig1_methods, _fig2_methods, _run_figure, run_fig1, run_fig2, run_lm_ptb_sampling
-from .config import _FIG_CHECKS, _LM_MINIMUM, _lm_settings, _settings
-from .lm_training import (_bench_contestants, _benchmark_steps, _sampling_plan, _select_sampling_lr,
-                          _SparseSampledOutputs, _tree_arity)
-from .presets import DEFAULT_OUT, DEFAULT_RATES, FIG_SETTINGS, LM_METHOD_NAMES, LM_METHODS, LM_SETTINGS, METHODS
-from .report import (_bench_records, _default_path, _diverged_record, _fig_record, _lm_common, _run_model_name,
-                     _sampling_run_records, lm_rows)
-from .training import (SoftmaxRegressionProblem, _mean_loglik, _method_loss, _pick_lr, _pick_rates, _probs,
-                       _run_methods, make_problem, train_softmax_regression)
+from hsm_lab.experiments.sampling import commands, config, lm_training, presets, report, training
+from hsm_lab.experiments.sampling.commands import run_fig1, run_fig2, run_lm_ptb_sampling
+from hsm_lab.experiments.sampling.config import _lm_settings, _settings
+from hsm_lab.experiments.sampling.lm_training import (_SparseSampledOutputs, _tree_arity)
+from hsm_lab.experiments.sampling.presets import DEFAULT_OUT, DEFAULT_RATES, FIG_SETTINGS, LM_METHOD_NAMES, LM_METHODS, LM_SETTINGS, METHODS
+from hsm_lab.experiments.sampling.report import (lm_rows)
+from hsm_lab.experiments.sampling.training import (SoftmaxRegressionProblem, make_problem, train_softmax_regression)
 
 __all__ = ["SoftmaxRegressionProblem", "make_problem", "train_softmax_regression", "METHODS", "run_fig2", "run_fig1",
            "LM_METHODS", "run_lm_ptb_sampling", "lm_rows"]

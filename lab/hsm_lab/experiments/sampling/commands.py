@@ -1,7 +1,7 @@
 """The registered experiments ``sampling-fig2``, ``sampling-fig1`` and ``lm-ptb-sampling``
 (``python -m hsm run sampling-fig2 --scale quick -o iterations=500 ...``): each checks its scale,
 device and options before any work (ValueError naming the bad one), runs, and writes its result
-file (:func:`hsm.results.write_results`: records plus provenance)."""
+file (:func:`hsm_lab.results.write_results`: records plus provenance)."""
 from __future__ import annotations
 
 import math
@@ -14,15 +14,15 @@ from typing import Any
 import torch
 
 from hsm import sampling as S
-from hsm.experiments import check_device, experiment
-from hsm.results import check_replace, provenance, write_progress, write_results
+from hsm_lab.experiments import check_device, experiment
+from hsm_lab.results import check_replace, provenance, write_progress, write_results
 
-from .config import _lm_settings, _settings
-from .lm_training import (_bench_contestants, _benchmark_steps, _sampling_plan, _select_sampling_lr,
+from hsm_lab.experiments.sampling.config import _lm_settings, _settings
+from hsm_lab.experiments.sampling.lm_training import (_bench_contestants, _benchmark_steps, _sampling_plan, _select_sampling_lr,
                           _SparseSampledOutputs, _tree_arity)
-from .presets import DEFAULT_OUT
-from .report import _bench_records, _default_path, _diverged_record, _lm_common, _sampling_run_records
-from .training import _run_methods
+from hsm_lab.experiments.sampling.presets import DEFAULT_OUT
+from hsm_lab.experiments.sampling.report import _bench_records, _default_path, _diverged_record, _lm_common, _sampling_run_records
+from hsm_lab.experiments.sampling.training import _run_methods
 
 __all__ = ["run_fig1", "run_fig2", "run_lm_ptb_sampling"]
 
@@ -100,8 +100,8 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
     """"Tree or sampling?": the log-bilinear LM of ``lm-ptb`` (arXiv Table 1's PTB setting) with its
     output layer trained by each approximation of Barber & Botev, evaluated exactly.
 
-    Every sampled run is :func:`hsm.experiments.lm.train_lm` with ``output`` one of
-    :data:`hsm.experiments.lm.SAMPLED_KINDS` (add-one-smoothed training counts as proposal; the
+    Every sampled run is :func:`hsm_lab.experiments.lm.train_lm` with ``output`` one of
+    :data:`hsm_lab.experiments.lm.SAMPLED_KINDS` (add-one-smoothed training counts as proposal; the
     sparse path of :class:`hsm.sampling.SampledSoftmax`, like the trees' ``sparse=True``). The
     learning rate of each method is the best of ``lr_grid`` on validation perplexity after
     ``select_steps`` steps, the grid extended (halved or doubled, up to ``lr_extend`` times) while
@@ -113,13 +113,13 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
     round-robin benchmark (:func:`_benchmark_steps`, flat and random tree included) is the fair
     speed comparison. The result file is rewritten after every run (``complete`` says whether all
     finished) unless it holds a complete result, which only the complete new one replaces
-    (:func:`hsm.results.write_progress`); finished runs are kept under the cache
-    (``hsm.config.cache_dir()``) at full scale, so an interrupted command resumes.
+    (:func:`hsm_lab.results.write_progress`); finished runs are kept under the cache
+    (``hsm_lab.config.cache_dir()``) at full scale, so an interrupted command resumes.
     """
     from dataclasses import replace
 
-    from hsm import config as hsm_config
-    from hsm.experiments.lm import LMRunConfig, load_lm_corpus, train_lm
+    from hsm_lab import config as hsm_config
+    from hsm_lab.experiments.lm import LMRunConfig, load_lm_corpus, train_lm
     from hsm.tree import Tree
 
     start = time.perf_counter()
@@ -127,7 +127,7 @@ def run_lm_ptb_sampling(scale: str = "quick", device: str = "cpu", out: Path | s
     device = check_device(device)
     path = _default_path(out, DEFAULT_OUT["lm-ptb-sampling"])
     check_replace(path, scale, force)  # before any training: the result file is rewritten after every run
-    hsm_config.configure_threads(default=1)  # HSM_THREADS (checked), else 1: a shared machine, see hsm.experiments.lm
+    hsm_config.configure_threads(default=1)  # HSM_THREADS (checked), else 1: a shared machine, see hsm_lab.experiments.lm
     corpus = load_lm_corpus("ptb", vocab_size=cfg["vocab_size"] or None, train_tokens=cfg["train_tokens"] or None,
                             eval_tokens=cfg["eval_tokens"] or None)
     arity = cfg["arity"] or _tree_arity(corpus.vocab_size)

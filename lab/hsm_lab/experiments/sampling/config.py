@@ -1,14 +1,14 @@
 """The settings of one run of each experiment: the preset of its scale
-(:mod:`hsm.experiments.sampling.presets`) with the ``-o key=value`` options applied, each parsed
+(:mod:`hsm_lab.experiments.sampling.presets`) with the ``-o key=value`` options applied, each parsed
 and range-checked before any work starts (ValueError naming the option and its value)."""
 from __future__ import annotations
 
 import copy
 from typing import Any
 
-from hsm.experiments import check_scale, option_choice, option_float, option_floats, option_int, option_ints
+from hsm_lab.experiments import check_scale, option_choice, option_float, option_floats, option_int, option_ints
 
-from .presets import FIG_SETTINGS, LM_SETTINGS
+from hsm_lab.experiments.sampling.presets import FIG_SETTINGS, LM_SETTINGS
 
 __all__: list[str] = []
 
@@ -65,7 +65,7 @@ def _lm_settings(scale: str, options: dict[str, Any]) -> dict[str, Any]:
             cfg[key] = option_int(key, value, minimum=_LM_MINIMUM.get(key, 1))
             if key in ("vocab_size", "arity") and cfg[key] == 1:
                 raise ValueError(f"option {key}=1: must be 0 (automatic) or >= 2")
-    from hsm.experiments.lm import SAMPLED_KINDS
+    from hsm_lab.experiments.lm import SAMPLED_KINDS
 
     for item in cfg["more_negatives"]:
         method, _, k = item.partition(":")

@@ -1,6 +1,6 @@
 """The runs of ``lm-ptb-sampling`` ("tree or sampling?", beyond the papers): the log-bilinear LM of
 ``lm-ptb`` with its output layer trained by each approximation of Barber & Botev through
-:func:`hsm.experiments.lm.train_lm`, in the order :func:`_sampling_plan` gives, each method's
+:func:`hsm_lab.experiments.lm.train_lm`, in the order :func:`_sampling_plan` gives, each method's
 learning rate chosen on validation (:func:`_select_sampling_lr`), and a round-robin benchmark of
 the output layers' training steps (:func:`_benchmark_steps`), the fair speed comparison."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import torch
 
 from hsm import sampling as S
-from hsm.config import seed_everything
+from hsm_lab.config import seed_everything
 
-from .presets import LM_METHOD_NAMES
+from hsm_lab.experiments.sampling.presets import LM_METHOD_NAMES
 
 __all__: list[str] = []
 
@@ -47,7 +47,7 @@ def _select_sampling_lr(corpus, base, cfg: dict[str, Any], kind: str, k: int, tr
     ``lr_extend`` times) while the best rate is at its edge; with one rate in the grid, that rate."""
     from dataclasses import replace
 
-    from hsm.experiments.lm import train_lm
+    from hsm_lab.experiments.lm import train_lm
 
     trials: list[dict[str, Any]] = []
 
@@ -81,14 +81,14 @@ def _select_sampling_lr(corpus, base, cfg: dict[str, Any], kind: str, k: int, tr
 
 
 class _SparseSampledOutputs:
-    """While active, the sampled output layers that :func:`hsm.experiments.lm.train_lm` builds use
+    """While active, the sampled output layers that :func:`hsm_lab.experiments.lm.train_lm` builds use
     :class:`hsm.sampling.SampledSoftmax`'s sparse path (as the trees use ``sparse=True``), so Adagrad
     updates only the rows a step scored instead of the whole ``[V, d]`` matrix. The values of the
     updates are the dense path's (``tests/test_sampling.py``); only the cost changes."""
 
     def __enter__(self) -> None:
-        # the module whose train_lm builds the layers (hsm.experiments.lm re-exports it)
-        from hsm.experiments.lm import training
+        # the module whose train_lm builds the layers (hsm_lab.experiments.lm re-exports it)
+        from hsm_lab.experiments.lm import training
 
         self._module, self._original = training, training._make_output
 
@@ -127,7 +127,7 @@ def _benchmark_steps(corpus, cfg: dict[str, Any], contestants: dict[str, dict[st
     """ms per training step (forward, backward, Adagrad) of every output layer, measured in one process,
     round-robin (``bench_rounds`` rounds of ``bench_steps`` steps each, after 5 warm-up steps), on the
     same batches: the load of a shared machine then weighs on all of them alike."""
-    from hsm.experiments.lm import LMRunConfig, _make_output
+    from hsm_lab.experiments.lm import LMRunConfig, _make_output
     from hsm.layers import HierarchicalSoftmax
     from hsm.models import LogBilinearLM
     from hsm.tree import Tree

@@ -2,7 +2,7 @@
 Figs. 1 and 2 and the learning rates the full-scale run picked for them, the settings of each
 scale (:data:`FIG_SETTINGS`, :data:`LM_SETTINGS`), the sampled outputs of the PTB comparison and
 their names in tables, and where each experiment writes. ``-o key=value`` options override the
-settings (:mod:`hsm.experiments.sampling.config`)."""
+settings (:mod:`hsm_lab.experiments.sampling.config`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +10,7 @@ from typing import Any
 __all__ = ["DEFAULT_OUT", "DEFAULT_RATES", "FIG_SETTINGS", "LM_METHODS", "LM_METHOD_NAMES", "LM_SETTINGS", "METHODS"]
 
 #: result file of each experiment (committed under results/; a run without ``out`` writes the same
-#: path under hsm-results/, :func:`hsm.results.output_path`)
+#: path under hsm-results/, :func:`hsm_lab.results.output_path`)
 DEFAULT_OUT = {"sampling-fig2": "results/sampling/fig2.json", "sampling-fig1": "results/sampling/fig1.json",
                "lm-ptb-sampling": "results/sampling/lm-ptb.json"}
 

@@ -8,15 +8,15 @@ import math
 from pathlib import Path
 from typing import Any
 
-from hsm.results import make_record, output_path
+from hsm_lab.results import make_record, output_path
 
-from .presets import LM_METHOD_NAMES
+from hsm_lab.experiments.sampling.presets import LM_METHOD_NAMES
 
 __all__ = ["lm_rows"]
 
 
 def _default_path(out: Path | str | None, default: str) -> Path:
-    """``out``, else ``default`` under :func:`hsm.results.output_root` (not the committed results)."""
+    """``out``, else ``default`` under :func:`hsm_lab.results.output_root` (not the committed results)."""
     return output_path(default, out)
 
 

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from hsm import sampling as S
-from hsm.config import seed_everything
+from hsm_lab.config import seed_everything
 
-from .presets import DEFAULT_RATES
-from .report import _fig_record
+from hsm_lab.experiments.sampling.presets import DEFAULT_RATES
+from hsm_lab.experiments.sampling.report import _fig_record
 
 __all__ = ["SoftmaxRegressionProblem", "make_problem", "train_softmax_regression"]
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["DiskFullError", "atomic_directory", "atomic_write", "remove_dead_temporaries"]
+__all__ = ["DiskFullError", "atomic_directory", "atomic_write", "nearest_existing", "remove_dead_temporaries"]
 
 _HOST = socket.gethostname().replace("/", "_")
 
@@ -90,7 +90,7 @@ def _fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def _nearest_existing(folder: Path) -> Path:
+def nearest_existing(folder: Path) -> Path:
     """``folder``, or its closest ancestor that exists (where a file in ``folder`` would land)."""
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
@@ -106,7 +106,7 @@ def _disk_full(exc: BaseException, path: Path) -> bool:
             return True
         if isinstance(seen, RuntimeError) and ("unexpected pos" in str(seen) or "failed writing" in str(seen)):
             try:
-                return shutil.disk_usage(_nearest_existing(path.parent)).free < 64 * 2**20
+                return shutil.disk_usage(nearest_existing(path.parent)).free < 64 * 2**20
             except OSError:
                 return False
         seen = seen.__cause__ or seen.__context__

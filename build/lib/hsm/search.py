@@ -1,0 +1,296 @@
+"""Search in the label tree: the most likely labels of :class:`hsm.HierarchicalSoftmax`.
+
+A node's path probability ``prod over the path of softmax(W_n h + b_n)[c]`` (eq. 5 stopped at the
+node) bounds the probability of every label below it, so a search that drops a node whose path
+log-probability is below the best label found so far is exact (branch and bound, ICML supplement
+§11.1, fastText's ``HierarchicalSoftmaxLoss::dfs``):
+
+* :func:`top1_search`: the exact most likely label; a greedy descent (follow the most likely
+  child) gives a first label and so the bound, then the tree is explored level by level;
+* :func:`exact_topk`: the exact k most likely labels; a beam search of width k gives the bound;
+* :func:`beam_search`: beam search of a given width (approximate).
+
+These are the PyTorch implementations (any device, any dtype); the float32 CPU top-1 runs in the
+compiled :func:`hsm.kernels.top1_search` (the same greedy bound, then depth first, one example at a
+time), and the float32 CPU top-k for k >= 2 in the compiled best-first search
+:func:`hsm.kernels.topk_search` (a priority queue of open nodes and labels keyed by their path
+log-probability: labels come out best first, and only the nodes above the k-th label are
+evaluated). The PyTorch functions take the layer and evaluate nodes through its grouped node
+softmax (:func:`hsm.backend.pair_log_softmax`).
+
+:func:`all_log_probs` is the search that prunes nothing: every label's log-probability, in the
+compiled :func:`hsm.kernels.all_log_probs` (each node's log-softmax once per example, accumulated
+down the tree), for :meth:`hsm.HierarchicalSoftmax.log_prob` where the kernels apply.
+
+Why three searches and not one: the top-1 search reuses its greedy descent's node distributions
+(a node is evaluated, and counted in ``nodes visited``, once), while :func:`exact_topk` counts the
+beam search's evaluations and its own (the committed classification results report that count);
+folding either into the other would change the counts the benchmark and the results report. The
+compiled top-1 cannot call PyTorch code from its nogil loop. For the same reason a top-1 asked of
+:func:`exact_topk` keeps the PyTorch search (the classification results report its count); from
+k = 2 the compiled search's count is the nodes it evaluated, each once.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from . import kernels
+from ._checks import check_logits_finite
+from .backend import KERNELS, TreeLayer, in_compute_dtype, needs_graph, pair_log_softmax, select_backend
+
+__all__ = ["all_log_probs", "beam_search", "exact_topk", "merge_topk", "top1", "top1_search"]
+
+
+def merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """Merge candidate (example, label, value) triples into per-example top-k lists (no duplicates)."""
+    batch, k = best_v.shape
+    if ex.numel() == 0:
+        return best_v, best_i
+    all_e = torch.cat([torch.arange(batch, device=ex.device).repeat_interleave(k), ex])
+    all_v = torch.cat([best_v.reshape(-1), values])
+    all_i = torch.cat([best_i.reshape(-1), labels])
+    real = all_i >= 0
+    all_e, all_v, all_i = all_e[real], all_v[real], all_i[real]
+    # drop a label found twice for the same example (keep its best value)
+    order = torch.argsort(all_v, descending=True, stable=True)
+    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
+    key = all_e * (int(all_i.max()) + 1) + all_i
+    key_sorted, key_order = torch.sort(key, stable=True)
+    first = torch.ones_like(key_sorted, dtype=torch.bool)
+    first[1:] = key_sorted[1:] != key_sorted[:-1]
+    keep = key_order[first].sort().values
+    all_e, all_v, all_i = all_e[keep], all_v[keep], all_i[keep]
+    # group by example (stable: values stay in decreasing order), rank within the example
+    order = torch.argsort(all_e, stable=True)
+    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
+    counts = torch.bincount(all_e, minlength=batch)
+    starts = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(all_e.numel(), device=ex.device) - starts[all_e]
+    sel = rank < k
+    new_v = torch.full_like(best_v, -math.inf)
+    new_i = torch.full_like(best_i, -1)
+    new_v[all_e[sel], rank[sel]] = all_v[sel]
+    new_i[all_e[sel], rank[sel]] = all_i[sel]
+    return new_v, new_i
+
+
+
+#: the decoders' entry points under ``torch.autocast``: a bf16 input is decoded in the layer's dtype,
+#: as the layer's own ``predict`` and ``topk`` do
+_decoder_entry = in_compute_dtype(lambda layer: layer.weight.dtype)
+
+@_decoder_entry
+@torch.no_grad()
+def top1(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
+    """``(labels [B], nodes visited [B])``: the exact most likely label of each row of ``input``
+    [B, d], in the engine the layer uses for it (:func:`hsm.backend.select_backend`): the compiled
+    :func:`hsm.kernels.top1_search` on float32 CPU tensors, :func:`top1_search` otherwise. Both run
+    the same greedy bound, then branch and bound. Raises :class:`hsm.NonFiniteInputError` naming
+    the rows whose node logits overflow."""
+    if input.shape[0] == 0:
+        empty = torch.zeros(0, dtype=torch.long, device=input.device)
+        return empty, empty.clone()
+    operands = _kernel_operands(layer, input)
+    if operands is None:
+        return top1_search(layer, input)
+    tables = layer.tables
+    labels, values, visited = kernels.run_top1_search(*operands, tables.child_node, tables.child_label,
+                                                      tables.paths[0].shape[1])
+    # a NaN value: a node the search evaluated had overflowing logits (kernels.top1_search)
+    check_logits_finite(np.flatnonzero(~np.isfinite(values)), input.shape[0], input.dtype)
+    return torch.from_numpy(labels), torch.from_numpy(visited)
+
+
+@_decoder_entry
+@torch.no_grad()
+def top1_search(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
+    """(labels [B], nodes visited per row [B]) of the exact most likely label of each row of
+    ``input`` [B, d] (B >= 1): a greedy descent gives each row a label and so a lower bound on the
+    best log-probability; then the tree is explored level by level from the root, keeping a node
+    only while its path log-probability is above the row's best label so far. The node
+    distributions of the greedy descent are reused, not evaluated (or counted) twice."""
+    batch, device = input.shape[0], input.device
+    child_node, child_label, slot_mask = layer.tree.child_node, layer.tree.child_label, layer.tree.slot_mask
+    num_labels = layer.num_labels
+    best_value = torch.full((batch,), -math.inf, dtype=input.dtype, device=device)
+    best_label = torch.full((batch,), -1, dtype=torch.long, device=device)
+    visited = np.zeros(batch, dtype=np.int64)
+    is_label = (child_label >= 0) & (child_label < num_labels) & slot_mask
+    is_node = (child_node >= 0) & slot_mask
+
+    def update_best(example: np.ndarray, node: np.ndarray, cand: Tensor) -> None:
+        leaf_np = is_label[node]
+        if not leaf_np.any():  # inner levels of a fixed-depth tree hold no labels
+            return
+        leaf = torch.from_numpy(leaf_np).to(device)
+        values = cand.masked_fill(~leaf, -math.inf)
+        row_best, slot = values.max(dim=1)
+        ex_t = torch.from_numpy(example).to(device)
+        new_best = best_value.clone().scatter_reduce_(0, ex_t, row_best, reduce="amax")
+        improved = (row_best > best_value[ex_t]) & (row_best == new_best[ex_t])
+        if bool(improved.any()):
+            labels = torch.from_numpy(child_label[node]).to(device).gather(1, slot.unsqueeze(1)).squeeze(1)
+            best_label[ex_t[improved]] = labels[improved]
+        best_value.copy_(new_best)
+
+    # greedy descent: a label per row, hence a bound; the node distributions it computes are
+    # kept (per depth) so the exact search below does not evaluate those nodes again
+    greedy_node: list[np.ndarray] = []
+    greedy_cand: list[Tensor] = []
+    example, node = np.arange(batch), np.zeros(batch, dtype=np.int64)
+    score = input.new_zeros(batch)
+    while example.size:
+        visited += np.bincount(example, minlength=batch)
+        cand = score.unsqueeze(1) + pair_log_softmax(layer, input, example, node)
+        update_best(example, node, cand)
+        seen = np.full(batch, -1, dtype=np.int64)
+        seen[example] = node
+        rows = cand.new_empty(batch, cand.shape[1])
+        rows[torch.from_numpy(example).to(device)] = cand
+        greedy_node.append(seen)
+        greedy_cand.append(rows)
+        inner = torch.from_numpy(is_node[node]).to(device)
+        step_value, slot = cand.masked_fill(~inner, -math.inf).max(dim=1)
+        go_on = torch.isfinite(step_value).cpu().numpy()
+        slot_np = slot.cpu().numpy()
+        example, node = example[go_on], child_node[node[go_on], slot_np[go_on]]
+        score = step_value[torch.from_numpy(go_on).to(device)]
+    # branch and bound from the root
+    example, node = np.arange(batch), np.zeros(batch, dtype=np.int64)
+    score = input.new_zeros(batch)
+    depth = 0
+    while example.size:
+        cached = greedy_node[depth][example] == node if depth < len(greedy_node) else np.zeros(example.size, bool)
+        cand = input.new_empty(example.size, layer.arity)
+        if cached.any():
+            rows_from_greedy = torch.from_numpy(example[cached]).to(device)
+            cand[torch.from_numpy(cached).to(device)] = greedy_cand[depth][rows_from_greedy]
+        if not cached.all():
+            fresh = ~cached
+            visited += np.bincount(example[fresh], minlength=batch)
+            fresh_t = torch.from_numpy(fresh).to(device)
+            cand[fresh_t] = score[fresh_t].unsqueeze(1) + pair_log_softmax(layer, input, example[fresh], node[fresh])
+            update_best(example[fresh], node[fresh], cand[fresh_t])
+        ex_t = torch.from_numpy(example).to(device)
+        keep = torch.from_numpy(is_node[node]).to(device) & (cand > best_value[ex_t].unsqueeze(1))
+        pair, slot = (t.cpu().numpy() for t in torch.nonzero(keep, as_tuple=True))
+        score = cand[keep]
+        example, node = example[pair], child_node[node[pair], slot]
+        depth += 1
+    return best_label, torch.from_numpy(visited).to(device)
+
+
+@_decoder_entry
+@torch.no_grad()
+def exact_topk(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(values [B, k], labels [B, k], nodes visited [B]): the exact k most likely labels. A beam
+    search of width ``beam`` (>= k) gives k labels and a bound; then the tree is explored level by
+    level, keeping a node only while its path log-probability is above the current k-th best label.
+    ``nodes_visited`` counts the beam search's evaluations and the exploration's (a node evaluated
+    by both counts twice).
+
+    From k = 2 on float32 CPU tensors (where the layer uses the compiled kernels) the search is
+    :func:`hsm.kernels.topk_search` instead (best first, ``beam`` unused): the same labels and
+    values (to float32 rounding; equal values ordered by label id), ``nodes_visited`` the nodes it
+    evaluated. A row whose node logits overflow raises :class:`hsm.NonFiniteInputError` on both."""
+    if k >= 2 and input.shape[0] > 0:
+        operands = _kernel_operands(layer, input)
+        if operands is not None:
+            tables = layer.tables
+            values, labels, visited = kernels.run_topk_search(*operands, tables.child_node, tables.child_label, k,
+                                                              tables.paths[0].shape[1])
+            check_logits_finite(np.flatnonzero(np.isnan(values).any(axis=1)), input.shape[0], input.dtype)
+            return torch.from_numpy(values), torch.from_numpy(labels), torch.from_numpy(visited)
+    values, indices, visited = beam_search(layer, input, k, beam)
+    batch = input.shape[0]
+    example = torch.arange(batch, device=input.device)
+    node = torch.zeros(batch, dtype=torch.long, device=input.device)
+    score = torch.zeros(batch, dtype=input.dtype, device=input.device)
+    while example.numel():
+        visited += torch.bincount(example, minlength=batch)
+        candidate, child_nodes, child_labels, leaf, inner = _expand(layer, input, example, node, score)
+        example_of = example[:, None].expand_as(candidate)
+        take = leaf & (candidate > values[example, -1][:, None])
+        values, indices = merge_topk(values, indices, example_of[take], child_labels[take], candidate[take])
+        keep = inner & (candidate > values[example, -1][:, None])
+        example, node, score = example_of[keep], child_nodes[keep], candidate[keep]
+    return values, indices, visited
+
+
+def all_log_probs(layer: TreeLayer, input: Tensor) -> Tensor | None:
+    """``log p(y | input[b])`` of every label [B, K] in the compiled kernels
+    (:func:`hsm.kernels.all_log_probs`: each node's log-softmax once per row, summed down the tree,
+    O(N M d) per row), or None where they do not apply: not float32 CPU tensors, or an autograd
+    graph is needed (grad mode on and the input or the weights require grad; the kernels give no
+    gradient), and the caller computes it in PyTorch. ``input`` [B, d], already checked. Raises
+    :class:`hsm.NonFiniteInputError` naming the rows whose node logits overflow."""
+    operands = _kernel_operands(layer, input)
+    if operands is None or needs_graph(layer, input):
+        return None
+    if input.shape[0] == 0:
+        return input.new_empty((0, layer.num_labels))
+    tables = layer.tables
+    out = kernels.run_all_log_probs(*operands, tables.child_node, tables.child_label, layer.num_labels)
+    check_logits_finite(np.flatnonzero(np.isnan(out[:, 0])), input.shape[0], input.dtype)
+    return torch.from_numpy(out)
+
+
+def _kernel_operands(layer: TreeLayer, input: Tensor) -> tuple[np.ndarray, ...] | None:
+    """``(h, weight, bias, penalty)`` as the compiled kernels take them, or None where the layer
+    does not use the kernels for ``input`` (:func:`hsm.backend.select_backend`)."""
+    if select_backend(layer, input) is not KERNELS:
+        return None
+    as_np = lambda tensor: tensor.detach().contiguous().numpy()  # noqa: E731
+    return (as_np(input), as_np(layer.weight), KERNELS.operand(layer, layer.bias),
+            KERNELS.operand(layer, layer.slot_penalty))
+
+
+def _expand(layer: TreeLayer, input: Tensor, example: Tensor, node: Tensor,
+            score: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """One level of a search: for the (example, node) pairs with path log-probabilities ``score``
+    [P], the children's path log-probabilities ``candidate`` [P, M] (score plus the node's
+    log-softmax), the child node and child label of each slot, and which slots hold a label
+    (``leaf``) and which an inner node (``inner``)."""
+    candidate = score[:, None] + pair_log_softmax(layer, input, example.cpu().numpy(), node.cpu().numpy())
+    child_nodes, child_labels, usable = layer.child_node[node], layer.child_label[node], layer.slot_mask[node]
+    leaf = (child_labels >= 0) & usable
+    inner = (child_nodes >= 0) & usable
+    return candidate, child_nodes, child_labels, leaf, inner
+
+
+@_decoder_entry
+@torch.no_grad()
+def beam_search(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(values [B, k], labels [B, k], nodes visited [B]) of a beam search of width ``beam``: level
+    by level, every label met is merged into the row's top k, and the ``beam`` most likely inner
+    nodes of the row go on (approximate; width 1 is the greedy descent)."""
+    batch = input.shape[0]
+    device = input.device
+    values = torch.full((batch, k), -math.inf, dtype=input.dtype, device=device)
+    indices = torch.full((batch, k), -1, dtype=torch.long, device=device)
+    visited = torch.zeros(batch, dtype=torch.long, device=device)
+    example = torch.arange(batch, device=device)
+    node = torch.zeros(batch, dtype=torch.long, device=device)
+    score = torch.zeros(batch, dtype=input.dtype, device=device)
+    while example.numel():
+        visited += torch.bincount(example, minlength=batch)
+        candidate, child_nodes, child_labels, leaf, inner = _expand(layer, input, example, node, score)
+        example_of = example[:, None].expand_as(candidate)
+        values, indices = merge_topk(values, indices, example_of[leaf], child_labels[leaf], candidate[leaf])
+        # the inner children, best first within each row, go on while their rank in the row < beam
+        example, node, score = example_of[inner], child_nodes[inner], candidate[inner]
+        if example.numel() == 0:
+            break
+        order = torch.argsort(score, descending=True, stable=True)
+        example, node, score = example[order], node[order], score[order]
+        order = torch.argsort(example, stable=True)
+        example, node, score = example[order], node[order], score[order]
+        counts = torch.bincount(example, minlength=batch)
+        rank = torch.arange(example.numel(), device=device) - (torch.cumsum(counts, 0) - counts)[example]
+        kept = rank < beam
+        example, node, score = example[kept], node[kept], score[kept]
+    return values, indices, visited
