@@ -14,6 +14,7 @@ from hsm.cli_text import plain
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+LAB_PROJECT = tomllib.loads((ROOT / "lab" / "pyproject.toml").read_text())
 README = (ROOT / "README.md").read_text()
 
 
@@ -40,7 +41,8 @@ def test_readme_install_lines_name_existing_extras_and_the_cpu_torch():
     pin = next(line for line in (ROOT / "constraints.txt").read_text().splitlines() if line.startswith("torch=="))
     assert f"pip install {pin} --index-url https://download.pytorch.org/whl/cpu" in section
     extras = set(re.findall(r"\[(\w+)\]", section))
-    assert extras and extras <= set(PROJECT["project"]["optional-dependencies"])
+    extras_known = set(PROJECT["project"]["optional-dependencies"]) | set(LAB_PROJECT["project"]["optional-dependencies"])
+    assert extras and extras <= extras_known
     assert "python -m hsm warmup" in section
 
 

@@ -78,10 +78,7 @@ from hsm_lab.output_layers import (
     output_layer,
 )
 
-__all__ = ["ADAPTIVE_CUTOFFS", "ADAPTIVE_CUTOFFS_X5", "METHODS", "OUTPUT_LAYERS", "PRECISIONS",
-           "AdaptiveSoftmaxBaseline", "BenchConfig", "adaptive_cutoffs", "output_layer", "machine_limits",
-           "scale_defaults",
-           "main", "run_benchmark", "run_one",
+__all__ = ["METHODS", "PRECISIONS", "BenchConfig", "machine_limits", "scale_defaults", "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]
 
 METHODS = ("flat", "adaptive", "tree-d2", "tree-d3", "learned-d3", "torch-d3", "naive-d3", "adaptive-x5")
