@@ -54,7 +54,7 @@ def numpy_parameters(app: Any, what: str, name: str, obj: Any, options: Any, lin
 def _canonical(target: str) -> str | None:
     """The name under which the object ``target`` names is documented, or None."""
     parts = target.split(".")
-    if parts[0] != "hsm":
+    if parts[0] not in ("hsm", "hsm_lab"):
         return None
     for cut in range(len(parts), 0, -1):
         try:

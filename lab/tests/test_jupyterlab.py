@@ -48,11 +48,11 @@ def test_solutions_open_collapsed():
     assert solutions and all(cell.metadata["jupyter"]["source_hidden"] for cell in solutions)
 
 
-def test_make_lab_installs_jupyterlab_and_the_settings():
+def test_make_jupyterlab_installs_jupyterlab_and_the_settings():
     makefile = (ROOT / "Makefile").read_text()
-    assert "\nlab: $(LAB_STAMP)" in makefile and ".[test,book,experiments,lab]" in makefile
+    assert "\njupyterlab: $(JUPYTERLAB_STAMP)" in makefile and '"./lab[test,book,jupyterlab]"' in makefile
     assert "jupyter/overrides.json" in makefile and "jupyter/jupyter_server_config.py" in makefile
-    assert '"jupyterlab>=4"' in (ROOT / "pyproject.toml").read_text()
+    assert '"jupyterlab>=4"' in (ROOT / "lab" / "pyproject.toml").read_text()
     assert "Jupytext Notebook" in (ROOT / "jupyter" / "overrides.json").read_text()
 
 
