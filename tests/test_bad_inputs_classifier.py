@@ -1,6 +1,5 @@
 """Reliability of the classifiers: gold label sets are sets, and sizes are checked before
-anything is allocated (FastBowClassifier, the compiled trainer; the PyTorch trainer of the
-classification tables; the trees and the LM experiments)."""
+anything is allocated (FastBowClassifier, the compiled trainer, and the trees)."""
 from __future__ import annotations
 
 import os
@@ -10,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from hsm_lab.experiments import classification as C
 from hsm.classifiers.fast_classifier import FastBowClassifier, SettingError, unique_label_sets
 from hsm.tree import Tree
 
@@ -40,27 +38,6 @@ def test_repeated_gold_labels_count_once_in_fit_and_test(output):
     clf = fits[0]
     assert clf.test(DOCS, REPEATED, k=2) == clf.test(DOCS, SETS, k=2)
     assert clf.test(DOCS, [[s[0], s[0]] for s in SETS]) == clf.test(DOCS, [s[0] for s in SETS])
-
-
-def test_repeated_gold_labels_count_once_on_the_pytorch_path():
-    """The classification tables' PyTorch trainer reads label sets through EncodedSplit: repeated
-    labels are dropped there, so sampling and recall see sets."""
-    def split(sets):
-        values = np.concatenate([np.asarray(s) for s in sets])
-        offsets = np.concatenate([[0], np.cumsum([len(s) for s in sets])])
-        doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in DOCS])])
-        return C.EncodedSplit(np.concatenate(DOCS), doc_offsets, values, offsets, num_labels=7)
-
-    plain, repeated = split(SETS), split(REPEATED)
-    assert np.array_equal(plain.label_values, repeated.label_values)
-    assert np.array_equal(plain.label_offsets, repeated.label_offsets)
-    predictions = np.array([s[-1] for s in SETS])
-    assert C._precision_recall(predictions, repeated) == C._precision_recall(predictions, plain)
-    rng0, rng1 = np.random.default_rng(3), np.random.default_rng(3)
-    assert np.array_equal(plain.sample_labels(rng0), repeated.sample_labels(rng1))
-    trained = [C.train_bow(s, "huffman2", 4, 0.2, epochs=1, batch_size=16, vocab_size=60, seed=0)
-               for s in (plain, repeated)]
-    assert torch.equal(trained[0].layer.weight, trained[1].layer.weight)
 
 
 # ============================================================================ sizes checked before allocating
@@ -97,18 +74,6 @@ def test_fixed_depth_trees_refuse_an_arity_that_would_not_fit_in_memory(args):
     with pytest.raises(ValueError, match=rf"a complete {args[1]}-ary tree of depth 3 has .* GiB\) for K = {args[0]} "):
         Tree.random(*args)
     assert Tree.random(args[0], 100, 3).num_labels == args[0]  # a sensible arity is unaffected
-
-
-def test_lm_experiment_refuses_a_huge_arity_in_one_line(tmp_path, monkeypatch, capsys):
-    from hsm_lab.experiments import cli
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HSM_CACHE", str(tmp_path / "cache"))
-    if not (Path(os.environ.get("HSM_DATA_MIRROR", "/nonexistent")) / "ptb").exists():
-        pytest.skip("data mirror not available")
-    code = cli.main(["lm-ptb", "--scale", "quick", "-o", "arity=1000000", "--out", str(tmp_path / "x.json")])
-    err = capsys.readouterr().err
-    assert code == 2 and "a complete 1000000-ary tree of depth 3" in err and len(err.strip().splitlines()) == 1
 
 
 _PEAK_SCRIPT = """

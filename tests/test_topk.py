@@ -183,36 +183,3 @@ def test_topk_and_log_prob_property(num_labels, arity, well_formed, batch, k, se
     values, labels, _ = kernels.run_topk_search(*search._kernel_operands(layer, h), tables.child_node,
                                                 tables.child_label, k, tables.paths[0].shape[1])
     _check_exact_topk(values, labels, reference, k)
-
-
-def test_decoding_benchmark_rows_and_result_file(tmp_path, capsys):
-    from hsm_lab import bench_decoding
-    from hsm_lab.results import load_results
-
-    result = bench_decoding.run_decoding([60], bench_decoding.METHODS, dim=4, batch=3, threads=[1], repeats=1,
-                                         budget_s=0.01)
-    rows = {row["method"]: row for row in result["rows"]}
-    assert set(rows) == set(bench_decoding.METHODS)
-    assert set(rows["tree-d2"]["ms"]) == set(bench_decoding.METRICS)
-    assert set(rows["flat"]["ms"]) == {"top1", "top5", "logprob"}
-    assert rows["flat"]["vs_flat"] == pytest.approx({"top1": 1.0, "top5": 1.0, "logprob": 1.0})
-    assert rows["tree-d3"]["weight_scale"] == 10.0 and rows["tree-d3"]["top5_nodes_visited"] >= 1
-    assert "| 60 | 1 | tree-d2 |" in bench_decoding.format_table(result)
-
-    out = tmp_path / "decoding.json"
-    assert bench_decoding.main(["--quick", "--vocab", "40", "--dim", "4", "--batch", "2", "--repeats", "1",
-                                "--methods", "tree-d2", "flat", "--json", str(out)]) == 0
-    payload = load_results(out)
-    assert payload["provenance"]["invocation"]["command"] == "bench-decoding"
-    assert "--json" not in payload["provenance"]["invocation"]["argv"]
-    assert {(r["method"], r["metric"]) for r in payload["records"]} >= {("tree-d2", "top5"), ("flat", "top5")}
-    assert all(r["kind"] == "ms_per_batch" and r["value"] > 0 for r in payload["records"])
-
-
-def test_decoding_benchmark_refuses_bad_options(capsys):
-    from hsm_lab import bench_decoding
-
-    with pytest.raises(SystemExit) as exit_info:
-        bench_decoding.main(["--vocab", "1"])
-    assert exit_info.value.code == 2
-    assert "--vocab" in capsys.readouterr().err

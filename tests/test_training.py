@@ -1,7 +1,5 @@
 """Algorithm 1 (TreeLearner) and the training loops."""
 import math
-import os
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -89,22 +87,6 @@ def test_tree_learner_never_decays_the_statistics_by_default():
     _feed(halved.layer, 4, halved)
     assert float(halved.statistics.label_counts.sum()) == pytest.approx((2 * 8 * 0.5 + 2 * 8) * 0.5)
     assert NodeStatistics(Tree.random(9, 3, 2)).decay == 0.5
-
-
-MIRROR = Path(os.environ.get("HSM_DATA_MIRROR", Path(__file__).resolve().parents[2] / "shared" / "data"))
-
-
-@pytest.mark.skipif(not (MIRROR / "trec").exists(), reason="data mirror not available")
-def test_taxonomy_experiment_keeps_the_decay_of_its_committed_runs(monkeypatch):
-    # its committed results were made with the statistics decay of 0.5, TreeLearner's old default
-    from hsm_lab.experiments import taxonomy
-
-    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
-    cfg, dataset, pretrained = taxonomy._prepare("quick", "trec", dict(
-        train_limit="60", test_limit="40", max_tokens="8", max_vocab="300"))
-    valid = dataset.validation_split(cfg["valid_fraction"], seed=0)
-    learner = taxonomy._build("learned", dataset, valid, cfg, 0, pretrained, torch.device("cpu"))[-2]
-    assert isinstance(learner, TreeLearner) and learner.statistics.decay == 0.5
 
 
 @settings(max_examples=25, deadline=None)

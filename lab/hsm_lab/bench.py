@@ -16,7 +16,7 @@ softmax's frequency-sorted cutoffs are meaningful):
 Methods: ``flat`` (:class:`hsm.FlatSoftmax`: ``nn.Linear`` + log-softmax, the O(V d) baseline),
 ``adaptive`` (:class:`torch.nn.AdaptiveLogSoftmaxWithLoss`, cutoffs 2k/20k/100k below V,
 ``div_value=4``, at most as many tail clusters as keep every tail projection >= 1 dimension: among
-the fastest configurations of Grave et al.'s shape we measured, :data:`ADAPTIVE_CUTOFFS`; ``adaptive-x5``
+the fastest configurations of Grave et al.'s shape we measured, :data:`hsm_lab.output_layers.ADAPTIVE_CUTOFFS`; ``adaptive-x5``
 is the same with the smaller tail clusters 2k/10k/50k/200k of the first committed runs), ``tree-d2`` / ``tree-d3``
 (:class:`hsm.HierarchicalSoftmax` on a random
 fixed-depth tree, M = ceil(V**(1/D)), ``sparse=True``; on CPU in float32 the compiled kernels
@@ -69,14 +69,7 @@ import numpy as np
 import torch
 
 from hsm.cli_text import plain
-from hsm_lab.output_layers import (
-    ADAPTIVE_CUTOFFS,
-    ADAPTIVE_CUTOFFS_X5,
-    OUTPUT_LAYERS,
-    AdaptiveSoftmaxBaseline,
-    adaptive_cutoffs,
-    output_layer,
-)
+from hsm_lab.output_layers import ADAPTIVE_CUTOFFS, ADAPTIVE_CUTOFFS_X5, output_layer
 
 __all__ = ["METHODS", "PRECISIONS", "BenchConfig", "machine_limits", "scale_defaults", "main", "run_benchmark", "run_one",
            "tree_arity", "format_table"]

@@ -1,4 +1,4 @@
-"""Bad inputs to the data layer (issue 14): a bad ``HSM_CACHE``, damaged cached downloads, damaged processed
+"""Bad inputs to the data layer: a bad ``HSM_CACHE``, damaged cached downloads, damaged processed
 corpora, unwritable caches and interrupted writes. Each must give a named error or the documented fallback, never
 a traceback from deep inside NumPy and never a silently wrong result.
 

@@ -475,3 +475,42 @@ def test_a_finished_run_says_which_device_it_trained_on(tmp_path) -> None:
     with pytest.warns(UserWarning, match="trained on cuda, not cpu"):
         loaded = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=tmp_path / "runs")
     assert loaded.device == "cuda" and loaded.test_perplexity == run.test_perplexity
+
+
+RNG = np.random.default_rng(0)
+DOCS = [RNG.integers(0, 60, size=RNG.integers(3, 9)) for _ in range(120)]
+SETS = [[i % 7, (i * 3) % 7] if i % 2 else [i % 7] for i in range(120)]
+REPEATED = [s + s[:1] for s in SETS]  # every set with its first label again
+
+
+def test_repeated_gold_labels_count_once_on_the_pytorch_path():
+    """The classification tables' PyTorch trainer reads label sets through EncodedSplit: repeated
+    labels are dropped there, so sampling and recall see sets."""
+    def split(sets):
+        values = np.concatenate([np.asarray(s) for s in sets])
+        offsets = np.concatenate([[0], np.cumsum([len(s) for s in sets])])
+        doc_offsets = np.concatenate([[0], np.cumsum([len(d) for d in DOCS])])
+        return C.EncodedSplit(np.concatenate(DOCS), doc_offsets, values, offsets, num_labels=7)
+
+    plain, repeated = split(SETS), split(REPEATED)
+    assert np.array_equal(plain.label_values, repeated.label_values)
+    assert np.array_equal(plain.label_offsets, repeated.label_offsets)
+    predictions = np.array([s[-1] for s in SETS])
+    assert C._precision_recall(predictions, repeated) == C._precision_recall(predictions, plain)
+    rng0, rng1 = np.random.default_rng(3), np.random.default_rng(3)
+    assert np.array_equal(plain.sample_labels(rng0), repeated.sample_labels(rng1))
+    trained = [C.train_bow(s, "huffman2", 4, 0.2, epochs=1, batch_size=16, vocab_size=60, seed=0)
+               for s in (plain, repeated)]
+    assert torch.equal(trained[0].layer.weight, trained[1].layer.weight)
+
+
+def test_lm_experiment_refuses_a_huge_arity_in_one_line(tmp_path, monkeypatch, capsys):
+    from hsm_lab.experiments import cli
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HSM_CACHE", str(tmp_path / "cache"))
+    if not (Path(os.environ.get("HSM_DATA_MIRROR", "/nonexistent")) / "ptb").exists():
+        pytest.skip("data mirror not available")
+    code = cli.main(["lm-ptb", "--scale", "quick", "-o", "arity=1000000", "--out", str(tmp_path / "x.json")])
+    err = capsys.readouterr().err
+    assert code == 2 and "a complete 1000000-ary tree of depth 3" in err and len(err.strip().splitlines()) == 1

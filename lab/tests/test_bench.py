@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from hsm_lab import bench
+from hsm_lab import bench, output_layers
 
 
 def test_quick_benchmark_writes_a_complete_table(tmp_path, capsys):
@@ -39,11 +39,11 @@ def test_tree_arity_and_cutoffs():
     assert bench.tree_arity(1_000_000, 3) == 100
     with pytest.raises(ValueError):
         bench.tree_arity(1, 3)
-    assert bench.adaptive_cutoffs(250_000, 512) == [2_000, 10_000, 50_000, 200_000]
-    assert bench.adaptive_cutoffs(250_000, 200) == [2_000, 10_000, 50_000]  # a 4th tail would get 200 // 256 = 0 dims
-    assert bench.adaptive_cutoffs(500) == [125]
+    assert output_layers.adaptive_cutoffs(250_000, 512) == [2_000, 10_000, 50_000, 200_000]
+    assert output_layers.adaptive_cutoffs(250_000, 200) == [2_000, 10_000, 50_000]  # a 4th tail would get 200 // 256 = 0 dims
+    assert output_layers.adaptive_cutoffs(500) == [125]
     for vocab, dim in ((250_000, 200), (1_000_000, 200), (250_000, 512), (10_000, 16)):
-        layer = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, vocab, bench.adaptive_cutoffs(vocab, dim), div_value=4.0)
+        layer = torch.nn.AdaptiveLogSoftmaxWithLoss(dim, vocab, output_layers.adaptive_cutoffs(vocab, dim), div_value=4.0)
         assert all(tail[0].out_features >= 1 for tail in layer.tail)
 
 
@@ -113,22 +113,55 @@ def test_trials_take_the_median_of_the_processes_medians(monkeypatch):
 
 
 def test_one_factory_builds_every_output_layer():
-    """hsm_lab.bench.output_layer: the experiments' and the benchmark's layers, zero-initialised on
+    """hsm_lab.output_layers.output_layer: the experiments' and the benchmark's layers, zero-initialised on
     request, the adaptive baseline's cutoffs a setting; bad kinds are one-line errors."""
     import hsm
 
     tree = hsm.Tree.huffman(np.arange(1, 31), 3)
-    flat = bench.output_layer("flat", 6, 30, zero=True)
+    flat = output_layers.output_layer("flat", 6, 30, zero=True)
     assert isinstance(flat, hsm.FlatSoftmax) and not flat.linear.weight.any() and not flat.linear.bias.any()
-    layer = bench.output_layer("tree", 6, 30, tree=tree, sparse=True, zero=True)
+    layer = output_layers.output_layer("tree", 6, 30, tree=tree, sparse=True, zero=True)
     assert isinstance(layer, hsm.HierarchicalSoftmax) and layer.sparse and not layer.weight.any()
-    adaptive = bench.output_layer("adaptive", 32, 30, cutoffs=(10, 20))
+    adaptive = output_layers.output_layer("adaptive", 32, 30, cutoffs=(10, 20))
     assert adaptive.adaptive.cutoffs == [10, 20, 30] and adaptive.rank is None
     with pytest.raises(ValueError, match="needs its tree"):
-        bench.output_layer("tree", 6, 30)
+        output_layers.output_layer("tree", 6, 30)
     with pytest.raises(ValueError, match="unknown output layer 'huffman'"):
-        bench.output_layer("huffman", 6, 30)
+        output_layers.output_layer("huffman", 6, 30)
     with pytest.raises(ValueError, match="zero initialisation is for the flat and tree layers"):
-        bench.output_layer("adaptive", 32, 30, zero=True)
+        output_layers.output_layer("adaptive", 32, 30, zero=True)
     with pytest.raises(ValueError, match="one count per label"):
-        bench.AdaptiveSoftmaxBaseline(8, 30, counts=np.ones(5))
+        output_layers.AdaptiveSoftmaxBaseline(8, 30, counts=np.ones(5))
+
+
+def test_decoding_benchmark_rows_and_result_file(tmp_path, capsys):
+    from hsm_lab import bench_decoding
+    from hsm_lab.results import load_results
+
+    result = bench_decoding.run_decoding([60], bench_decoding.METHODS, dim=4, batch=3, threads=[1], repeats=1,
+                                         budget_s=0.01)
+    rows = {row["method"]: row for row in result["rows"]}
+    assert set(rows) == set(bench_decoding.METHODS)
+    assert set(rows["tree-d2"]["ms"]) == set(bench_decoding.METRICS)
+    assert set(rows["flat"]["ms"]) == {"top1", "top5", "logprob"}
+    assert rows["flat"]["vs_flat"] == pytest.approx({"top1": 1.0, "top5": 1.0, "logprob": 1.0})
+    assert rows["tree-d3"]["weight_scale"] == 10.0 and rows["tree-d3"]["top5_nodes_visited"] >= 1
+    assert "| 60 | 1 | tree-d2 |" in bench_decoding.format_table(result)
+
+    out = tmp_path / "decoding.json"
+    assert bench_decoding.main(["--quick", "--vocab", "40", "--dim", "4", "--batch", "2", "--repeats", "1",
+                                "--methods", "tree-d2", "flat", "--json", str(out)]) == 0
+    payload = load_results(out)
+    assert payload["provenance"]["invocation"]["command"] == "bench-decoding"
+    assert "--json" not in payload["provenance"]["invocation"]["argv"]
+    assert {(r["method"], r["metric"]) for r in payload["records"]} >= {("tree-d2", "top5"), ("flat", "top5")}
+    assert all(r["kind"] == "ms_per_batch" and r["value"] > 0 for r in payload["records"])
+
+
+def test_decoding_benchmark_refuses_bad_options(capsys):
+    from hsm_lab import bench_decoding
+
+    with pytest.raises(SystemExit) as exit_info:
+        bench_decoding.main(["--vocab", "1"])
+    assert exit_info.value.code == 2
+    assert "--vocab" in capsys.readouterr().err

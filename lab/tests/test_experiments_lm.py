@@ -461,7 +461,7 @@ def test_fasttext_embeddings_refuse_words_fasttext_would_split() -> None:
 
 
 def test_ranked_adaptive_softmax_is_a_distribution_over_the_original_ids() -> None:
-    from hsm_lab.bench import AdaptiveSoftmaxBaseline
+    from hsm_lab.output_layers import AdaptiveSoftmaxBaseline
 
     counts = np.array([5, 40, 1, 300, 7, 0, 22, 90, 3, 11], dtype=np.int64)
     layer = AdaptiveSoftmaxBaseline(8, len(counts), counts=counts)

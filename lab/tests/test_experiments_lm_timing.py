@@ -84,15 +84,15 @@ def test_step_cost_and_floor_by_hand():
 
 def test_adaptive_cutoffs_of_the_timing_and_the_benchmark():
     """The adaptive baseline: 2k/20k/100k below V (a tail that would get no dimension dropped);
-    the pre-issue-18 configuration stays the function's default (bench method adaptive-x5)."""
-    from hsm_lab import bench
+    the first committed runs' configuration stays the function's default (bench method adaptive-x5)."""
+    from hsm_lab import bench, output_layers
 
-    assert bench.adaptive_cutoffs(250_000, 200, base=bench.ADAPTIVE_CUTOFFS) == [2_000, 20_000, 100_000]
-    assert bench.adaptive_cutoffs(10_000, 200, base=bench.ADAPTIVE_CUTOFFS) == [2_000]
-    assert bench.adaptive_cutoffs(2_000, 200, base=bench.ADAPTIVE_CUTOFFS) == [500]
-    assert bench.adaptive_cutoffs(250_000, 200) == [2_000, 10_000, 50_000]
+    assert output_layers.adaptive_cutoffs(250_000, 200, base=output_layers.ADAPTIVE_CUTOFFS) == [2_000, 20_000, 100_000]
+    assert output_layers.adaptive_cutoffs(10_000, 200, base=output_layers.ADAPTIVE_CUTOFFS) == [2_000]
+    assert output_layers.adaptive_cutoffs(2_000, 200, base=output_layers.ADAPTIVE_CUTOFFS) == [500]
+    assert output_layers.adaptive_cutoffs(250_000, 200) == [2_000, 10_000, 50_000]
     assert "adaptive-x5" in bench.METHODS
     with pytest.raises(ValueError, match="increasing"):
-        bench.adaptive_cutoffs(250_000, 200, base=[20_000, 2_000])
+        output_layers.adaptive_cutoffs(250_000, 200, base=[20_000, 2_000])
     with pytest.raises(ValueError, match="phase_steps"):
         lm_timing.run_lm_timing(scale="quick", phase_steps="-1")

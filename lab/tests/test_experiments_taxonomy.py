@@ -175,7 +175,7 @@ def test_taxonomy_tables_refuses_unknown_data_and_options(tmp_path):
         E.run_taxonomy_tables(out=tmp_path / "x.json", data="trec", hidden="3")
 
 
-# ---- the full-scale path (issue 15): document cap, GloVe stand-ins, presets, sizing ----
+# ---- the full-scale path: document cap, GloVe stand-ins, presets, sizing ----
 
 @given(st.lists(st.integers(0, 400), min_size=1, max_size=60).filter(lambda xs: sum(xs) > 0),
        st.floats(0.05, 1.0))
@@ -543,3 +543,16 @@ def test_a_variant_run_names_no_paper_number_and_records_per_class_f1(tmp_path, 
     per_class = [f for f in run["test_f1_per_class"] if f is not None]
     assert run["test"]["f1"] == pytest.approx(np.mean(per_class))
     assert sum(run["train_class_counts"]) == run["train_examples"]
+
+
+@pytest.mark.skipif(not (MIRROR / "trec").exists(), reason="data mirror not available")
+def test_taxonomy_experiment_keeps_the_decay_of_its_committed_runs(monkeypatch):
+    # its committed results were made with the statistics decay of 0.5, TreeLearner's old default
+    from hsm_lab.experiments import taxonomy
+
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    cfg, dataset, pretrained = taxonomy._prepare("quick", "trec", dict(
+        train_limit="60", test_limit="40", max_tokens="8", max_vocab="300"))
+    valid = dataset.validation_split(cfg["valid_fraction"], seed=0)
+    learner = taxonomy._build("learned", dataset, valid, cfg, 0, pretrained, torch.device("cpu"))[-2]
+    assert isinstance(learner, hsm.TreeLearner) and learner.statistics.decay == 0.5

@@ -25,7 +25,7 @@ the same arithmetic as one ``backward()`` plus one more autograd call).
 
 Outputs: flat softmax, random tree, learned tree, and :class:`torch.nn.AdaptiveLogSoftmaxWithLoss`
 (``adaptive``, not in the papers: the strongest common baseline, on the same log-bilinear model,
-with the benchmark's cutoffs, :data:`hsm_lab.bench.ADAPTIVE_CUTOFFS` below V (2k/20k/100k, ``div_value=4``); word ids are frequency ranks in both
+with the benchmark's cutoffs, :data:`hsm_lab.output_layers.ADAPTIVE_CUTOFFS` below V (2k/20k/100k, ``div_value=4``); word ids are frequency ranks in both
 corpora, as its cutoffs need). The clustering tree is a fixed tree of the
 same shape as the random one (its cost differs only through which nodes a batch shares); it is
 not timed here because building it needs the clustering embeddings of the full corpus.
