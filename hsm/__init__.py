@@ -51,22 +51,24 @@ from .tree import Tree
 
 __version__ = "0.1.0"
 
-#: the classifiers, imported on first use: ``import hsm`` loads the layers and Algorithm 1 only
-_ON_FIRST_USE = {"FastBowClassifier": "hsm.classifiers.fast_classifier", "SparseTreeClassifier": "hsm.classifiers.sparse_tree"}
+#: the classifiers (:mod:`hsm.classifiers`), imported on first use: ``import hsm`` loads the layers
+#: and Algorithm 1 only
+_CLASSIFIERS = ("FastBowClassifier", "SparseTreeClassifier")
 
 
 def __getattr__(name: str) -> object:
-    if name in _ON_FIRST_USE:
-        import importlib
+    if name in _CLASSIFIERS:
+        from . import classifiers
 
-        value = getattr(importlib.import_module(_ON_FIRST_USE[name]), name)
+        value = getattr(classifiers, name)
         globals()[name] = value  # later lookups skip this function
         return value
     raise AttributeError(f"module 'hsm' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_ON_FIRST_USE))
+    return sorted(set(globals()) | set(_CLASSIFIERS))
+
 
 __all__ = [
     "AssignmentDeadlock",
