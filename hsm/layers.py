@@ -26,6 +26,7 @@ input checks of :mod:`hsm._checks`, for code that imports them from this module)
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -39,8 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import backend, search
-from ._checks import NonFiniteInputError, check_input, check_logits_finite, check_k, check_target, check_target_shape
+from . import backend, engine as static_engine, search
+from ._checks import NonFiniteInputError, check_choice, check_input, check_logits_finite, check_k, check_target, check_target_shape
 from ._loss_options import check_loss_options, forward_rows, over_leading_dims
 from .backend import EmptyBatch, NodeDistributions, TreeTables, in_compute_dtype
 from .tree import Tree, check_integer
@@ -87,7 +88,17 @@ def _layer_entry(method: Callable) -> Callable:
     for ``torch.compile`` and ``torch.autocast`` (the comment above says why): run outside Dynamo,
     and under autocast compute in the layer's dtype with autocast off
     (:func:`hsm.backend.in_compute_dtype`)."""
-    return torch.compiler.disable(in_compute_dtype(lambda layer: layer._compute_dtype())(method))
+    compute = in_compute_dtype(lambda layer: layer._compute_dtype())(method)
+    outside = torch.compiler.disable(compute)
+
+    @functools.wraps(method)
+    def entry(layer: Any, *args: Any, **kwargs: Any) -> Any:
+        # the static engine (hsm.engine) reads nothing back from the device: Dynamo traces it
+        if method.__name__ == "forward" and getattr(layer, "_static_engine", lambda: False)():
+            return compute(layer, *args, **kwargs)
+        return outside(layer, *args, **kwargs)
+
+    return entry
 
 
 # ------------------------------------------------------------------ the tree in the state dict
@@ -243,6 +254,11 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     ignore_index: rows whose target is this value are skipped, as ``nn.CrossEntropyLoss`` skips
         them: ``output`` 0, no gradient, not in the mean, not in Algorithm 1's statistics.
     reduction: ``"mean"`` (default) or ``"sum"`` of the negative log-likelihoods, for ``loss``.
+    engine: how :meth:`forward` computes: ``"auto"`` (default) the static engine of
+        :mod:`hsm.engine` on a GPU (any device but the CPU) and the compiled kernels on the CPU;
+        ``"torch"`` the static engine everywhere, the CPU included (what a GPU runs: no
+        host-device synchronisation, the same ops for every batch, ``torch.compile(fullgraph=True)``
+        and CUDA graphs; a NaN input then gives a NaN loss instead of an error).
 
     Shape: ``input`` [B, d], ``target`` [B] -> ``output`` [B], ``loss`` []; or ``input`` [..., d],
     ``target`` [...] -> ``output`` [...] (e.g. [B, T, d] and [B, T] from a sequence model), as
@@ -291,9 +307,10 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     """
 
     def __init__(self, in_features: int, tree: Tree, bias: bool = True, sparse: bool = False,
-                 ignore_index: int = -100, reduction: str = "mean") -> None:
+                 ignore_index: int = -100, reduction: str = "mean", engine: str = "auto") -> None:
         super().__init__()
         self.ignore_index, self.reduction = check_loss_options(ignore_index, reduction)
+        self.engine = check_choice(engine, "engine", static_engine.ENGINES)
         in_features = check_integer(in_features, "in_features")
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
@@ -409,6 +426,15 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         self.register_buffer("child_label", as_t(tree.child_label), persistent=False)
         # Empty slots (M**D > K, ragged taxonomies) get -inf added to their logit; a tree without
         # any (a full M-ary tree) skips that work entirely.
+        # the static engine's tables: rebuilt in place when they keep their shape, so that a
+        # compiled or captured step (which holds their addresses) reads the new tree
+        for name, table in static_engine.path_tables(tree, self.weight.dtype, device).items():
+            current = getattr(self, name, None)
+            if (current is not None and current.shape == table.shape and current.dtype == table.dtype
+                    and current.device == table.device):
+                current.copy_(table)
+            else:
+                self.register_buffer(name, table, persistent=False)
         penalty = None
         if not tree.slot_mask.all():
             penalty = torch.as_tensor(np.where(tree.slot_mask, 0.0, -np.inf), dtype=self.weight.dtype, device=device)
@@ -450,6 +476,13 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     #: use the compiled kernels of :mod:`hsm.kernels` where they apply (float32 CPU tensors);
     #: False forces the PyTorch implementation (the benchmark compares the two)
     use_kernels: bool = True
+    #: the engine of :meth:`forward` ("auto" or "torch"; the constructor's ``engine``)
+    engine: str = "auto"
+
+    def _static_engine(self) -> bool:
+        """Whether :meth:`forward` runs the static engine (:mod:`hsm.engine`) for this layer."""
+        return static_engine.uses_static_engine(self.engine, self.weight.device)
+
     #: targets skipped by :meth:`forward` (``nn.CrossEntropyLoss``'s default; class-level defaults
     #: so that layers pickled before these options existed still load)
     ignore_index: int = -100
@@ -471,7 +504,10 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         ``output`` has the shape of ``target``. Rows whose target is ``ignore_index`` are not
         evaluated (``output`` 0, zero gradient, left out of the mean and of a
         :class:`~hsm.TreeLearner`'s statistics). The rows are computed by :meth:`_forward_rows`
-        (its checks and errors apply)."""
+        (its checks and errors apply), or by the static engine (:mod:`hsm.engine`, the layer's
+        ``engine``), which computes the same values without reading anything back from the device."""
+        if self._static_engine():
+            return HSMOutput(*static_engine.forward(self, input, target))
         return HSMOutput(*forward_rows(self, input, target, self._forward_rows))
 
     def _forward_rows(self, input: Tensor, target: Tensor) -> HSMOutput:

@@ -18,7 +18,9 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from ._checks import check_choice
 from .backend import FusedGradient
+from .engine import ENGINES, adagrad_rows_, uses_static_engine
 
 if TYPE_CHECKING:  # the layer module imports this one
     from .layers import HierarchicalSoftmax
@@ -105,13 +107,22 @@ class RowSparseAdagrad(_RowSparseOptimizer):
     Raises ValueError (naming the setting) unless ``lr`` is finite and > 0 and ``lr_decay``,
     ``initial_accumulator_value`` and ``eps`` are finite and >= 0, in the defaults and in every
     parameter group; TypeError for a non-number. ``weight_decay`` is accepted only as 0.
+
+    ``engine`` (as :class:`hsm.HierarchicalSoftmax`'s): ``"auto"`` (default) applies a sparse
+    gradient on the CPU in the compiled pass (coalescing it first if a row is listed twice) and
+    elsewhere in fixed-shape torch ops that never wait for the device (:func:`hsm.engine.adagrad_rows_`:
+    rows listed several times, as the static engine's gradients list them, are summed by a sort, not
+    by ``unique`` / ``coalesce``); ``"torch"`` uses those ops on the CPU too. The learning rate of a
+    step is a host number: with ``lr_decay > 0``, a step captured in a CUDA graph keeps the rate of
+    the step it was captured at.
     """
 
     _name = "Adagrad"
     _settings = (("lr", True), ("lr_decay", False), ("initial_accumulator_value", False), ("eps", False))
 
     def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
-                 initial_accumulator_value: float = 0.0, eps: float = 1e-10) -> None:
+                 initial_accumulator_value: float = 0.0, eps: float = 1e-10, engine: str = "auto") -> None:
+        self.engine = check_choice(engine, "engine", ENGINES)
         lr = _check_hyperparameter("Adagrad", "lr", lr, positive=True)
         lr_decay = _check_hyperparameter("Adagrad", "lr_decay", lr_decay)
         initial_accumulator_value = _check_hyperparameter("Adagrad", "initial_accumulator_value",
@@ -189,9 +200,12 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         state["step"] += 1
         clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
         total = state["sum"]
-        if grad.is_sparse:
+        static = uses_static_engine(getattr(self, "engine", "auto"), param.device)
+        if grad.is_sparse and static:
+            adagrad_rows_(param, total, grad._indices()[0], grad._values(), clr, group["eps"])
+        elif grad.is_sparse:
             self._sparse_step(param, total, grad, clr, group["eps"])
-        elif (param.device.type == "cpu" and param.dtype in (torch.float32, torch.float64) and grad.dtype == param.dtype
+        elif (not static and param.device.type == "cpu" and param.dtype in (torch.float32, torch.float64) and grad.dtype == param.dtype
               and param.is_contiguous() and total.is_contiguous() and grad.is_contiguous()):
             # one compiled pass (torch's update reads and writes parameter-sized tensors four times:
             # 0.19 ms for the LM's 160k-element R against about 0.04 ms, development measurement)
