@@ -6,17 +6,20 @@ The layer's log-likelihood (ICML eq. 2-3 and 5) of label ``y`` given the represe
     log p(y | h) = sum over d = 1 .. L(y) of log softmax(W_{n_d} h + b_{n_d})[c_d],
 
 where ``n_1 .. n_L(y)`` are the nodes on the path of ``y`` and ``c_d`` the child taken at ``n_d``, is
-computed here from per-label path tables kept on the layer's device (:func:`path_tables`):
+computed here from two tables kept on the layer's device (:func:`path_tables`):
 
-* ``engine_nodes`` [K + 1, L] (int64): ``n_d``, padded past a shorter path with its last node;
-* ``engine_slots`` [K + 1, L] (int64): ``d * M + c_d``, the position of the taken child among the
-  ``L * M`` logits of the path;
-* ``engine_steps`` [K + 1, L + 1] (float): 1 on the real steps of the path and 0 on the padding, and
-  in the last column -1 (the row's share of the negative count of rows that the mean divides by);
-* ``engine_penalty`` [N, M] (float): 0 on a slot with a real label below it, -inf on an empty slot;
+* ``engine_paths`` [K + 1, 3 L + 1] (int64), per label: the nodes ``n_d`` (L columns), the nodes
+  whose slot penalty applies (L columns: ``n_d`` again), the positions ``d * M + c_d`` of the taken
+  children among the path's ``L * M`` logits (L columns), and -1 (the row's share of the negative
+  count of rows that the mean divides by);
+* ``engine_penalty`` [N + 1, M] (float): 0 on a slot with a real label below it, -inf on an empty
+  slot; row N is a virtual node with one usable slot, whose log-softmax is exactly ``[0, -inf, ...]``.
 
-row K is the path of an ignored row (``ignore_index``): all steps padding, so its log-likelihood is 0
-and it counts for nothing. A step (:func:`forward`) is then, whatever the tree and the batch:
+A path shorter than L is padded with steps at the virtual node (its weights read from node 0):
+their log-probability is exactly 0 and so is their gradient (``onehot - softmax`` = 0), so the sum
+over L steps is the sum over the path with no mask. Row K is the path of an ignored row
+(``ignore_index``): all padding, count 0, so its log-likelihood is 0 and it counts for nothing.
+A step (:func:`forward`) is then, whatever the tree and the batch:
 one lookup per table, the path's node blocks gathered (``F.embedding``, so ``sparse=True`` gives
 a row-sparse gradient), one batched matrix product for the ``B * L * M`` logits, one log-softmax,
 one gather; the backward (:class:`PathLogLikelihood`) is written by hand: ``onehot(c_d) - softmax``
@@ -57,7 +60,7 @@ __all__ = ["ENGINES", "PathLogLikelihood", "TABLES", "adagrad_rows_", "forward",
 ENGINES = ("auto", "torch")
 
 #: the layer's buffers this engine reads (:func:`path_tables`)
-TABLES = ("engine_nodes", "engine_slots", "engine_steps", "engine_penalty")
+TABLES = ("engine_paths", "engine_penalty")
 
 
 def uses_static_engine(engine: str, device: torch.device) -> bool:
@@ -66,31 +69,24 @@ def uses_static_engine(engine: str, device: torch.device) -> bool:
 
 
 def path_tables(tree: Tree, dtype: torch.dtype, device: torch.device | str) -> dict[str, Tensor]:
-    """The engine's tables of ``tree`` (module docstring), as tensors on ``device``; the float ones
-    in ``dtype``. Built on the host once per tree."""
-    num_labels, arity = tree.num_labels, tree.arity
+    """The engine's tables of ``tree`` (module docstring), as tensors on ``device``; the penalty in
+    ``dtype``. Built on the host once per tree."""
+    num_labels, arity, num_nodes = tree.num_labels, tree.arity, tree.num_nodes
     nodes, children, mask = (np.asarray(a[:num_labels]) for a in (tree.path_nodes, tree.path_children,
                                                                    tree.path_mask))
     length = nodes.shape[1]
-    # a padded step repeats the path's last real step: a real slot, so its log-probability is
-    # finite and 0 * it is 0 (an empty slot would give 0 * -inf = NaN)
-    last = mask.sum(axis=1) - 1
-    rows = np.arange(num_labels)
-    pad_node, pad_child = nodes[rows, last], children[rows, last]
-    nodes = np.where(mask, nodes, pad_node[:, None])
-    children = np.where(mask, children, pad_child[:, None])
-    root_slot = int(np.flatnonzero(tree.slot_mask[0])[0])
-    null_nodes = np.zeros((1, length), dtype=np.int64)
-    null_children = np.full((1, length), root_slot, dtype=np.int64)
-    nodes = np.concatenate([nodes, null_nodes]).astype(np.int64)
-    slots = np.concatenate([children, null_children]).astype(np.int64) + np.arange(length) * arity
-    steps = np.zeros((num_labels + 1, length + 1))
-    steps[:num_labels, :length] = mask
-    steps[:num_labels, length] = -1.0
-    penalty = np.where(tree.slot_mask, 0.0, -np.inf)
-    as_t = lambda a, t=None: torch.as_tensor(np.ascontiguousarray(a), dtype=t, device=device)  # noqa: E731
-    return {"engine_nodes": as_t(nodes), "engine_slots": as_t(slots), "engine_steps": as_t(steps, dtype),
-            "engine_penalty": as_t(penalty, dtype)}
+    paths = np.zeros((num_labels + 1, 3 * length + 1), dtype=np.int64)
+    paths[:num_labels, :length] = np.where(mask, nodes, 0)  # padding reads node 0's weights ...
+    paths[:num_labels, length:2 * length] = np.where(mask, nodes, num_nodes)  # ... at the virtual node
+    paths[num_labels, length:2 * length] = num_nodes  # the ignored rows' path: all padding
+    paths[:num_labels, 2 * length:3 * length] = np.where(mask, children, 0)
+    paths[:, 2 * length:3 * length] += np.arange(length) * arity
+    paths[:num_labels, -1] = -1
+    penalty = np.zeros((num_nodes + 1, arity))
+    penalty[:num_nodes][~tree.slot_mask] = -np.inf
+    penalty[num_nodes, 1:] = -np.inf
+    return {"engine_paths": torch.as_tensor(paths, device=device),
+            "engine_penalty": torch.as_tensor(penalty, dtype=dtype, device=device)}
 
 
 class PathLogLikelihood(torch.autograd.Function):
@@ -98,39 +94,37 @@ class PathLogLikelihood(torch.autograd.Function):
 
     Forward arguments: ``input`` [B, d] (h), ``blocks`` [B, L * M, d] (the rows of ``W_{n_d}`` on
     each path), ``offsets`` [B, L * M] (``b_{n_d}`` plus the empty slots' -inf), ``slots`` [B, L]
-    (``d * M + c_d``), ``steps`` [B, L] (1 on real steps, 0 on padding), ``arity`` M. Returns
-    ``output`` [B] (``log p(y_b | h_b)``) and ``log_probs`` [B, L, M] (every path node's
-    log-softmax; not differentiable: Algorithm 1's statistics read it).
+    (``d * M + c_d``), ``arity`` M. Returns ``output`` [B] (``log p(y_b | h_b)``) and ``log_probs``
+    [B, L, M] (every path node's log-softmax; not differentiable: Algorithm 1's statistics read it).
 
-    Backward: with ``g_b`` the gradient of ``output[b]`` and ``s_bd = g_b * steps[b, d]``, the
-    logits' gradient is ``s_bd (onehot(c_d) - softmax_bd)`` [B, L, M]; the input's is one batched
-    product with the blocks, the blocks' one outer product with the input, the offsets' the
-    logits' own."""
+    Backward: with ``g_b`` the gradient of ``output[b]``, the logits' gradient is
+    ``g_b (onehot(c_d) - softmax_bd)`` [B, L, M]; the input's is one batched product with the
+    blocks, the blocks' one outer product with the input, the offsets' the logits' own."""
 
     @staticmethod
-    def forward(ctx, input: Tensor, blocks: Tensor, offsets: Tensor, slots: Tensor, steps: Tensor,  # type: ignore[override]
+    def forward(ctx, input: Tensor, blocks: Tensor, offsets: Tensor, slots: Tensor,  # type: ignore[override]
                 arity: int) -> tuple[Tensor, Tensor]:
         batch, length = slots.shape
         logits = torch.baddbmm(offsets.unsqueeze(2), blocks, input.unsqueeze(2))  # [B, L*M, 1]
         log_probs = torch.log_softmax(logits.view(batch, length, arity), dim=2)
         picked = log_probs.view(batch, length * arity).gather(1, slots)  # [B, L]: log softmax(...)[c_d]
-        output = torch.bmm(picked.unsqueeze(1), steps.unsqueeze(2)).view(batch)  # the sum over the path
-        ctx.save_for_backward(input, blocks, log_probs, slots, steps)
+        output = picked.sum(1)  # the sum over the path (padding steps are exactly 0)
+        ctx.save_for_backward(input, blocks, log_probs, slots)
         ctx.mark_non_differentiable(log_probs)
         return output, log_probs
 
     @staticmethod
     @without_autocast
     def backward(ctx, grad_output: Tensor, _grad_log_probs: Tensor | None):  # type: ignore[override]
-        input, blocks, log_probs, slots, steps = ctx.saved_tensors
+        input, blocks, log_probs, slots = ctx.saved_tensors
         batch, length, arity = log_probs.shape
-        scale = grad_output.unsqueeze(1) * steps  # [B, L]
+        scale = grad_output.unsqueeze(1)  # [B, 1]
         grad_logits = log_probs.exp().mul_(scale.neg().unsqueeze(2)).view(batch, length * arity)
-        grad_logits.scatter_add_(1, slots, scale)  # + s_bd at the taken child
+        grad_logits.scatter_add_(1, slots, scale.expand(batch, length))  # + g_b at the taken child
         need_input, need_blocks, need_offsets = ctx.needs_input_grad[:3]
         grad_input = torch.bmm(grad_logits.unsqueeze(1), blocks).view_as(input) if need_input else None
         grad_blocks = grad_logits.unsqueeze(2) * input.unsqueeze(1) if need_blocks else None  # [B, L*M, d]
-        return grad_input, grad_blocks, grad_logits if need_offsets else None, None, None, None
+        return grad_input, grad_blocks, grad_logits if need_offsets else None, None, None
 
 
 def _rows(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor, tuple[int, ...] | None]:
@@ -158,32 +152,31 @@ def forward(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     ignored, or with ``reduction="sum"`` their sum). In training mode with a
     :class:`~hsm.TreeLearner` attached, the batch's node distributions go to its statistics."""
     input, target, lead = _rows(layer, input, target)
-    num_labels, length = layer.engine_nodes.shape[0] - 1, layer.engine_nodes.shape[1]
-    arity = layer.arity
-    # ignored rows read the table's last row (K), an empty path
-    index = target.masked_fill(target == layer.ignore_index, num_labels)
+    paths = layer.engine_paths
+    num_labels, length = paths.shape[0] - 1, (paths.shape[1] - 1) // 3
+    arity, num_nodes = layer.arity, layer.engine_penalty.shape[0] - 1
+    # label K is the ignored rows' path: as a label it is out of range (-1), as any other
+    index = target.masked_fill(target == num_labels, -1).masked_fill_(target == layer.ignore_index, num_labels)
     try:
-        nodes = layer.engine_nodes.index_select(0, index)  # [B, L]
+        rows = paths.index_select(0, index)  # [B, 3L + 1]
     except IndexError:  # the CPU's bounds check (a GPU asserts on the device): name the label
         check_target(target, target.shape[0], num_labels)
         raise
-    slots = layer.engine_slots.index_select(0, index)  # [B, L]
-    steps = layer.engine_steps.index_select(0, index)  # [B, L + 1]
-    batch = nodes.shape[0]
+    nodes, penalised, slots = rows[:, :length], rows[:, length:2 * length], rows[:, 2 * length:3 * length]
+    batch = rows.shape[0]
     blocks = F.embedding(nodes, layer.weight, sparse=layer.sparse).view(batch, length * arity, layer.in_features)
-    offsets = F.embedding(nodes, layer.engine_penalty)
+    offsets = F.embedding(penalised, layer.engine_penalty)
     if layer.bias is not None:
         offsets = offsets + F.embedding(nodes, layer.bias, sparse=layer.sparse)
-    output, log_probs = PathLogLikelihood.apply(input, blocks, offsets.view(batch, length * arity), slots,
-                                                steps[:, :length], arity)
+    output, log_probs = PathLogLikelihood.apply(input, blocks, offsets.view(batch, length * arity), slots, arity)
     if layer.reduction == "sum":
         loss = output.sum().neg()
     else:  # the mean over the rows not ignored: the last column holds -1 per such row
-        loss = output.sum().div(steps[:, length].sum())
+        loss = output.sum().div(rows[:, -1].sum())
     if layer.statistics is not None and layer.training:
         kept = index < num_labels
-        layer.statistics.accumulate(torch.where(kept, index, 0), log_probs.detach().exp(), steps[:, :length],
-                                    kept.to(steps.dtype))
+        layer.statistics.accumulate(torch.where(kept, index, 0), log_probs.detach().exp(), penalised < num_nodes,
+                                    kept.to(input.dtype))
     if lead is not None:
         output = output.view(lead)
     return output, loss
