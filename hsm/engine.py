@@ -41,6 +41,7 @@ anyway: a NaN or infinite input gives a NaN loss, as ``F.cross_entropy`` does (t
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -52,7 +53,8 @@ from ._checks import check_input, check_target, check_target_shape
 from .backend import without_autocast
 from .tree import Tree
 
-__all__ = ["ENGINES", "PathLogLikelihood", "TABLES", "adagrad_rows_", "forward", "path_tables", "uses_static_engine"]
+__all__ = ["ENGINES", "PathLogLikelihood", "TABLES", "adagrad_rows_", "capture_step", "forward", "path_tables",
+           "uses_static_engine"]
 
 #: the values of ``HierarchicalSoftmax(engine=...)`` and ``RowSparseAdagrad(engine=...)``: "auto" is
 #: this engine on every device but the CPU and the compiled kernels of :mod:`hsm.kernels` on the
@@ -203,3 +205,46 @@ def adagrad_rows_(param: Tensor, state: Tensor, indices: Tensor, values: Tensor,
     flat_state.index_add_(0, rows, sums * sums)
     denominator = flat_state.index_select(0, rows).sqrt_().add_(eps)
     flat_param.index_add_(0, rows, sums.div_(denominator), alpha=-lr)
+
+
+def capture_step(step: Callable[..., Any], *inputs: Tensor, warmup: int = 3) -> Callable[..., Any]:
+    """Capture a whole training step in a CUDA graph: ``replay = capture_step(step, *inputs)``, then
+    ``replay(*new_inputs)`` per batch.
+
+    ``step(*inputs)`` is the user's step, model included: ``optimizer.zero_grad(set_to_none=True)``,
+    forward, ``backward()``, ``optimizer.step()``, returning what it wants back (the loss, say). The
+    tensors ``inputs`` (a batch: the model's input and the targets, on the GPU) fix the shapes;
+    ``replay`` copies each new batch into them, replays the graph (one launch for the whole step,
+    none of the per-op overhead) and returns ``step``'s result, rewritten in place by every replay.
+    The ``warmup`` steps before the capture (on a side stream, as CUDA graphs need) are real
+    training steps on ``inputs``.
+
+    It holds when nothing in the step reads the device back or depends on the values of the data:
+    :class:`hsm.HierarchicalSoftmax` on this engine, :class:`hsm.RowSparseAdagrad` (``lr_decay``
+    stays at the captured step's rate), ``torch.optim`` optimisers built with ``capturable=True``.
+    A :class:`~hsm.TreeLearner`'s statistics are collected inside the graph; call
+    ``learner.step()`` between replays: a new tree is written into the layer's tables in place, so
+    the next replay uses it (a tree of another depth reallocates the tables: capture again)."""
+    if not torch.cuda.is_available() or any(not x.is_cuda for x in inputs):
+        raise ValueError("capture_step captures a CUDA graph: move the model, the layer and the inputs to a GPU "
+                         "(on the CPU, call the step itself)")
+    static = [x.clone() for x in inputs]
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            step(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = step(*static)
+
+    def replay(*batch: Tensor) -> Any:
+        if len(batch) != len(static):
+            raise ValueError(f"the step was captured with {len(static)} inputs, got {len(batch)}")
+        for held, new in zip(static, batch):
+            held.copy_(new)
+        graph.replay()
+        return result
+
+    return replay
