@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import fused
 from ._checks import check_input, check_target, check_target_shape
 from .backend import without_autocast
 from .tree import Tree
@@ -166,11 +167,18 @@ def forward(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         raise
     nodes, penalised, slots = rows[:, :length], rows[:, length:2 * length], rows[:, 2 * length:3 * length]
     batch = rows.shape[0]
-    blocks = F.embedding(nodes, layer.weight, sparse=layer.sparse).view(batch, length * arity, layer.in_features)
-    offsets = F.embedding(penalised, layer.engine_penalty)
-    if layer.bias is not None:
-        offsets = offsets + F.embedding(nodes, layer.bias, sparse=layer.sparse)
-    output, log_probs = PathLogLikelihood.apply(input, blocks, offsets.view(batch, length * arity), slots, arity)
+    fused_optimizer = getattr(layer, "fused_optimizer", None)
+    if (fused_optimizer is not None and torch.is_grad_enabled() and layer.weight.requires_grad
+            and fused.applies(input)):  # the Triton kernels, with the optimiser's update in backward
+        output, log_probs = fused.FusedPathLogLikelihood.apply(input, layer.weight, layer.bias, layer.engine_penalty,
+                                                               rows, length, arity, fused_optimizer)
+    else:
+        blocks = F.embedding(nodes, layer.weight, sparse=layer.sparse).view(batch, length * arity,
+                                                                              layer.in_features)
+        offsets = F.embedding(penalised, layer.engine_penalty)
+        if layer.bias is not None:
+            offsets = offsets + F.embedding(nodes, layer.bias, sparse=layer.sparse)
+        output, log_probs = PathLogLikelihood.apply(input, blocks, offsets.view(batch, length * arity), slots, arity)
     if layer.reduction == "sum":
         loss = output.sum().neg()
     else:  # the mean over the rows not ignored: the last column holds -1 per such row

@@ -195,6 +195,16 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         return (bias.detach().numpy() if bias is not None else no_bias, self.state[weight]["sum"].numpy(),
                 self.state[bias]["sum"].numpy() if bias is not None else no_bias, clr, np.float32(group["eps"]))
 
+    def _fused_state(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None, float, float]:
+        """For the fused Triton backward (:mod:`hsm.fused`): count the step of ``weight`` (and
+        ``bias``) and return their Adagrad sums, the step's learning rate and ``eps``."""
+        params = [p for p in (weight, bias) if p is not None]
+        for p in params:
+            self.state[p]["step"] += 1
+        group = self._group_of(weight)
+        clr = group["lr"] / (1 + (self.state[weight]["step"] - 1) * group["lr_decay"])  # as _update computes it
+        return (self.state[weight]["sum"], None if bias is None else self.state[bias]["sum"], clr, group["eps"])
+
     def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:
         state = self.state[param]
         state["step"] += 1
