@@ -286,11 +286,14 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
 
     PyTorch's tools (tests/test_torch_tools.py):
 
-    * ``torch.compile(model)`` (inductor, ``"aot_eager"``, ``"eager"``): the model is compiled
-      around the layer, whose entry points run outside compilation (``torch.compiler.disable``):
-      it plans each batch on the host from the targets' values, which Dynamo cannot trace, and
-      runs its eager fast path (same values, gradients and statistics). ``fullgraph=True`` and
-      ``torch.export`` therefore refuse a model containing the layer.
+    * ``torch.compile(model)`` (inductor, ``"aot_eager"``, ``"eager"``): with the static engine
+      (``engine="torch"``, and on a GPU by default) :meth:`forward` is traced like any module:
+      ``fullgraph=True`` holds and new targets do not recompile (:mod:`hsm.engine`; a whole step
+      goes into one CUDA graph with :func:`hsm.engine.capture_step`). Otherwise the model is
+      compiled around the layer, whose entry points run outside compilation
+      (``torch.compiler.disable``): it plans each batch on the host from the targets' values, which
+      Dynamo cannot trace, and runs its eager fast path (same values, gradients and statistics);
+      ``fullgraph=True`` and ``torch.export`` then refuse a model containing the layer.
     * ``torch.autocast``: an input in the autocast dtype (bf16) is converted to the layer's dtype
       and the node softmaxes run with autocast off, as autocast treats losses: ``output``,
       ``loss`` and ``log_prob`` are float32. TF32 / ``set_float32_matmul_precision`` apply as to

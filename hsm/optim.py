@@ -153,7 +153,10 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         a RuntimeError saying so when something does (``clip_grad_norm_``), rather than the
         layer being left out silently. Do not run two backward passes per step. Other paths
         (the layer's PyTorch path, float64, other devices) produce gradients as usual.
-        ``layer.fused_optimizer = None`` undoes it.
+        ``layer.fused_optimizer = None`` undoes it. On a GPU with Triton installed, a layer on the
+        static engine (:mod:`hsm.engine`) applies the update in the Triton kernels of
+        :mod:`hsm.fused` instead (each node of the batch read once, updated once with the sum of its
+        rows' gradients), with the same placeholder.
 
         Raises TypeError unless ``layer`` is an :class:`HierarchicalSoftmax`; ValueError unless
         its weight (and bias) are parameters of this optimiser, in one parameter group, and when
