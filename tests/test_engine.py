@@ -249,3 +249,36 @@ def test_a_new_tree_is_written_into_the_same_buffers():
     assert {name: getattr(layer, name).data_ptr() for name in hsm.engine.TABLES} == addresses
     h, y = _batches(tree.num_labels)[0]
     torch.testing.assert_close(layer(h, y).output, layer.forward_reference(h, y).output)
+
+
+def test_capture_step_needs_a_gpu():
+    with pytest.raises(ValueError, match="CUDA graph"):
+        hsm.engine.capture_step(lambda x: x, torch.zeros(2))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+def test_a_captured_step_equals_eager_steps_and_follows_a_new_tree():
+    tree = Tree.random(4_000, 16, 3, seed=0)
+    layers = [HierarchicalSoftmax(_DIM, tree, sparse=True, engine="torch").cuda() for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    optimizers = [RowSparseAdagrad(layer.parameters(), lr=0.1, initial_accumulator_value=0.1) for layer in layers]
+
+    def stepper(layer, optimizer):
+        def step(h, y):
+            optimizer.zero_grad(set_to_none=True)
+            loss = layer(h, y).loss
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+        return step
+
+    batches = [(h.cuda(), y.cuda()) for h, y in _batches(tree.num_labels)]
+    replay = hsm.engine.capture_step(stepper(layers[0], optimizers[0]), *batches[0], warmup=1)
+    eager = stepper(layers[1], optimizers[1])
+    eager(*batches[0]), eager(*batches[0])  # the warm-up step and the captured one
+    for number, (h, y) in enumerate(batches[1:]):
+        if number == 2:
+            for layer in layers:
+                layer.set_tree(Tree.random(4_000, 16, 3, seed=9))
+        torch.testing.assert_close(replay(h, y), eager(h, y), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(layers[0].weight, layers[1].weight, rtol=1e-5, atol=1e-6)
