@@ -148,6 +148,15 @@ def _rows(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor, tu
     return input, target, lead
 
 
+def _gather(param: Tensor, nodes: Tensor, sparse: bool) -> Tensor:
+    """The rows ``nodes`` [B, L] of ``param``: [B, L, ...]. Sparse: ``F.embedding``, whose backward is
+    a row-sparse gradient (one row per pair, uncoalesced) that Dynamo traces; dense:
+    ``index_select``, whose backward is an ``index_add_`` into zeros (no synchronisation on a GPU)."""
+    if sparse:
+        return F.embedding(nodes, param, sparse=True)
+    return param.index_select(0, nodes.reshape(-1)).view(*nodes.shape, param.shape[1])
+
+
 def forward(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     """``(output, loss)`` of :meth:`hsm.HierarchicalSoftmax.forward` in this engine: ``input``
     [..., d], ``target`` [...] -> ``output`` [...] (``log p(target | input)``, 0 where ``target`` is
@@ -173,11 +182,10 @@ def forward(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         output, log_probs = fused.FusedPathLogLikelihood.apply(input, layer.weight, layer.bias, layer.engine_penalty,
                                                                rows, length, arity, fused_optimizer)
     else:
-        blocks = F.embedding(nodes, layer.weight, sparse=layer.sparse).view(batch, length * arity,
-                                                                              layer.in_features)
+        blocks = _gather(layer.weight, nodes, layer.sparse).view(batch, length * arity, layer.in_features)
         offsets = F.embedding(penalised, layer.engine_penalty)
         if layer.bias is not None:
-            offsets = offsets + F.embedding(nodes, layer.bias, sparse=layer.sparse)
+            offsets = offsets + _gather(layer.bias, nodes, layer.sparse).view_as(offsets)
         output, log_probs = PathLogLikelihood.apply(input, blocks, offsets.view(batch, length * arity), slots, arity)
     if layer.reduction == "sum":
         loss = output.sum().neg()
