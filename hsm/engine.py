@@ -30,8 +30,9 @@ node blocks'. :meth:`hsm.RowSparseAdagrad` applies the gradient without ``unique
 Nothing is read back to the host, so the op sequence and its shapes are the same for every batch
 of a given size: a training step can be compiled (``torch.compile(fullgraph=True)``, no recompile
 for new targets) and captured in a CUDA graph. The tables are rebuilt *in place* when the tree
-changes (:meth:`hsm.HierarchicalSoftmax.set_tree`), so a captured step reads the new tree; only a
-tree of another depth L reallocates them (then compile or capture again).
+changes (:meth:`hsm.HierarchicalSoftmax.set_tree`), so a captured step reads the new tree; a
+shallower tree is padded to the tables' L, and only a deeper one reallocates them (then compile or
+capture again).
 
 What the checks cannot do without reading the device is left to where the loop reads a value
 anyway: a NaN or infinite input gives a NaN loss, as ``F.cross_entropy`` does (the training loop's
@@ -71,12 +72,18 @@ def uses_static_engine(engine: str, device: torch.device) -> bool:
     return engine == "torch" or device.type != "cpu"
 
 
-def path_tables(tree: Tree, dtype: torch.dtype, device: torch.device | str) -> dict[str, Tensor]:
+def path_tables(tree: Tree, dtype: torch.dtype, device: torch.device | str,
+                min_length: int = 0) -> dict[str, Tensor]:
     """The engine's tables of ``tree`` (module docstring), as tensors on ``device``; the penalty in
-    ``dtype``. Built on the host once per tree."""
+    ``dtype``. Paths are padded to ``max(tree depth, min_length)`` steps (the layer passes its
+    current L, so that a shallower tree keeps the tables' shapes and addresses). Built on the
+    host once per tree."""
     num_labels, arity, num_nodes = tree.num_labels, tree.arity, tree.num_nodes
     nodes, children, mask = (np.asarray(a[:num_labels]) for a in (tree.path_nodes, tree.path_children,
                                                                    tree.path_mask))
+    if nodes.shape[1] < min_length:
+        pad = ((0, 0), (0, min_length - nodes.shape[1]))
+        nodes, children, mask = np.pad(nodes, pad), np.pad(children, pad), np.pad(mask, pad)
     length = nodes.shape[1]
     paths = np.zeros((num_labels + 1, 3 * length + 1), dtype=np.int64)
     paths[:num_labels, :length] = np.where(mask, nodes, 0)  # padding reads node 0's weights ...
@@ -193,8 +200,9 @@ def forward(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
         loss = output.sum().div(rows[:, -1].sum())
     if layer.statistics is not None and layer.training:
         kept = index < num_labels
-        layer.statistics.accumulate(torch.where(kept, index, 0), log_probs.detach().exp(), penalised < num_nodes,
-                                    kept.to(input.dtype))
+        depth = min(length, layer.statistics.max_depth)  # the tables may be padded past the tree's depth
+        layer.statistics.accumulate(torch.where(kept, index, 0), log_probs[:, :depth].detach().exp(),
+                                    penalised[:, :depth] < num_nodes, kept.to(input.dtype))
     if lead is not None:
         output = output.view(lead)
     return output, loss

@@ -431,7 +431,9 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         # any (a full M-ary tree) skips that work entirely.
         # the static engine's tables: rebuilt in place when they keep their shape, so that a
         # compiled or captured step (which holds their addresses) reads the new tree
-        for name, table in static_engine.path_tables(tree, self.weight.dtype, device).items():
+        current_paths = getattr(self, "engine_paths", None)
+        length = (current_paths.shape[1] - 1) // 3 if current_paths is not None else 0
+        for name, table in static_engine.path_tables(tree, self.weight.dtype, device, length).items():
             current = getattr(self, name, None)
             if (current is not None and current.shape == table.shape and current.dtype == table.dtype
                     and current.device == table.device):

@@ -282,3 +282,18 @@ def test_a_captured_step_equals_eager_steps_and_follows_a_new_tree():
                 layer.set_tree(Tree.random(4_000, 16, 3, seed=9))
         torch.testing.assert_close(replay(h, y), eager(h, y), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(layers[0].weight, layers[1].weight, rtol=1e-5, atol=1e-6)
+
+
+def test_a_shallower_tree_keeps_the_tables_and_feeds_the_statistics():
+    deep = Tree.from_nested([[0, [1, [2, 3]]], [4, 5]], num_labels=6, arity=2)
+    shallow = Tree.from_nested([[0, 1], [[2, 3], [4, 5]]], num_labels=6, arity=2)
+    assert (deep.max_depth, shallow.max_depth, deep.num_nodes) == (4, 3, shallow.num_nodes)
+    layer = HierarchicalSoftmax(5, deep, engine="torch")
+    learner = hsm.TreeLearner(layer, reassign_every=10**6)
+    address = layer.engine_paths.data_ptr()
+    layer.set_tree(shallow)
+    learner.statistics.on_reassign(shallow)
+    assert layer.engine_paths.data_ptr() == address
+    h, y = torch.randn(7, 5), torch.tensor([0, 1, 2, 3, 4, 5, 5])
+    torch.testing.assert_close(layer(h, y).output, layer.forward_reference(h, y).output)
+    assert float(learner.statistics.path_counts.sum()) == 2 + 2 + 3 + 3 + 3 + 3 * 2  # the steps of the 7 paths
