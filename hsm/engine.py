@@ -42,6 +42,7 @@ anyway: a NaN or infinite input gives a NaN loss, as ``F.cross_entropy`` does (t
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -56,7 +57,7 @@ from .backend import without_autocast
 from .tree import Tree
 
 __all__ = ["ENGINES", "PathLogLikelihood", "TABLES", "adagrad_rows_", "capture_step", "forward", "path_tables",
-           "uses_static_engine"]
+           "topk", "uses_static_engine"]
 
 #: the values of ``HierarchicalSoftmax(engine=...)`` and ``RowSparseAdagrad(engine=...)``: "auto" is
 #: this engine on every device but the CPU and the compiled kernels of :mod:`hsm.kernels` on the
@@ -151,7 +152,8 @@ def _rows(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor, tu
     check_input(input, layer.in_features, layer.weight, finite=False)
     check_target_shape(target, input.shape[0])
     if target.device != input.device:
-        raise ValueError(f"target is on {target.device} but input is on {input.device}: move it (target.to(input.device))")
+        raise ValueError(f"target is on {target.device} but input is on {input.device}: move it "
+                         "(target.to(input.device))")
     return input, target, lead
 
 
@@ -272,3 +274,60 @@ def capture_step(step: Callable[..., Any], *inputs: Tensor, warmup: int = 3) -> 
         return result
 
     return replay
+
+
+@torch.no_grad()
+def topk(layer: Any, input: Tensor, k: int, width: int | None = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The exact k most likely labels of each row of ``input`` [B, d]: ``(values [B, k], labels
+    [B, k], nodes_visited [B])``, best first, with one read from the device per call instead of one
+    per level.
+
+    First a beam search of fixed width ``width`` (default ``max(2 k, 4)``), in fixed-shape ops: at
+    each level the beam's ``[B, W]`` nodes are evaluated (one gather and one batched product), the
+    labels met join the row's top k, the W best inner children form the next beam, and the best
+    inner child left out is remembered (``pruned``, the highest path log-probability of a subtree
+    not explored). A node's path log-probability bounds every label below it (eq. 5 sums
+    non-positive terms), so a row whose k-th label is at least ``pruned`` is proven exact. Only the
+    rows not proven go to a second pass, the level-by-level branch and bound of
+    :func:`hsm.search.exact_topk` (the same labels; equal values in any order)."""
+    from . import search
+
+    batch, dim = input.shape
+    device, dtype = input.device, input.dtype
+    arity, num_labels = layer.arity, layer.num_labels
+    width = max(k, width if width is not None else max(2 * k, 4))
+    child_node, child_label, usable = layer.child_node, layer.child_label, layer.slot_mask
+    is_inner = (child_node >= 0) & usable
+    is_label = (child_label >= 0) & (child_label < num_labels) & usable
+    nodes = torch.zeros(batch, width, dtype=torch.long, device=device)  # the root, then padding
+    scores = torch.full((batch, width), -math.inf, dtype=dtype, device=device)
+    scores[:, 0].fill_(0.0)
+    values = torch.full((batch, k), -math.inf, dtype=dtype, device=device)
+    labels = torch.full((batch, k), -1, dtype=torch.long, device=device)
+    pruned = torch.full((batch,), -math.inf, dtype=dtype, device=device)
+    visited = torch.zeros(batch, dtype=torch.long, device=device)
+    for _ in range(layer.tree.max_depth):
+        flat = nodes.reshape(-1)
+        blocks = layer.weight.index_select(0, flat).view(batch, width * arity, dim)
+        logits = torch.bmm(blocks, input.unsqueeze(2)).view(batch, width, arity)
+        logits = logits + layer.engine_penalty.index_select(0, flat).view(batch, width, arity)
+        if layer.bias is not None:
+            logits = logits + layer.bias.index_select(0, flat).view(batch, width, arity)
+        paths = torch.log_softmax(logits, dim=2) + scores.unsqueeze(2)  # [B, W, M], -inf off the beam
+        visited += torch.isfinite(scores).sum(1)
+        found = torch.where(is_label[nodes], paths, -math.inf).view(batch, width * arity)
+        merged = torch.cat([values, found], dim=1).topk(k, dim=1)
+        met = child_label[nodes].view(batch, width * arity)
+        labels = torch.cat([labels, met], dim=1).gather(1, merged.indices)
+        values = merged.values
+        inner = torch.where(is_inner[nodes], paths, -math.inf).view(batch, width * arity)
+        best = inner.topk(width + 1, dim=1)
+        pruned = torch.maximum(pruned, best.values[:, width])
+        nodes = child_node[nodes].view(batch, width * arity).gather(1, best.indices[:, :width]).clamp_(min=0)
+        scores = best.values[:, :width]
+    unproven = torch.nonzero(values[:, k - 1] < pruned).flatten()  # the one read from the device
+    if unproven.numel():
+        exact = search.exact_topk(layer, input.index_select(0, unproven), k, width)
+        values[unproven], labels[unproven] = exact[0], exact[1]
+        visited[unproven] += exact[2]
+    return values, labels, visited

@@ -41,7 +41,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from . import backend, engine as static_engine, search
-from ._checks import NonFiniteInputError, check_choice, check_input, check_logits_finite, check_k, check_target, check_target_shape
+from ._checks import (NonFiniteInputError, check_choice, check_input, check_logits_finite, check_k, check_target,
+                      check_target_shape)
 from ._loss_options import check_loss_options, forward_rows, over_leading_dims
 from .backend import EmptyBatch, NodeDistributions, TreeTables, in_compute_dtype
 from .tree import Tree, check_integer
@@ -629,8 +630,11 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
 
         Raises as :meth:`forward` does for a bad ``input``: in particular ValueError naming the rows
         with NaN or infinite values, on every path (there is no meaningful most likely label for
-        them). An empty batch gives an empty [0] tensor."""
+        them). An empty batch gives an empty [0] tensor. On the static engine the search is
+        :func:`hsm.engine.topk` with k = 1 (one read from the device per call)."""
         check_input(input, self.in_features, self.weight)
+        if self._static_engine():
+            return static_engine.topk(self, input, 1)[1][:, 0]
         return search.top1(self, input)[0]
 
     @_layer_entry
@@ -646,7 +650,9 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         above the current k-th best label, which is exact because a node's path probability bounds
         every label below it.
         ``method="beam"``: beam search of width ``beam`` (default k; a width below k is widened to
-        k), approximate.
+        k), approximate. On the static engine (``engine="torch"``, a GPU) ``"exact"`` is
+        :func:`hsm.engine.topk`: a beam of width ``beam`` (default ``max(2 k, 4)``) whose result is
+        proven exact row by row, the branch and bound running only for the rows it does not prove.
 
         Raises TypeError for a non-integer ``k`` or ``beam``, ValueError for ``k`` outside 1..K,
         ``beam < 1``, an unknown ``method``, or a bad ``input`` (as :meth:`forward`). An empty
@@ -658,6 +664,8 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         width = max(beam or k, k)
         if method == "beam":
             return TopK(*search.beam_search(self, input, k, width))
+        if self._static_engine():  # a fixed-width beam, then branch and bound for the rows not proven
+            return TopK(*static_engine.topk(self, input, k, beam))
         return TopK(*search.exact_topk(self, input, k, width))
 
     def extra_repr(self) -> str:

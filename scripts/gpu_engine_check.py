@@ -75,7 +75,8 @@ def main() -> None:
     args = parser.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this script checks the engine on a GPU")
-    report: dict = {"device": torch.cuda.get_device_name(), "args": vars(args), "fused_available": hsm.fused.available()}
+    report: dict = {"device": torch.cuda.get_device_name(), "args": vars(args),
+                    "fused_available": hsm.fused.available()}
     tree = hsm.Tree.random(args.labels, args.arity, 3, seed=0)
     g = torch.Generator(device="cuda").manual_seed(0)
     batches = [(torch.randn(args.batch, args.dim, device="cuda", generator=g),

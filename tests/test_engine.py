@@ -55,7 +55,8 @@ def test_values_and_gradients_equal_the_reference(tree, sparse):
     torch.testing.assert_close(out.output, ref.output)
     torch.testing.assert_close(out.loss, ref.loss)
     for got, want in zip(grads, ref_grads):
-        torch.testing.assert_close(got.to_dense() if got.is_sparse else got, want.to_dense() if want.is_sparse else want)
+        dense = [g.to_dense() if g.is_sparse else g for g in (got, want)]
+        torch.testing.assert_close(*dense)
 
 
 def test_ignore_index_reduction_and_leading_dims_as_the_default_engine():
@@ -297,3 +298,32 @@ def test_a_shallower_tree_keeps_the_tables_and_feeds_the_statistics():
     h, y = torch.randn(7, 5), torch.tensor([0, 1, 2, 3, 4, 5, 5])
     torch.testing.assert_close(layer(h, y).output, layer.forward_reference(h, y).output)
     assert float(learner.statistics.path_counts.sum()) == 2 + 2 + 3 + 3 + 3 + 3 * 2  # the steps of the 7 paths
+
+
+@pytest.mark.parametrize("scale", [1.0, 5.0])
+@pytest.mark.parametrize("tree", _trees(), ids=repr)
+def test_topk_and_predict_are_exact(tree, scale):
+    layer, _ = _pair(tree)
+    with torch.no_grad():
+        layer.weight.mul_(scale / 3.0)
+    h = torch.randn(40, 6, dtype=torch.float64)
+    full = layer.log_prob(h)
+    k = min(3, tree.num_labels)
+    top = layer.topk(h, k)
+    torch.testing.assert_close(top.values, full.topk(k, dim=1).values)
+    torch.testing.assert_close(full.gather(1, top.indices), top.values)  # the labels have those values
+    assert (layer.predict(h) == full.argmax(1)).all()
+    assert layer.topk(h[:0], k).values.shape == (0, k)
+
+
+def test_topk_of_a_confident_model_reads_the_device_once():
+    tree = Tree.random(4096, 16, 3, seed=0)
+    layer = HierarchicalSoftmax(8, tree, engine="torch")
+    with torch.no_grad():
+        layer.weight.mul_(20.0)
+    h = torch.randn(64, 8)
+    with OpCounter() as counter:
+        top = hsm.engine.topk(layer, h, 2)
+    assert [op.name for op in counter.synchronising] == ["aten.nonzero.default"]  # which rows are not proven
+    torch.testing.assert_close(top[0], layer.log_prob(h).topk(2, dim=1).values)
+    assert float(top[2].float().mean()) < 0.1 * tree.num_nodes
