@@ -24,7 +24,7 @@ one lookup per table, the path's node blocks gathered (``F.embedding``, so ``spa
 a row-sparse gradient), one batched matrix product for the ``B * L * M`` logits, one log-softmax,
 one gather; the backward (:class:`PathLogLikelihood`) is written by hand: ``onehot(c_d) - softmax``
 scaled by the path mask, one batched product for the input gradient and one outer product for the
-node blocks'. :meth:`hsm.RowSparseAdagrad` applies the gradient without ``unique`` or ``coalesce``
+node blocks'. :class:`hsm.RowSparseAdagrad` applies the gradient without ``unique`` or ``coalesce``
 (:func:`adagrad_rows_`), and Algorithm 1's statistics are added with fixed-shape ops.
 
 Nothing is read back to the host, so the op sequence and its shapes are the same for every batch
