@@ -19,13 +19,18 @@ A path shorter than L is padded with steps at the virtual node (its weights read
 their log-probability is exactly 0 and so is their gradient (``onehot - softmax`` = 0), so the sum
 over L steps is the sum over the path with no mask. Row K is the path of an ignored row
 (``ignore_index``): all padding, count 0, so its log-likelihood is 0 and it counts for nothing.
-A step (:func:`forward`) is then, whatever the tree and the batch:
-one lookup per table, the path's node blocks gathered (``F.embedding``, so ``sparse=True`` gives
-a row-sparse gradient), one batched matrix product for the ``B * L * M`` logits, one log-softmax,
-one gather; the backward (:class:`PathLogLikelihood`) is written by hand: ``onehot(c_d) - softmax``
-scaled by the path mask, one batched product for the input gradient and one outer product for the
-node blocks'. :class:`hsm.RowSparseAdagrad` applies the gradient without ``unique`` or ``coalesce``
-(:func:`adagrad_rows_`), and Algorithm 1's statistics are added with fixed-shape ops.
+A step (:func:`forward`) is then, whatever the tree and the batch (16 launching ops for a test
+step, 55 for a training step with :class:`hsm.RowSparseAdagrad`; tests/test_engine.py counts them):
+one lookup of the targets' rows, the path's node blocks gathered (``F.embedding``, so
+``sparse=True`` gives a row-sparse gradient), one batched matrix product for the ``B * L * M``
+logits, one log-softmax, one gather, one sum; the backward (:class:`PathLogLikelihood`) is
+written by hand: ``g_b (onehot(c_d) - softmax)``, one batched product for the input gradient and
+one outer product for the node blocks'. :class:`hsm.RowSparseAdagrad` applies the gradient
+without ``unique`` or ``coalesce`` (:func:`adagrad_rows_`), and Algorithm 1's statistics are added
+with fixed-shape ops. With a :class:`hsm.RowSparseAdagrad` fused into the layer
+(:meth:`hsm.RowSparseAdagrad.fuse`) on a GPU with Triton, the same step runs in the kernels of
+:mod:`hsm.fused`. :func:`topk` (the layer's ``predict`` and exact ``topk`` on this engine) reads
+the device once per call.
 
 Nothing is read back to the host, so the op sequence and its shapes are the same for every batch
 of a given size: a training step can be compiled (``torch.compile(fullgraph=True)``, no recompile
