@@ -270,7 +270,8 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     node's ``[M, d]`` block once and writes one gradient row per node; :meth:`predict` is a greedy
     descent then branch and bound (:mod:`hsm.search`). For float32 CPU tensors this runs in
     compiled kernels (:mod:`hsm.kernels`, on ``torch.get_num_threads()`` threads); set
-    ``layer.use_kernels = False`` for the PyTorch implementation (what runs on a GPU). Use
+    ``layer.use_kernels = False`` for the grouped PyTorch implementation. On a GPU (and with
+    ``engine="torch"``) :meth:`forward` runs the static engine (:mod:`hsm.engine`) instead. Use
     :class:`~hsm.optim.RowSparseAdagrad` or :class:`~hsm.optim.RowSparseSGD` with ``sparse=True``.
     On Linux, ``THP_MEM_ALLOC_ENABLE=1`` in the environment before Python starts (huge pages for
     tensors of 2 MB or more) removes most of the page-fault cost of the per-batch temporaries,
