@@ -191,8 +191,10 @@ def forward(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     nodes, penalised, slots = rows[:, :length], rows[:, length:2 * length], rows[:, 2 * length:3 * length]
     batch = rows.shape[0]
     fused_optimizer = getattr(layer, "fused_optimizer", None)
+    # the Triton kernels, with the optimiser's update in backward (eager or captured: under
+    # torch.compile the torch ops below, which Dynamo traces, and the optimiser's own step)
     if (fused_optimizer is not None and torch.is_grad_enabled() and layer.weight.requires_grad
-            and fused.applies(input)):  # the Triton kernels, with the optimiser's update in backward
+            and fused.applies(input) and not torch.compiler.is_compiling()):
         output, log_probs = fused.FusedPathLogLikelihood.apply(input, layer.weight, layer.bias, layer.engine_penalty,
                                                                rows, length, arity, fused_optimizer)
     else:
