@@ -47,6 +47,7 @@ anyway: a NaN or infinite input gives a NaN loss, as ``F.cross_entropy`` does (t
 """
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable
 from typing import Any
@@ -56,7 +57,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from . import fused
 from ._checks import check_input, check_target, check_target_shape
 from .backend import without_autocast
 from .tree import Tree
@@ -162,6 +162,12 @@ def _rows(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor, tu
     return input, target, lead
 
 
+def _fused() -> Any:
+    """:mod:`hsm.fused`, imported on first use, as the classifiers are (``import hsm`` does not
+    load the Triton kernels)."""
+    return importlib.import_module("hsm.fused")
+
+
 def _gather(param: Tensor, nodes: Tensor, sparse: bool) -> Tensor:
     """The rows ``nodes`` [B, L] of ``param``: [B, L, ...]. Sparse: ``F.embedding``, whose backward is
     a row-sparse gradient (one row per pair, uncoalesced) that Dynamo traces; dense:
@@ -193,9 +199,9 @@ def forward(layer: Any, input: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
     fused_optimizer = getattr(layer, "fused_optimizer", None)
     # the Triton kernels, with the optimiser's update in backward (eager or captured: under
     # torch.compile the torch ops below, which Dynamo traces, and the optimiser's own step)
-    if (fused_optimizer is not None and torch.is_grad_enabled() and layer.weight.requires_grad
-            and fused.applies(input) and not torch.compiler.is_compiling()):
-        output, log_probs = fused.FusedPathLogLikelihood.apply(input, layer.weight, layer.bias, layer.engine_penalty,
+    if (fused_optimizer is not None and not torch.compiler.is_compiling() and torch.is_grad_enabled()
+            and layer.weight.requires_grad and _fused().applies(input)):
+        output, log_probs = _fused().FusedPathLogLikelihood.apply(input, layer.weight, layer.bias, layer.engine_penalty,
                                                                rows, length, arity, fused_optimizer)
     else:
         blocks = _gather(layer.weight, nodes, layer.sparse).view(batch, length * arity, layer.in_features)

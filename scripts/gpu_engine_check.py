@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 import hsm
+from hsm import fused
 from hsm._op_count import OpCounter
 from hsm.engine import capture_step
 
@@ -76,7 +77,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         raise SystemExit("no CUDA device: this script checks the engine on a GPU")
     report: dict = {"device": torch.cuda.get_device_name(), "args": vars(args),
-                    "fused_available": hsm.fused.available()}
+                    "fused_available": fused.available()}
     tree = hsm.Tree.random(args.labels, args.arity, 3, seed=0)
     g = torch.Generator(device="cuda").manual_seed(0)
     batches = [(torch.randn(args.batch, args.dim, device="cuda", generator=g),
@@ -122,7 +123,7 @@ def main() -> None:
         return {"max_abs_diff": float((got - want).abs().max())}
 
     def fused_equal():
-        if not hsm.fused.available():
+        if not fused.available():
             return "triton not installed"
         (a, oa), (b, ob) = _tree_layer(tree, args.dim, fuse=True), _tree_layer(tree, args.dim)
         for h, y in batches[:3]:
@@ -164,7 +165,7 @@ def main() -> None:
         with torch.no_grad():
             out["engine_test"] = _time(lambda h, y: layer(h, y).loss, h0, y0)
         out["engine_train_captured"] = _time(capture_step(_step(layer, optimizer), h0, y0), h0, y0)
-        if hsm.fused.available():
+        if fused.available():
             layer, optimizer = _tree_layer(tree, args.dim, fuse=True)
             out["fused_train"] = _time(_step(layer, optimizer), h0, y0)
             out["fused_train_captured"] = _time(capture_step(_step(layer, optimizer), h0, y0), h0, y0)
