@@ -7,6 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import hsm
 from hsm._op_count import OpCounter
@@ -133,6 +135,39 @@ def test_adagrad_rows_sums_repeated_rows_first():
     adagrad_rows_(param, state, indices, values, 0.5, 1e-10)
     torch.testing.assert_close(param, expected.detach())
     torch.testing.assert_close(state, reference.state[expected]["sum"])
+
+
+@settings(max_examples=30, deadline=None)
+@given(rows=st.lists(st.integers(0, 5), min_size=0, max_size=12), seed=st.integers(0, 100))
+def test_adagrad_rows_equals_torch_adagrad_on_any_repetition(rows, seed):
+    generator = torch.Generator().manual_seed(seed)
+    start = torch.randn(6, 3, generator=generator, dtype=torch.float64)
+    values = torch.randn(len(rows), 3, generator=generator, dtype=torch.float64)
+    indices = torch.tensor(rows, dtype=torch.long)
+    param, state = start.clone(), torch.full_like(start, 0.2)
+    adagrad_rows_(param, state, indices, values, 0.3, 1e-10)
+    expected = torch.nn.Parameter(start.clone())
+    reference = torch.optim.Adagrad([expected], lr=0.3, initial_accumulator_value=0.2)
+    # the summed rows as a dense gradient: an untouched row's zero gradient changes nothing either
+    expected.grad = torch.zeros_like(start).index_add_(0, indices, values)
+    reference.step()
+    torch.testing.assert_close(param, expected.detach())
+    torch.testing.assert_close(state, reference.state[expected]["sum"])
+
+
+def test_dense_gradients_on_the_static_engine_equal_torch_adagrad():
+    tree = Tree.random(50, 4, 3, seed=1)
+    layers = [HierarchicalSoftmax(6, tree, engine="torch") for _ in range(2)]
+    layers[1].load_state_dict(layers[0].state_dict())
+    optimizers = [RowSparseAdagrad(layers[0].parameters(), lr=0.2, engine="torch"),
+                  torch.optim.Adagrad(layers[1].parameters(), lr=0.2)]
+    for step in range(3):
+        h, y = torch.randn(9, 6), torch.randint(0, 50, (9,))
+        for layer, optimizer in zip(layers, optimizers):
+            layer(h, y).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    torch.testing.assert_close(layers[0].weight, layers[1].weight)
 
 
 # ------------------------------------------------------------------ what a GPU needs, counted on the CPU
