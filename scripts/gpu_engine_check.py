@@ -159,7 +159,6 @@ def main() -> None:
         out["flat_train"] = _time(flat_step, h0, y0)
         with torch.no_grad():
             out["flat_test"] = _time(lambda h, y: F.cross_entropy(flat(h), y), h0, y0)
-        del flat, flat_opt
         layer, optimizer = _tree_layer(tree, args.dim)
         out["engine_train"] = _time(_step(layer, optimizer), h0, y0)
         with torch.no_grad():
