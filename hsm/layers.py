@@ -26,6 +26,7 @@ input checks of :mod:`hsm._checks`, for code that imports them from this module)
 """
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
@@ -39,8 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import backend, search
-from ._checks import NonFiniteInputError, check_input, check_logits_finite, check_k, check_target, check_target_shape
+from . import backend, engine as static_engine, search
+from ._checks import (NonFiniteInputError, check_choice, check_input, check_logits_finite, check_k, check_target,
+                      check_target_shape)
 from ._loss_options import check_loss_options, forward_rows, over_leading_dims
 from .backend import EmptyBatch, NodeDistributions, TreeTables, in_compute_dtype
 from .tree import Tree, check_integer
@@ -87,7 +89,17 @@ def _layer_entry(method: Callable) -> Callable:
     for ``torch.compile`` and ``torch.autocast`` (the comment above says why): run outside Dynamo,
     and under autocast compute in the layer's dtype with autocast off
     (:func:`hsm.backend.in_compute_dtype`)."""
-    return torch.compiler.disable(in_compute_dtype(lambda layer: layer._compute_dtype())(method))
+    compute = in_compute_dtype(lambda layer: layer._compute_dtype())(method)
+    outside = torch.compiler.disable(compute)
+
+    @functools.wraps(method)
+    def entry(layer: Any, *args: Any, **kwargs: Any) -> Any:
+        # the static engine (hsm.engine) reads nothing back from the device: Dynamo traces it
+        if method.__name__ == "forward" and getattr(layer, "_static_engine", lambda: False)():
+            return compute(layer, *args, **kwargs)
+        return outside(layer, *args, **kwargs)
+
+    return entry
 
 
 # ------------------------------------------------------------------ the tree in the state dict
@@ -243,6 +255,11 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     ignore_index: rows whose target is this value are skipped, as ``nn.CrossEntropyLoss`` skips
         them: ``output`` 0, no gradient, not in the mean, not in Algorithm 1's statistics.
     reduction: ``"mean"`` (default) or ``"sum"`` of the negative log-likelihoods, for ``loss``.
+    engine: how :meth:`forward` computes: ``"auto"`` (default) the static engine of
+        :mod:`hsm.engine` on a GPU (any device but the CPU) and the compiled kernels on the CPU;
+        ``"torch"`` the static engine everywhere, the CPU included (what a GPU runs: no
+        host-device synchronisation, the same ops for every batch, ``torch.compile(fullgraph=True)``
+        and CUDA graphs; a NaN input then gives a NaN loss instead of an error).
 
     Shape: ``input`` [B, d], ``target`` [B] -> ``output`` [B], ``loss`` []; or ``input`` [..., d],
     ``target`` [...] -> ``output`` [...] (e.g. [B, T, d] and [B, T] from a sequence model), as
@@ -253,7 +270,8 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     node's ``[M, d]`` block once and writes one gradient row per node; :meth:`predict` is a greedy
     descent then branch and bound (:mod:`hsm.search`). For float32 CPU tensors this runs in
     compiled kernels (:mod:`hsm.kernels`, on ``torch.get_num_threads()`` threads); set
-    ``layer.use_kernels = False`` for the PyTorch implementation (what runs on a GPU). Use
+    ``layer.use_kernels = False`` for the grouped PyTorch implementation. On a GPU (and with
+    ``engine="torch"``) :meth:`forward` runs the static engine (:mod:`hsm.engine`) instead. Use
     :class:`~hsm.optim.RowSparseAdagrad` or :class:`~hsm.optim.RowSparseSGD` with ``sparse=True``.
     On Linux, ``THP_MEM_ALLOC_ENABLE=1`` in the environment before Python starts (huge pages for
     tensors of 2 MB or more) removes most of the page-fault cost of the per-batch temporaries,
@@ -270,11 +288,14 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
 
     PyTorch's tools (tests/test_torch_tools.py):
 
-    * ``torch.compile(model)`` (inductor, ``"aot_eager"``, ``"eager"``): the model is compiled
-      around the layer, whose entry points run outside compilation (``torch.compiler.disable``):
-      it plans each batch on the host from the targets' values, which Dynamo cannot trace, and
-      runs its eager fast path (same values, gradients and statistics). ``fullgraph=True`` and
-      ``torch.export`` therefore refuse a model containing the layer.
+    * ``torch.compile(model)`` (inductor, ``"aot_eager"``, ``"eager"``): with the static engine
+      (``engine="torch"``, and on a GPU by default) :meth:`forward` is traced like any module:
+      ``fullgraph=True`` holds and new targets do not recompile (:mod:`hsm.engine`; a whole step
+      goes into one CUDA graph with :func:`hsm.engine.capture_step`). Otherwise the model is
+      compiled around the layer, whose entry points run outside compilation
+      (``torch.compiler.disable``): it plans each batch on the host from the targets' values, which
+      Dynamo cannot trace, and runs its eager fast path (same values, gradients and statistics);
+      ``fullgraph=True`` and ``torch.export`` then refuse a model containing the layer.
     * ``torch.autocast``: an input in the autocast dtype (bf16) is converted to the layer's dtype
       and the node softmaxes run with autocast off, as autocast treats losses: ``output``,
       ``loss`` and ``log_prob`` are float32. TF32 / ``set_float32_matmul_precision`` apply as to
@@ -291,9 +312,10 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     """
 
     def __init__(self, in_features: int, tree: Tree, bias: bool = True, sparse: bool = False,
-                 ignore_index: int = -100, reduction: str = "mean") -> None:
+                 ignore_index: int = -100, reduction: str = "mean", engine: str = "auto") -> None:
         super().__init__()
         self.ignore_index, self.reduction = check_loss_options(ignore_index, reduction)
+        self.engine = check_choice(engine, "engine", static_engine.ENGINES)
         in_features = check_integer(in_features, "in_features")
         if in_features < 1:
             raise ValueError(f"in_features must be >= 1, got {in_features}")
@@ -409,6 +431,17 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         self.register_buffer("child_label", as_t(tree.child_label), persistent=False)
         # Empty slots (M**D > K, ragged taxonomies) get -inf added to their logit; a tree without
         # any (a full M-ary tree) skips that work entirely.
+        # the static engine's tables: rebuilt in place when they keep their shape, so that a
+        # compiled or captured step (which holds their addresses) reads the new tree
+        current_paths = getattr(self, "engine_paths", None)
+        length = (current_paths.shape[1] - 1) // 3 if current_paths is not None else 0
+        for name, table in static_engine.path_tables(tree, self.weight.dtype, device, length).items():
+            current = getattr(self, name, None)
+            if (current is not None and current.shape == table.shape and current.dtype == table.dtype
+                    and current.device == table.device):
+                current.copy_(table)
+            else:
+                self.register_buffer(name, table, persistent=False)
         penalty = None
         if not tree.slot_mask.all():
             penalty = torch.as_tensor(np.where(tree.slot_mask, 0.0, -np.inf), dtype=self.weight.dtype, device=device)
@@ -450,6 +483,13 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
     #: use the compiled kernels of :mod:`hsm.kernels` where they apply (float32 CPU tensors);
     #: False forces the PyTorch implementation (the benchmark compares the two)
     use_kernels: bool = True
+    #: the engine of :meth:`forward` ("auto" or "torch"; the constructor's ``engine``)
+    engine: str = "auto"
+
+    def _static_engine(self) -> bool:
+        """Whether :meth:`forward` runs the static engine (:mod:`hsm.engine`) for this layer."""
+        return static_engine.uses_static_engine(self.engine, self.weight.device)
+
     #: targets skipped by :meth:`forward` (``nn.CrossEntropyLoss``'s default; class-level defaults
     #: so that layers pickled before these options existed still load)
     ignore_index: int = -100
@@ -471,7 +511,10 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         ``output`` has the shape of ``target``. Rows whose target is ``ignore_index`` are not
         evaluated (``output`` 0, zero gradient, left out of the mean and of a
         :class:`~hsm.TreeLearner`'s statistics). The rows are computed by :meth:`_forward_rows`
-        (its checks and errors apply)."""
+        (its checks and errors apply), or by the static engine (:mod:`hsm.engine`, the layer's
+        ``engine``), which computes the same values without reading anything back from the device."""
+        if self._static_engine():
+            return HSMOutput(*static_engine.forward(self, input, target))
         return HSMOutput(*forward_rows(self, input, target, self._forward_rows))
 
     def _forward_rows(self, input: Tensor, target: Tensor) -> HSMOutput:
@@ -588,8 +631,11 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
 
         Raises as :meth:`forward` does for a bad ``input``: in particular ValueError naming the rows
         with NaN or infinite values, on every path (there is no meaningful most likely label for
-        them). An empty batch gives an empty [0] tensor."""
+        them). An empty batch gives an empty [0] tensor. On the static engine the search is
+        :func:`hsm.engine.topk` with k = 1 (one read from the device per call)."""
         check_input(input, self.in_features, self.weight)
+        if self._static_engine():
+            return static_engine.topk(self, input, 1)[1][:, 0]
         return search.top1(self, input)[0]
 
     @_layer_entry
@@ -605,7 +651,9 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         above the current k-th best label, which is exact because a node's path probability bounds
         every label below it.
         ``method="beam"``: beam search of width ``beam`` (default k; a width below k is widened to
-        k), approximate.
+        k), approximate. On the static engine (``engine="torch"``, a GPU) ``"exact"`` is
+        :func:`hsm.engine.topk`: a beam of width ``beam`` (default ``max(2 k, 4)``) whose result is
+        proven exact row by row, the branch and bound running only for the rows it does not prove.
 
         Raises TypeError for a non-integer ``k`` or ``beam``, ValueError for ``k`` outside 1..K,
         ``beam < 1``, an unknown ``method``, or a bad ``input`` (as :meth:`forward`). An empty
@@ -617,6 +665,8 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         width = max(beam or k, k)
         if method == "beam":
             return TopK(*search.beam_search(self, input, k, width))
+        if self._static_engine():  # a fixed-width beam, then branch and bound for the rows not proven
+            return TopK(*static_engine.topk(self, input, k, beam))
         return TopK(*search.exact_topk(self, input, k, width))
 
     def extra_repr(self) -> str:

@@ -18,7 +18,9 @@ import torch
 from torch import Tensor
 
 from . import kernels
+from ._checks import check_choice
 from .backend import FusedGradient
+from .engine import ENGINES, adagrad_rows_, uses_static_engine
 
 if TYPE_CHECKING:  # the layer module imports this one
     from .layers import HierarchicalSoftmax
@@ -110,13 +112,22 @@ class RowSparseAdagrad(_RowSparseOptimizer):
     Raises ValueError (naming the setting) unless ``lr`` is finite and > 0 and ``lr_decay``,
     ``initial_accumulator_value`` and ``eps`` are finite and >= 0, in the defaults and in every
     parameter group; TypeError for a non-number. ``weight_decay`` is accepted only as 0.
+
+    ``engine`` (as :class:`hsm.HierarchicalSoftmax`'s): ``"auto"`` (default) applies a sparse
+    gradient on the CPU in the compiled pass (coalescing it first if a row is listed twice) and
+    elsewhere in fixed-shape torch ops that never wait for the device (:func:`hsm.engine.adagrad_rows_`:
+    rows listed several times, as the static engine's gradients list them, are summed by a sort, not
+    by ``unique`` / ``coalesce``); ``"torch"`` uses those ops on the CPU too. The learning rate of a
+    step is a host number: with ``lr_decay > 0``, a step captured in a CUDA graph keeps the rate of
+    the step it was captured at.
     """
 
     _name = "Adagrad"
     _settings = (("lr", True), ("lr_decay", False), ("initial_accumulator_value", False), ("eps", False))
 
     def __init__(self, params, lr: float = 1e-2, lr_decay: float = 0.0, weight_decay: float = 0.0,
-                 initial_accumulator_value: float = 0.0, eps: float = 1e-10) -> None:
+                 initial_accumulator_value: float = 0.0, eps: float = 1e-10, engine: str = "auto") -> None:
+        self.engine = check_choice(engine, "engine", ENGINES)
         lr = _check_hyperparameter("Adagrad", "lr", lr, positive=True)
         lr_decay = _check_hyperparameter("Adagrad", "lr_decay", lr_decay)
         initial_accumulator_value = _check_hyperparameter("Adagrad", "initial_accumulator_value",
@@ -147,7 +158,10 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         a RuntimeError saying so when something does (``clip_grad_norm_``), rather than the
         layer being left out silently. Do not run two backward passes per step. Other paths
         (the layer's PyTorch path, float64, other devices) produce gradients as usual.
-        ``layer.fused_optimizer = None`` undoes it.
+        ``layer.fused_optimizer = None`` undoes it. On a GPU with Triton installed, a layer on the
+        static engine (:mod:`hsm.engine`) applies the update in the Triton kernels of
+        :mod:`hsm.fused` instead (each node of the batch read once, updated once with the sum of its
+        rows' gradients), with the same placeholder.
 
         Raises TypeError unless ``layer`` is an :class:`HierarchicalSoftmax`; ValueError unless
         its weight (and bias) are parameters of this optimiser, in one parameter group, and when
@@ -189,6 +203,15 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         return (bias.detach().numpy() if bias is not None else no_bias, self.state[weight]["sum"].numpy(),
                 self.state[bias]["sum"].numpy() if bias is not None else no_bias, clr, np.float32(group["eps"]))
 
+    def fused_state(self, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor | None, float, float]:
+        """What the fused Triton backward (:mod:`hsm.fused`) needs to apply this step's update in
+        place: the Adagrad sums of ``weight`` (and ``bias``), the coming step's learning rate and
+        ``eps``. The step itself is counted by :meth:`step`, never inside the backward."""
+        group = self._group_of(weight)
+        step = self.state[weight]["step"] + 1  # the step this update belongs to (step() counts it)
+        clr = group["lr"] / (1 + (step - 1) * group["lr_decay"])  # as _update computes it
+        return (self.state[weight]["sum"], None if bias is None else self.state[bias]["sum"], clr, group["eps"])
+
     def _count_fused_step(self, param: Tensor) -> None:
         self.state[param]["step"] += 1
 
@@ -197,9 +220,13 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         state["step"] += 1
         clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
         total = state["sum"]
-        if grad.is_sparse:
+        static = uses_static_engine(getattr(self, "engine", "auto"), param.device)
+        if grad.is_sparse and static:
+            adagrad_rows_(param, total, grad._indices()[0], grad._values(), clr, group["eps"])
+        elif grad.is_sparse:
             self._sparse_step(param, total, grad, clr, group["eps"])
-        elif (param.device.type == "cpu" and param.dtype in (torch.float32, torch.float64) and grad.dtype == param.dtype
+        elif (not static and param.device.type == "cpu" and param.dtype in (torch.float32, torch.float64)
+              and grad.dtype == param.dtype
               and param.is_contiguous() and total.is_contiguous() and grad.is_contiguous()):
             # one compiled pass (torch's update reads and writes parameter-sized tensors four times:
             # 0.19 ms for the LM's 160k-element R against about 0.04 ms, development measurement)

@@ -97,20 +97,28 @@ class NodeStatistics:
 
     # ------------------------------------------------------------------ collection
     @torch.no_grad()
-    def accumulate(self, target: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor) -> None:
+    def accumulate(self, target: torch.Tensor, probs: torch.Tensor, mask: torch.Tensor,
+                   row_weight: torch.Tensor | None = None) -> None:
         """Add one batch: ``probs`` [B, L, M] are the node distributions on each example's path
         (computed before the gradient step, as Algorithm 1's NodeCompute), ``mask`` [B, L] marks
-        the real steps of each path, ``target`` [B] the labels."""
+        the real steps of each path (bool, or 1.0 / 0.0), ``target`` [B] the labels, ``row_weight``
+        [B] (1.0 / 0.0, default all 1) the rows that count for the labels' counts.
+
+        Fixed-shape ops only (no boolean indexing, whose output size the host would read back
+        from the device): every step is added, weighted by its mask, so the padding adds zeros."""
         length = self.max_depth
         if probs.shape[1] != length:
             raise ValueError(f"probs cover {probs.shape[1]} depths, statistics {length}: was the tree changed "
                              "without NodeStatistics.on_reassign?")
         flat = (target[:, None] * length + torch.arange(length, device=target.device)).reshape(-1)
-        keep = mask.reshape(-1)
-        index = flat[keep]
-        self.sum_probas.view(-1, self.arity).index_add_(0, index, probs.reshape(-1, self.arity)[keep].to(self.dtype))
-        self.path_counts.view(-1).index_add_(0, index, torch.ones_like(index, dtype=self.dtype))
-        self.label_counts.index_add_(0, target, torch.ones_like(target, dtype=self.dtype))
+        weight = mask.reshape(-1).to(self.dtype)
+        steps = probs.reshape(-1, self.arity).to(self.dtype)
+        # where, not a product: a padding step's distribution may hold NaN (a NaN input row)
+        steps = torch.where(weight[:, None] > 0, steps, 0.0) * weight[:, None]
+        self.sum_probas.view(-1, self.arity).index_add_(0, flat, steps)
+        self.path_counts.view(-1).index_add_(0, flat, weight)
+        rows = torch.ones_like(target, dtype=self.dtype) if row_weight is None else row_weight.to(self.dtype)
+        self.label_counts.index_add_(0, target, rows)
 
     def accumulate_pairs(self, target: np.ndarray, example: np.ndarray, depth: np.ndarray,
                          node_probs: np.ndarray) -> bool:
