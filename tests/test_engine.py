@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hsm
-from hsm._op_count import OpCounter
+from hsm.op_count import OpCounter
 from hsm.engine import adagrad_rows_
 from hsm.layers import HierarchicalSoftmax
 from hsm.optim import RowSparseAdagrad

@@ -165,3 +165,17 @@ def test_decoding_benchmark_refuses_bad_options(capsys):
         bench_decoding.main(["--vocab", "1"])
     assert exit_info.value.code == 2
     assert "--vocab" in capsys.readouterr().err
+
+
+def test_the_engine_check_dry_runs_on_the_cpu(tmp_path, capsys):
+    """``python -m hsm_lab.engine_check --device cpu``: the GPU check's steps on a CPU, tiny sizes."""
+    from hsm_lab import engine_check
+
+    out = tmp_path / "check.json"
+    assert engine_check.main(["--device", "cpu", "--labels", "300", "--arity", "7", "--dim", "8", "--batch", "16",
+                              "--repeats", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["synchronisation"]["ops"]["train_syncs"] == 0 and report["synchronisation"]["ops"]["test_syncs"] == 0
+    assert report["values"]["max_abs_diff"] < 1e-4
+    assert {"flat_train", "adaptive_train", "engine_train", "engine_test"} <= set(report["timings_ms"])
+    assert report["provenance"]["config"]["device"] == "cpu"
