@@ -726,9 +726,11 @@ def format_algorithm1(result: dict[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------- where the time goes
 def profile_train_step(vocab: int = 250_000, depth: int = 3, dim: int = 200, batch: int = 128, steps: int = 20,
-                       top: int = 12, seed: int = 0) -> list[dict[str, Any]]:
+                       top: int = 12, seed: int = 0, device: str = "cpu", engine: str = "auto") -> list[dict[str, Any]]:
     """torch.profiler over ``steps`` training steps (forward, backward, RowSparseAdagrad) of the
-    tree softmax; the ``top`` operators by self CPU time, in ms per step and share of the total."""
+    tree softmax on ``device`` with the layer's ``engine``; the ``top`` operators by self time on
+    that device (CPU time on a CPU, CUDA kernel time on a GPU), in ms per step and share of the
+    total, with the number of calls per step (kernel launches, on a GPU)."""
     from torch.profiler import ProfilerActivity, profile
 
     from hsm.layers import HierarchicalSoftmax
@@ -736,11 +738,13 @@ def profile_train_step(vocab: int = 250_000, depth: int = 3, dim: int = 200, bat
     from hsm.tree import Tree
 
     torch.manual_seed(seed)
+    target_device = torch.device(device)
+    on_gpu = target_device.type == "cuda"
     tree = Tree.random(vocab, tree_arity(vocab, depth), depth, seed=seed)
-    layer = HierarchicalSoftmax(dim, tree, sparse=True)
+    layer = HierarchicalSoftmax(dim, tree, sparse=True, engine=engine).to(target_device)
     optimizer = RowSparseAdagrad(layer.parameters(), lr=0.01)
-    targets = zipf_targets(vocab, batch, _POOL, seed=seed)
-    h = torch.randn(batch, dim, requires_grad=True)
+    targets = [t.to(target_device) for t in zipf_targets(vocab, batch, _POOL, seed=seed)]
+    h = torch.randn(batch, dim, device=target_device, requires_grad=True)
 
     def step(i: int) -> None:
         optimizer.zero_grad(set_to_none=True)
@@ -753,17 +757,27 @@ def profile_train_step(vocab: int = 250_000, depth: int = 3, dim: int = 200, bat
 
     for i in range(3):
         step(i)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    _sync(target_device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with profile(activities=activities) as prof:
         for i in range(steps):
             step(i)
+        _sync(target_device)
     events = prof.key_averages()
-    total = sum(e.self_cpu_time_total for e in events)
+
+    def self_time(event: Any) -> float:  # microseconds on the profiled device
+        return getattr(event, "self_device_time_total", 0.0) if on_gpu else event.self_cpu_time_total
+
+    measured = [e for e in events if self_time(e) > 0]
+    total = sum(self_time(e) for e in measured)
     rows = []
-    for event in sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:top]:
-        rows.append({"op": event.key, "self_ms_per_step": event.self_cpu_time_total / 1e3 / steps,
-                     "share": event.self_cpu_time_total / total, "calls_per_step": event.count / steps})
+    for event in sorted(measured, key=self_time, reverse=True)[:top]:
+        rows.append({"op": event.key, "self_ms_per_step": self_time(event) / 1e3 / steps,
+                     "share": self_time(event) / total, "calls_per_step": event.count / steps})
     phases = {e.key: e.cpu_time_total / 1e3 / steps for e in events if e.key.startswith("hsm.")}
-    rows.append({"op": "total", "self_ms_per_step": total / 1e3 / steps, "share": 1.0, "phases_ms": phases})
+    rows.append({"op": "total", "self_ms_per_step": total / 1e3 / steps, "share": 1.0, "phases_ms": phases,
+                 "device": str(target_device), "engine": engine,
+                 "calls_per_step": sum(e.count for e in measured) / steps})
     return rows
 
 
@@ -839,7 +853,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--algorithm1", action="store_true",
                         help="measure Algorithm 1's extra work (statistics, re-assignment) instead of the table")
     parser.add_argument("--profile", action="store_true",
-                        help="profile the tree's training step (torch.profiler) at the first --vocab instead")
+                        help="profile the tree's training step (torch.profiler) at the first --vocab instead, on "
+                             "--device (CUDA kernel time on a GPU)")
+    parser.add_argument("--engine", choices=("auto", "torch"), default="auto",
+                        help="the tree layer's engine for --profile (auto: compiled kernels on a CPU, the static "
+                             "torch engine on a GPU)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -901,6 +919,7 @@ def _measure(args: argparse.Namespace, scale: str) -> int:
             vocab=args.vocab[0], dim=args.dim, batch=args.batch[0])
         sizes.update({name: getattr(args, name)[0] if name in ("vocab", "batch") else getattr(args, name)
                       for name in given & {"vocab", "dim", "batch"}})
+        sizes.update(device=args.device, engine=args.engine)
         rows = profile_train_step(**sizes)
         for row in rows:
             print(f"{row['op']:<40} {row['self_ms_per_step']:9.3f} ms {row['share']:6.1%}")
