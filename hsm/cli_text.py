@@ -2,7 +2,7 @@
 
 The command line modules use their docstrings as argparse descriptions, so that the help and the
 API pages say the same thing; the docstrings are written for Sphinx, whose markup (``literals``,
-:func:`roles`, directives) would otherwise show in a terminal as typed.
+roles such as ``:func:``, directives) would otherwise show in a terminal as typed.
 """
 from __future__ import annotations
 

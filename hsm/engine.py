@@ -120,6 +120,8 @@ class PathLogLikelihood(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input: Tensor, blocks: Tensor, offsets: Tensor, slots: Tensor,  # type: ignore[override]
                 arity: int) -> tuple[Tensor, Tensor]:
+        """``(output [B], log_probs [B, L, M])``: eq. 5's sum over the path of the taken child's
+        log-softmax, and every node's log-softmax on the path (kept for the backward)."""
         batch, length = slots.shape
         logits = torch.baddbmm(offsets.unsqueeze(2), blocks, input.unsqueeze(2))  # [B, L*M, 1]
         log_probs = torch.log_softmax(logits.view(batch, length, arity), dim=2)
@@ -132,6 +134,8 @@ class PathLogLikelihood(torch.autograd.Function):
     @staticmethod
     @without_autocast
     def backward(ctx, grad_output: Tensor, _grad_log_probs: Tensor | None):  # type: ignore[override]
+        """The gradients of ``input`` [B, d], ``blocks`` [B, L * M, d] and ``offsets`` from
+        ``d output_b`` [B]: ``(onehot(c) - softmax) * d output_b`` at every step of the path."""
         input, blocks, log_probs, slots = ctx.saved_tensors
         batch, length, arity = log_probs.shape
         scale = grad_output.unsqueeze(1)  # [B, 1]

@@ -223,6 +223,8 @@ class FusedPathLogLikelihood(torch.autograd.Function):
     @staticmethod
     def forward(ctx, input: Tensor, weight: Tensor, bias: Tensor | None, penalty: Tensor,  # type: ignore[override]
                 rows: Tensor, length: int, arity: int, optimizer: Any) -> tuple[Tensor, Tensor]:
+        """``(output [B], log_probs)`` of eq. 5 from the fused forward kernel; the node plan of the
+        batch is kept for the backward."""
         output, log_probs, plan = path_forward(input.contiguous(), weight.detach(),
                                                None if bias is None else bias.detach(), penalty, rows, length, arity)
         ctx.plan, ctx.optimizer, ctx.params = plan, optimizer, (weight, bias)
@@ -232,6 +234,8 @@ class FusedPathLogLikelihood(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output: Tensor, _grad_log_probs: Tensor | None):  # type: ignore[override]
+        """The input's gradient; the weights and biases are updated in place by Adagrad inside the
+        kernel and get a :class:`~hsm.optim.FusedGradient` placeholder."""
         from .optim import FusedGradient
 
         input, log_probs = ctx.saved_tensors
