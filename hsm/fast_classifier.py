@@ -694,7 +694,8 @@ class FastBowClassifier:
         """The ``k`` most likely labels of every document and their log-probabilities, exact:
         the layer's compiled best-first branch and bound for trees (:func:`hsm.kernels.topk_search`,
         exact like fastText's ``dfsM``; equal values ordered by label id), rows split over torch's
-        threads; ``torch.topk`` of the full softmax for flat.
+        threads; ``torch.topk`` of the full softmax for flat. Equal log-probabilities are ordered by
+        label id, the lowest first, on every path and for every k.
 
         Documents go through in blocks of :data:`PREDICT_BLOCK` floats of ``f(x)`` (whole
         multiples of 4,096 rows up to d = 4,096), so that memory does not grow with the number

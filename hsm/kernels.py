@@ -544,7 +544,9 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
     A greedy descent (most likely child at each node) gives a label and so a lower bound; then a
     depth-first search from the root keeps a child only while its path log-probability exceeds
     the best label found so far, which is exact because a node's path probability bounds every
-    label below it. ``child_node`` / ``child_label`` [N, M] (-1 where the slot holds no node /
+    label below it. Equal log-probabilities go to the lowest label id (as :func:`topk_search`
+    orders them), so a subtree whose path log-probability equals the best is still searched.
+    ``child_node`` / ``child_label`` [N, M] (-1 where the slot holds no node /
     label; empty slots have -inf in ``penalty``). Writes ``labels``, ``values`` (the best
     log-probability; NaN when a node the search evaluated had logits that overflow, so that no
     label is trustworthy) and ``visited`` (distinct node evaluations) per row. The greedy path's node
@@ -579,7 +581,7 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
             step, nxt = neg_inf, -1
             for m in range(arity):
                 v = score + lp[m]
-                if child_label[n, m] >= 0 and v > best:
+                if child_label[n, m] >= 0 and (v > best or (v == best and child_label[n, m] < best_label)):
                     best, best_label = v, child_label[n, m]
                 if child_node[n, m] >= 0 and v > step:
                     step, nxt = v, child_node[n, m]
@@ -595,7 +597,7 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
             top -= 1
             n = stack_node[top]
             score = stack_score[top]
-            if score <= best:
+            if score < best:
                 continue  # the bound improved since this node was pushed
             cached = -1
             for level in range(greedy_len):
@@ -610,10 +612,11 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
                 count += 1
             for m in range(arity):
                 v = score + lp[m]
-                if v <= best:
+                if v < best or v == neg_inf:
                     continue
                 if child_label[n, m] >= 0:
-                    best, best_label = v, child_label[n, m]
+                    if v > best or child_label[n, m] < best_label:
+                        best, best_label = v, child_label[n, m]
                 elif child_node[n, m] >= 0:
                     stack_node[top] = child_node[n, m]
                     stack_score[top] = v

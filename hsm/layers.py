@@ -701,16 +701,17 @@ class FlatSoftmax(nn.Module):
     def predict(self, input: Tensor) -> Tensor:
         """The most likely label of each row: the first column of :meth:`topk` (same ties)."""
         check_input(input, self.in_features, self.linear.weight)
-        return self._log_softmax(input).topk(1, dim=-1).indices[:, 0]
+        return search.topk_lowest_id(self._log_softmax(input), 1)[1][:, 0]
 
     @_layer_entry
     @over_leading_dims
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None) -> TopK:
-        """The k most likely labels (exact; ``method`` and ``beam`` are checked as
+        """The k most likely labels (exact; equal log-probabilities ordered by label id, the lowest
+        first, as the tree's searches order them; ``method`` and ``beam`` are checked as
         :meth:`HierarchicalSoftmax.topk` checks them, and otherwise ignored)."""
         check_input(input, self.in_features, self.linear.weight)
         check_k(k, self.num_labels, method, beam)
-        values, indices = self.log_prob(input).topk(int(k), dim=-1)
+        values, indices = search.topk_lowest_id(self.log_prob(input), int(k))
         visited = torch.full((input.shape[0],), self.num_labels, dtype=torch.long, device=input.device)
         return TopK(values, indices, visited)

@@ -400,6 +400,21 @@ def _changed_nodes(old: Tree, new: Tree, moved_nodes: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- the classifier
+def _topk_lowest_id(scores: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the k largest ``scores`` [n, K] of each row, best first, equal values ordered
+    by index (the lowest first, as :func:`hsm.search.topk_lowest_id` and the layers' searches).
+    ``argpartition`` finds the k-th value; every entry at least that large (k of them, more with
+    ties) is then sorted by value, then index."""
+    if k >= scores.shape[1]:
+        return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1:k]
+    rows, index = np.nonzero(scores >= kth)
+    order = np.lexsort((index, -scores[rows, index], rows))
+    rows, index = rows[order], index[order]
+    starts = np.searchsorted(rows, np.arange(scores.shape[0]))
+    return index[starts[:, None] + np.arange(k)]
+
+
 class SparseTreeClassifier:
     """Hierarchical softmax with a linear model per node on sparse features (ICML eq. 3 with
     ``f(x) = x``), the tree fixed or learned by Algorithm 1.
@@ -658,10 +673,7 @@ class SparseTreeClassifier:
             part = block[:hi - lo]
             self._log_probs_into(features, lo, hi, part)
             _check_scores_finite(part, lo)
-            top = np.argpartition(-part, k - 1, axis=1)[:, :k] if k < self._num_labels else np.tile(
-                np.arange(k), (hi - lo, 1))
-            order = np.argsort(-np.take_along_axis(part, top, axis=1), axis=1, kind="stable")
-            labels[lo:hi] = np.take_along_axis(top, order, axis=1)
+            labels[lo:hi] = _topk_lowest_id(part, k)
             scores[lo:hi] = np.take_along_axis(part, labels[lo:hi], axis=1)
         return Prediction(labels, scores)
 
