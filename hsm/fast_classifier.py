@@ -637,12 +637,9 @@ class FastBowClassifier:
             raise ValueError(f"this model was trained on a file: give names for the {len(docs_per_label)} new labels")
         if self.dictionary is not None:
             prefix = self.dictionary.label_prefix
-            names = [name if name.startswith(prefix) else prefix + name for name in names]
-            known = set(self.dictionary.labels)
-            clash = [name for name in names if name in known]
-            if clash or len(set(names)) != len(names):
-                raise ValueError(f"label {clash[0] if clash else 'names'} already in the model: new labels need new "
-                                 "names")
+            names = [name if not isinstance(name, str) or name.startswith(prefix) else prefix + name
+                     for name in names]
+            self.dictionary.check_new_labels(names)  # names a fastText file can hold, new and distinct
         examples = []
         for index, docs in enumerate(docs_per_label):
             values, offsets = as_ragged(docs, name=f"docs_per_label[{index}]")

@@ -282,6 +282,9 @@ def _add_labels(argv: list[str]) -> int:
         if not path.is_file():
             raise _UsageError(f"{args.model}: no such model file")
         target = Path(args.output + ".bin")
+        if target.exists() and target.resolve() == path.resolve():
+            raise _UsageError(f"-output {args.output} would replace the model {args.model}, which add-labels leaves "
+                              f"as it is: give another prefix (e.g. -output {args.output}-grown)")
         _check_output(args.output, target)
         classifier = FastBowClassifier.load(path)
         if classifier.dictionary is None:

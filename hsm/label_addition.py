@@ -271,9 +271,11 @@ def place_labels(tree: Tree, examples: Sequence[Any], slots: NodeSlots, statisti
                              f"(label_names for {added} new labels)")
         taken = set(tree.label_names)
         clash = [name for name in label_names if name in taken]
-        if clash or len(set(label_names)) != added:
-            raise ValueError(f"label {clash[0] if clash else 'names'} already in the model: new labels need new "
-                             "names")
+        if clash:
+            raise ValueError(f"label {clash[0]} already in the model: new labels need new names")
+        twice = next((name for i, name in enumerate(label_names) if name in label_names[:i]), None)
+        if twice is not None:
+            raise ValueError(f"label {twice} is given twice: each new label needs its own name")
         names = list(tree.label_names) + list(label_names)
     growing = _GrowingTree(tree, added)
     if growing.free is not None and growing.free[0] < added:

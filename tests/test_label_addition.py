@@ -164,6 +164,8 @@ def test_other_bad_settings_are_refused():
         add_labels(named, [torch.randn(2, 6)], label_names=["a"])
     with pytest.raises(ValueError, match="give one name per new label"):
         add_labels(named, [torch.randn(2, 6)])
+    with pytest.raises(ValueError, match="label e is given twice: each new label needs its own name"):
+        add_labels(named, [torch.randn(2, 6), torch.randn(2, 6)], label_names=["e", "e"])
     with pytest.raises(ValueError, match="placement must be"):
         add_labels(named, [torch.randn(2, 6)], label_names=["e"], placement="best")
     assert add_labels(named, [torch.randn(2, 6)], label_names=["e"]).tree.label_names == list("abcde")
