@@ -1,5 +1,6 @@
 """What a user installing the package meets first: its metadata (distribution name, SPDX
 licence), the README's install lines, the warmup command and plain-text ``--help``."""
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -94,3 +95,55 @@ def test_plain_leaves_text_without_markup_alone(text):
 def test_warmup_runs_every_compiled_path(capsys):
     assert cli.main(["warmup"]) == 0
     assert "numba kernels compiled and cached" in capsys.readouterr().out
+
+
+_READ_ONLY_SCRIPT = """
+import torch, hsm
+from hsm import _numba_cache
+torch.manual_seed(0)
+layer = hsm.HierarchicalSoftmax(8, hsm.Tree.random(60, 4, 3, seed=0))
+optimizer = hsm.RowSparseAdagrad(layer.parameters(), lr=0.1)
+learner = hsm.TreeLearner(layer, reassign_every=1)
+out = layer(torch.randn(16, 8), torch.randint(0, 60, (16,)))
+out.loss.backward(); optimizer.step(); learner.step()
+print("step", _numba_cache.location)
+from hsm._warmup import main
+main([])
+"""
+
+
+def test_a_read_only_install_with_an_unwritable_home_imports_trains_and_warms_up(tmp_path):
+    """A container running as a user who can write neither the installed package nor HOME: numba
+    finds no cache folder of its own, and the kernels are cached under the temporary folder.
+
+    The copy of the package is made read-only, and each ``__pycache__`` is a file, which no user
+    (root included) can create a folder in; HOME lies under /proc, where nobody can create one."""
+    import shutil
+    import stat
+    import subprocess
+    import sys
+
+    site = tmp_path / "site"
+    shutil.copytree(ROOT / "hsm", site / "hsm", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for folder in [site / "hsm", *(p for p in (site / "hsm").rglob("*") if p.is_dir())]:
+        (folder / "__pycache__").write_text("")
+    for path in [*site.rglob("*"), site]:
+        path.chmod(path.stat().st_mode & ~(stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH))
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    env = {key: value for key, value in os.environ.items()
+           if key not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME", "PYTHONPATH")}
+    env.update(HOME="/proc/no-such-home", PYTHONPATH=str(site), TMPDIR=str(temp), PYTHONDONTWRITEBYTECODE="1",
+               OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", HSM_THREADS="1")
+    try:
+        done = subprocess.run([sys.executable, "-c", _READ_ONLY_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, timeout=1200)
+    finally:
+        for path in [site, *site.rglob("*")]:
+            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cache = temp / f"hsm-numba-cache-{os.getuid()}"
+    assert f"step {cache}" in done.stdout
+    assert f"numba kernels compiled and cached in {cache}" in done.stdout
+    assert any(cache.rglob("*.nbi"))  # the kernels were cached there
+    assert not any(p.is_dir() for p in site.rglob("__pycache__"))  # and nothing written in the install
