@@ -400,6 +400,21 @@ def _changed_nodes(old: Tree, new: Tree, moved_nodes: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- the classifier
+def _check_weights_fit(num_features: int, slots: int, fix: str, growing: bool = False) -> None:
+    """ValueError naming the size and ``fix`` when weights [num_features, slots] in float32 would
+    take more than 80 % of this machine's memory (checked before they are allocated, so that a
+    model too large fails in one line rather than in numpy's allocator or the system's OOM killer);
+    ``growing``: the weights of a model being grown, which add_labels builds beside the old ones."""
+    from .fast_classifier import physical_memory
+
+    need = 4 * num_features * slots
+    have = physical_memory()
+    if have is not None and need > 0.8 * have:
+        what = "the grown weights" if growing else "the weights"
+        raise ValueError(f"{what} of {num_features:,} features x {slots:,} slots need {need / 2**30:.1f} GiB, "
+                         f"more than 80 % of this machine's {have / 2**30:.1f} GiB: {fix}")
+
+
 def _topk_lowest_id(scores: np.ndarray, k: int) -> np.ndarray:
     """The indices of the k largest ``scores`` [n, K] of each row, best first, equal values ordered
     by index (the lowest first, as :func:`hsm.search.topk_lowest_id` and the layers' searches).
@@ -595,14 +610,7 @@ class SparseTreeClassifier:
         self._num_labels = k
         tree = None if self.output == "flat" else self._starting_tree(features, label_values, label_offsets, counts)
         slots = k if tree is None else tree.num_nodes * tree.arity
-        need = 4 * num_features * slots
-        from .fast_classifier import physical_memory
-
-        have = physical_memory()
-        if have is not None and need > 0.8 * have:
-            raise ValueError(f"the weights of {num_features:,} features x {slots:,} slots need {need / 2**30:.1f} GiB, "
-                             f"more than 80 % of this machine's {have / 2**30:.1f} GiB: keep fewer features "
-                             f"(tfidf_features' min_df / max_features)")
+        _check_weights_fit(num_features, slots, "keep fewer features (tfidf_features' min_df / max_features)")
         if self.output == "learned" and self.depth == "free" and not tree.is_well_formed():
             raise ValueError("Algorithm 2 re-assigns a well-formed tree (every node with M children): pass "
                              "full_tree(start) or depth='fixed' with a fixed-depth start")
@@ -709,6 +717,8 @@ class SparseTreeClassifier:
             reference = _as_csr(reference, "reference", self.num_features).astype(np.float64)
         tree, arity = self.tree, self.tree.arity
         added, old_k, num_features = len(examples), self._num_labels, self.weight.shape[0]
+        _check_weights_fit(num_features, self.weight.shape[1] + added * arity,
+                           f"add fewer than {added:,} labels at once or train on fewer features", growing=True)
         # room for one new node per label, trimmed once the tree is known
         slots = _SparseSlots(np.concatenate([self.weight, np.zeros((num_features, added * arity), np.float32)], axis=1),
                              np.concatenate([self.bias, np.zeros((added, arity), np.float32)]), arity)
