@@ -458,6 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.reuse_runs:  # a run finished earlier, perhaps by other code, is not a re-run
             env[hsm_config.RUNS_ENV] = str(scratch / "runs")
         status = subprocess.run(cmd, env=env).returncode
+        if status in (130, -2):  # the re-run was stopped by Ctrl-C (the signal reaches it first, at times)
+            raise KeyboardInterrupt
         if status != 0 or not out.exists():
             print(f"{prog}: the command failed (exit status {status}); nothing to compare", file=sys.stderr)
             return 1

@@ -147,3 +147,21 @@ def test_a_read_only_install_with_an_unwritable_home_imports_trains_and_warms_up
     assert f"numba kernels compiled and cached in {cache}" in done.stdout
     assert any(cache.rglob("*.nbi"))  # the kernels were cached there
     assert not any(p.is_dir() for p in site.rglob("__pycache__"))  # and nothing written in the install
+
+
+@pytest.mark.parametrize("command", sorted(cli._COMMANDS))
+def test_ctrl_c_in_any_command_is_one_line_and_status_130(command, monkeypatch, capsys):
+    """Ctrl-C while a command runs (a training run, a benchmark, a download): exit status 130, as a
+    shell reports for a command it stopped, and one line instead of a traceback."""
+    import importlib
+
+    module_name, _, function = cli._COMMANDS[command][0].partition(":")
+    module = importlib.import_module(module_name)
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(module, function or "main", interrupted)
+    assert cli.main([command, "x"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"hsm {command}: interrupted\n"

@@ -364,3 +364,13 @@ def test_keep_never_replaces_another_file_of_the_same_name(tmp_path: Path, capsy
     err = capsys.readouterr().err
     assert "already holds a sampling-fig1-quick.json" in err and err.count("\n") == 1
     assert other.read_text() == "an earlier re-run"
+
+
+def test_a_re_run_stopped_by_ctrl_c_is_reported_as_interrupted(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The signal reaches the re-run too: its status 130 is Ctrl-C, not a failed command."""
+    from hsm.__main__ import main
+
+    monkeypatch.setattr(R.subprocess, "run", lambda cmd, env: type("Done", (), {"returncode": 130})())
+    assert main(["reproduce", str(FIXTURES / "sampling-fig1-quick.json")]) == 130
+    err = capsys.readouterr().err
+    assert err == "hsm reproduce: interrupted\n"
