@@ -484,3 +484,19 @@ def test_cli_build_writes_its_report_atomically(fake_gutenberg, tmp_path, capsys
     assert cli.main(["build", "gutenberg", "--max-books", str(BOOKS), "--vocab-size", str(VOCAB),
                      "--report", str(blocked / "build.json")]) == 1
     assert "a-file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("missing", ["sha256", "stats", "settings", "name"])
+def test_a_prebuilt_corpus_description_missing_a_field_is_a_named_error(tmp_path, missing):
+    """A corpus.json cut short or edited (no sha256, no stats, ...): one line naming the file and
+    the field, on every rerun, instead of a KeyError."""
+    from hsm.data.errors import CorruptArchiveError
+
+    meta = {"format": gutenberg.PREBUILT_FORMAT, "name": "gutenberg", "settings": {}, "sha256": {}, "stats": {}}
+    del meta[missing]
+    (tmp_path / "corpus.json").write_text(json.dumps(meta))
+    with pytest.raises(CorruptArchiveError) as error:
+        gutenberg.load_prebuilt_lm(tmp_path, max_books=3, vocab_size=120)
+    message = str(error.value)
+    assert "\n" not in message and str(tmp_path / "corpus.json") in message
+    assert f"has no '{missing}'" in message and "export the corpus again" in message

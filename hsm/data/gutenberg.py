@@ -791,6 +791,11 @@ def load_prebuilt_lm(directory: Path, max_books: int | None = None, vocab_size: 
     if not isinstance(meta, dict) or meta.get("format") != PREBUILT_FORMAT:
         raise CorruptArchiveError(f"{meta_path} is not a prebuilt corpus of format {PREBUILT_FORMAT}. Fix: export "
                                   f"the corpus again with this version")
+    for key, kind in (("name", str), ("settings", dict), ("sha256", dict), ("stats", dict)):
+        if not isinstance(meta.get(key), kind):
+            found = "has no" if key not in meta else f"has a {type(meta[key]).__name__} as"
+            raise CorruptArchiveError(f"{meta_path} {found} '{key}' (a {kind.__name__} in an exported corpus): it was "
+                                      f"edited or cut short. Fix: export the corpus again")
     wanted = _prebuilt_settings(max_books, vocab_size, lowercase, _variant(split, split_seed, chunk_tokens, min_count))
     if meta.get("settings") != wanted:
         have = meta.get("settings") or {}
