@@ -625,9 +625,10 @@ class FastBowClassifier:
         a sample of documents the model already serves (its training data, say), which the new
         labels' slots are calibrated against (``reference`` of :func:`~hsm.label_addition.add_labels`).
         Tree outputs only (``output="huffman"`` or ``"learned"``)."""
-        from .label_addition import add_labels
+        from .label_addition import add_labels, check_placement
 
         self._check_fitted()
+        check_placement(placement, seed)
         if not isinstance(self.layer, HierarchicalSoftmax):
             raise ValueError("add_labels places labels in a tree: this model's output is flat (train it with "
                              "output='huffman' or 'learned')")
@@ -665,7 +666,10 @@ class FastBowClassifier:
         ``lines`` used, ``skipped`` lines, and of the lines used, those with ``no_known_word`` (the
         model reads them as an empty document: they say nothing of their label). ValueError naming
         the file when it holds no new label."""
+        from .label_addition import check_placement
+
         reference_lines = check_count(reference_lines, "reference_lines", 1)
+        check_placement(placement, seed)  # before the file is read and encoded
         encoded, lines = self._file_rows(path)
         rows_of = self.dictionary.unknown_labels(lines)
         if not rows_of:

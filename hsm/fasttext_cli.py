@@ -273,6 +273,8 @@ def _add_labels(argv: list[str]) -> int:
         args = parser.parse_args(argv)
         if args.localSteps < 0:
             raise _UsageError(f"-localSteps must be >= 0, got {args.localSteps}")
+        if args.seed < 0:
+            raise _UsageError(f"-seed must be >= 0, got {args.seed}")
         if not (math.isfinite(args.localLr) and args.localLr > 0):
             raise _UsageError(f"-localLr must be a finite number > 0, got {args.localLr}")
         for option, name in (("input", args.input), ("reference", args.reference)):

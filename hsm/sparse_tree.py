@@ -512,7 +512,7 @@ class SparseTreeClassifier:
         self.changed_nodes = check_choice(changed_nodes, "changed_nodes", ("keep", "fresh_steps", "fresh"))
         if self.changed_nodes == "fresh_steps" and self.optimizer != "adagrad":
             raise ValueError("changed_nodes='fresh_steps' restarts AdaGrad's sums: use optimizer='adagrad'")
-        self.seed = check_integer(seed, "seed")
+        self.seed = check_count(seed, "seed", 0)  # numpy's generators take seeds >= 0
         # what HogwildTrainer reads besides the above
         self.schedule, self.rebuild_tokens, self.reduce, self.shuffle, self.reset_moved_nodes = (
             "first_half", 100_000, "sum", True, False)
@@ -708,7 +708,7 @@ class SparseTreeClassifier:
         if self.node_loss != "softmax":
             raise ValueError("add_labels places labels by the children's distribution at each node: node_loss='binary' "
                              "has none (train with node_loss='softmax')")
-        check_placement(placement)
+        check_placement(placement, seed)
         if sp.issparse(features_per_label) or not isinstance(features_per_label, Sequence) or not features_per_label:
             raise ValueError("features_per_label must be a non-empty list with one [n, F] sparse matrix per new label")
         examples = [_as_csr(rows, f"features_per_label[{index}]", self.num_features).astype(np.float64)

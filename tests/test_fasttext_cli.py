@@ -599,3 +599,10 @@ def test_add_labels_refuses_names_a_fasttext_file_cannot_hold(files, capsys, tmp
     with pytest.raises(error, match=match):
         clf.add_labels(docs, names=names)
     assert clf.dictionary.labels == labels_before and clf.num_labels == k
+
+
+def test_add_labels_refuses_a_negative_seed_before_reading_anything(files, capsys, tmp_path):
+    prefix = tmp_path / "m"
+    assert _train(capsys, files["train"], prefix, "-loss", "learned", "-arity", 3)[0] == 0
+    code, _, err = run(capsys, "add-labels", f"{prefix}.bin", files["train"], "-output", tmp_path / "x", "-seed", -1)
+    assert code == 2 and "-seed must be >= 0, got -1" in _one_line(err)
