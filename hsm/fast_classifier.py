@@ -603,11 +603,12 @@ class FastBowClassifier:
             raise ValueError(f"{name}[{doc}] holds word id {int(values.max())}, outside the model's "
                              f"0..{self.num_words - 1}")
 
-    def representations(self, docs: Any) -> torch.Tensor:
-        """``f(x)`` [n, d] of every document (sum or mean of its embeddings)."""
+    def representations(self, docs: Any, name: str = "docs") -> torch.Tensor:
+        """``f(x)`` [n, d] of every document (sum or mean of its embeddings); ``name``: what errors
+        call ``docs``."""
         self._check_fitted()
-        values, offsets = as_ragged(docs)
-        self._check_ids(values, offsets, "docs")
+        values, offsets = as_ragged(docs, name=name)
+        self._check_ids(values, offsets, name)
         out = np.empty((offsets.size - 1, self.dim), dtype=np.float32)
         _representations(values, offsets, self.model.embedding.weight.data.numpy(), self.reduce == "mean", out)
         return torch.from_numpy(out)
@@ -647,7 +648,7 @@ class FastBowClassifier:
             if offsets.size < 2:
                 raise ValueError(f"docs_per_label[{index}] holds no document: a new label needs at least one")
             examples.append(self.representations((values, offsets)))
-        reference = self.representations(reference_docs) if reference_docs is not None else None
+        reference = self.representations(reference_docs, "reference_docs") if reference_docs is not None else None
         result = add_labels(self.layer, examples, statistics=None, score=self.score, placement=placement, seed=seed,
                             local_steps=local_steps, local_lr=local_lr, reference=reference)
         self.statistics = None
@@ -679,6 +680,9 @@ class FastBowClassifier:
         reference = None
         if reference_path is not None:
             seen = self._file_rows(reference_path)[0]
+            if seen.offsets.size < 2:
+                raise ValueError(f"reference file {reference_path} holds no line: give lines the model already serves "
+                                 f"(its training file, say)")
             reference = seen.subset(np.arange(min(reference_lines, seen.offsets.size - 1))).docs
         used = np.asarray(sorted({row for rows in rows_of.values() for row in rows}), dtype=np.int64)
         # a line of words the model never saw is the empty document to it (at most </s>): no evidence

@@ -606,3 +606,18 @@ def test_add_labels_refuses_a_negative_seed_before_reading_anything(files, capsy
     assert _train(capsys, files["train"], prefix, "-loss", "learned", "-arity", 3)[0] == 0
     code, _, err = run(capsys, "add-labels", f"{prefix}.bin", files["train"], "-output", tmp_path / "x", "-seed", -1)
     assert code == 2 and "-seed must be >= 0, got -1" in _one_line(err)
+
+
+def test_add_labels_names_an_empty_reference_file_not_the_examples(files, capsys, tmp_path):
+    prefix = tmp_path / "m"
+    assert _train(capsys, files["train"], prefix, "-loss", "learned", "-arity", 3)[0] == 0
+    new = tmp_path / "new.txt"
+    new.write_text("\n".join(_new_label_lines(5, 0)) + "\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code, _, err = run(capsys, "add-labels", f"{prefix}.bin", new, "-output", tmp_path / "x", "-reference", empty)
+    assert code == 2 and f"reference file {empty} holds no line" in _one_line(err) and "docs" not in err
+    clf = FastBowClassifier.load(f"{prefix}.bin")
+    with pytest.raises(ValueError, match="reference_docs is empty"):
+        clf.add_labels([[np.array([1, 2])]], names=["soup"], reference_docs=[])
+    assert clf.num_labels == len(LABELS)
