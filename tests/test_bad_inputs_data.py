@@ -500,3 +500,14 @@ def test_a_prebuilt_corpus_description_missing_a_field_is_a_named_error(tmp_path
     message = str(error.value)
     assert "\n" not in message and str(tmp_path / "corpus.json") in message
     assert f"has no '{missing}'" in message and "export the corpus again" in message
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/below"])
+def test_data_export_to_a_file_is_refused_before_the_corpus_is_built(tmp_path, capsys, monkeypatch, where):
+    monkeypatch.setattr(gutenberg, "load_gutenberg", lambda *a, **k: pytest.fail("the corpus was built"))
+    (tmp_path / "a-file").write_text("x")
+    assert cli.main(["export", "gutenberg", str(tmp_path / where)]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(tmp_path / where) in err
+    assert ("is a file: the export writes a folder" if where == "a-file" else "a-file is a file") in err
+    assert (tmp_path / "a-file").read_text() == "x"
