@@ -132,3 +132,11 @@ def test_one_factory_builds_every_output_layer():
         bench.output_layer("adaptive", 32, 30, zero=True)
     with pytest.raises(ValueError, match="one count per label"):
         bench.AdaptiveSoftmaxBaseline(8, 30, counts=np.ones(5))
+
+
+def test_a_result_file_that_cannot_be_written_names_json_not_out(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert bench.main(["--quick", "--json", str(blocker / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "choose another --json" in err and "--out" not in err
