@@ -112,16 +112,12 @@ main([])
 """
 
 
-def test_a_read_only_install_with_an_unwritable_home_imports_trains_and_warms_up(tmp_path):
-    """A container running as a user who can write neither the installed package nor HOME: numba
-    finds no cache folder of its own, and the kernels are cached under the temporary folder.
-
-    The copy of the package is made read-only, and each ``__pycache__`` is a file, which no user
-    (root included) can create a folder in; HOME lies under /proc, where nobody can create one."""
+def _read_only_copy(tmp_path):
+    """A read-only copy of the package whose ``__pycache__`` folders are files (no user, root
+    included, can create a folder there), and the environment of a user whose HOME lies under
+    /proc (where nobody can create one)."""
     import shutil
     import stat
-    import subprocess
-    import sys
 
     site = tmp_path / "site"
     shutil.copytree(ROOT / "hsm", site / "hsm", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
@@ -135,12 +131,52 @@ def test_a_read_only_install_with_an_unwritable_home_imports_trains_and_warms_up
            if key not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME", "PYTHONPATH")}
     env.update(HOME="/proc/no-such-home", PYTHONPATH=str(site), TMPDIR=str(temp), PYTHONDONTWRITEBYTECODE="1",
                OMP_NUM_THREADS="1", NUMBA_NUM_THREADS="1", HSM_THREADS="1")
+    return site, temp, env
+
+
+def _writable_again(site):
+    import stat
+
+    for path in [site, *site.rglob("*")]:
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+
+
+def test_without_any_writable_folder_the_kernels_run_uncached_with_one_warning(tmp_path):
+    import subprocess
+    import sys
+
+    site, _, env = _read_only_copy(tmp_path)
+    script = ("import tempfile; tempfile.gettempdir = lambda: '/proc/no-such-tmp'\n"
+              "import warnings; warnings.simplefilter('always')\n"
+              "import torch, hsm\n"
+              "from hsm import _numba_cache\n"
+              "layer = hsm.HierarchicalSoftmax(4, hsm.Tree.random(20, 3, 3, seed=0))\n"
+              "layer(torch.randn(5, 4), torch.randint(0, 20, (5,))).loss.backward()\n"
+              "print('trained', _numba_cache.location)\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=1200)
+    finally:
+        _writable_again(site)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained none" in done.stdout
+    assert done.stderr.count("numba finds no folder it can write its compiled kernels to") == 1
+    assert "set NUMBA_CACHE_DIR" in done.stderr
+
+
+def test_a_read_only_install_with_an_unwritable_home_imports_trains_and_warms_up(tmp_path):
+    """A container running as a user who can write neither the installed package nor HOME
+    (:func:`_read_only_copy`): numba finds no cache folder of its own, and the kernels are cached
+    under the temporary folder."""
+    import subprocess
+    import sys
+
+    site, temp, env = _read_only_copy(tmp_path)
     try:
         done = subprocess.run([sys.executable, "-c", _READ_ONLY_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
                               text=True, timeout=1200)
     finally:
-        for path in [site, *site.rglob("*")]:
-            path.chmod(path.stat().st_mode | stat.S_IWUSR)
+        _writable_again(site)
     assert done.returncode == 0, done.stderr[-3000:]
     cache = temp / f"hsm-numba-cache-{os.getuid()}"
     assert f"step {cache}" in done.stdout
