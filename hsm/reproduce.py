@@ -16,8 +16,8 @@ tolerance:
 
 Timings (fields named like times, ``*_ms``, ``ms_per_*``, ``*_seconds``, ``*_s``, ``time``,
 ``speedup``, ..., and a record's ``value`` whose ``measure`` or ``kind`` is one: :func:`is_timing`)
-are shown and counted as "timings, not compared": they measure the machine. A run at another scale than the file's is shown and not
-checked either.
+are shown and counted as "timings, not compared": they measure the machine. A run at another
+scale than the file's is shown and not checked either.
 
 The default tolerance follows what the arithmetic can promise. Integers (counts, sizes, epochs)
 must be equal. Float results must be equal too when the re-run did the same arithmetic as the
@@ -57,9 +57,11 @@ FLOAT32_RTOL = 1e-4
 #: (``ms_per_batch``, ``train_ms_per_batch``, ``cpu_ms``, ``reassign_s``, ``train_seconds``,
 #: ``seconds_per_epoch``, ``wall_time_s``, ``phases_ms.*``), and what is made of times (``speedup_*``,
 #: ``*_overhead``, ``throughput``, ratios, the benchmark's ``floor_*`` and ``steal_*``). Matched
-#: against every part of a field's path (``reassignments[3].seconds``) and, for a record's ``value``, against what the record says it
-#: measures (``measure``, ``kind`` or the claim's last part, as :mod:`hsm.results` records write it)
-_TIMING_NAME = re.compile(r"(^|_)(ms|s|sec|secs|seconds|wall|ratio|throughput|per_s|overhead|floor|steal)(_|$)|time|speed")
+#: against every part of a field's path (``reassignments[3].seconds``) and, for a record's
+#: ``value``, against what the record says it measures (``measure``, ``kind`` or the claim's last
+#: part, as :mod:`hsm.results` records write it)
+_TIMING_NAME = re.compile(
+    r"(^|_)(ms|s|sec|secs|seconds|wall|ratio|throughput|per_s|overhead|floor|steal)(_|$)|time|speed")
 
 #: the fields that say what a record's ``value`` is
 _MEASURE_FIELDS = ("measure", "kind", "metric")
