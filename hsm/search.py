@@ -79,18 +79,20 @@ def merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, value
     all_i = torch.cat([best_i.reshape(-1), labels])
     real = all_i >= 0
     all_e, all_v, all_i = all_e[real], all_v[real], all_i[real]
-    # drop a label found twice for the same example (keep its best value); equal values are
-    # ordered by label id (the lowest first), the one rule of every search and engine
-    order = torch.argsort(all_i, stable=True)
-    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
-    order = torch.argsort(all_v, descending=True, stable=True)
-    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
+    # drop a label found again for the same example, keeping the value it was first found with
+    # (the list's): evaluated again in another batch of nodes, it may differ in the last bits
     key = all_e * (int(all_i.max()) + 1) + all_i
     key_sorted, key_order = torch.sort(key, stable=True)
     first = torch.ones_like(key_sorted, dtype=torch.bool)
     first[1:] = key_sorted[1:] != key_sorted[:-1]
     keep = key_order[first].sort().values
     all_e, all_v, all_i = all_e[keep], all_v[keep], all_i[keep]
+    # best first, equal values ordered by label id (the lowest first), the one rule of every
+    # search and engine
+    order = torch.argsort(all_i, stable=True)
+    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
+    order = torch.argsort(all_v, descending=True, stable=True)
+    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
     # group by example (stable: values stay in decreasing order), rank within the example
     order = torch.argsort(all_e, stable=True)
     all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
@@ -126,7 +128,7 @@ def top1(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
         return top1_search(layer, input)
     tables = layer.tables
     labels, values, visited = kernels.run_top1_search(*operands, tables.child_node, tables.child_label,
-                                                      tables.paths[0].shape[1])
+                                                      tables.lowest_label, tables.paths[0].shape[1])
     # a NaN value: a node the search evaluated had overflowing logits (kernels.top1_search)
     check_logits_finite(np.flatnonzero(~np.isfinite(values)), input.shape[0], input.dtype)
     return torch.from_numpy(labels), torch.from_numpy(visited)
@@ -144,6 +146,7 @@ def top1_search(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
     batch, device = input.shape[0], input.device
     child_node, child_label, slot_mask = layer.tree.child_node, layer.tree.child_label, layer.tree.slot_mask
     num_labels = layer.num_labels
+    lowest = layer.tables.lowest_label
     best_value = torch.full((batch,), -math.inf, dtype=input.dtype, device=device)
     best_label = torch.full((batch,), -1, dtype=torch.long, device=device)
     visited = np.zeros(batch, dtype=np.int64)
@@ -212,7 +215,10 @@ def top1_search(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
             update_best(example[fresh], node[fresh], cand[fresh_t])
         ex_t = torch.from_numpy(example).to(device)
         # a subtree whose path log-probability equals the best may hold a tied label of lower id
-        keep = torch.from_numpy(is_node[node]).to(device) & (cand >= best_value[ex_t].unsqueeze(1)) & (cand > -math.inf)
+        # (every step below of log-probability 0, as float32 rounds an all but certain child)
+        bound = best_value[ex_t].unsqueeze(1)
+        lower = torch.from_numpy(lowest[np.maximum(child_node[node], 0)]).to(device) < best_label[ex_t].unsqueeze(1)
+        keep = torch.from_numpy(is_node[node]).to(device) & ((cand > bound) | ((cand == bound) & lower))
         pair, slot = (t.cpu().numpy() for t in torch.nonzero(keep, as_tuple=True))
         score = cand[keep]
         example, node = example[pair], child_node[node[pair], slot]
@@ -242,6 +248,7 @@ def exact_topk(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tens
             check_logits_finite(np.flatnonzero(np.isnan(values).any(axis=1)), input.shape[0], input.dtype)
             return torch.from_numpy(values), torch.from_numpy(labels), torch.from_numpy(visited)
     values, indices, visited = beam_search(layer, input, k, beam)
+    lowest = torch.from_numpy(layer.tables.lowest_label).to(input.device)
     batch = input.shape[0]
     example = torch.arange(batch, device=input.device)
     node = torch.zeros(batch, dtype=torch.long, device=input.device)
@@ -250,10 +257,14 @@ def exact_topk(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tens
         visited += torch.bincount(example, minlength=batch)
         candidate, child_nodes, child_labels, leaf, inner = _expand(layer, input, example, node, score)
         example_of = example[:, None].expand_as(candidate)
-        # ">=": a label or a subtree tied with the k-th label may hold a lower label id
-        take = leaf & (candidate >= values[example, -1][:, None]) & (candidate > -math.inf)
+        # a label tied with the k-th one goes in when its id is lower; so does a subtree tied with
+        # it whose lowest label id is (each step below of log-probability 0 in float32)
+        kth, kth_label = values[example, -1][:, None], indices[example, -1][:, None]
+        take = leaf & ((candidate > kth) | ((candidate == kth) & (child_labels < kth_label)))
         values, indices = merge_topk(values, indices, example_of[take], child_labels[take], candidate[take])
-        keep = inner & (candidate >= values[example, -1][:, None]) & (candidate > -math.inf)
+        kth, kth_label = values[example, -1][:, None], indices[example, -1][:, None]
+        lower = lowest[child_nodes.clamp(min=0)] < kth_label
+        keep = inner & ((candidate > kth) | ((candidate == kth) & lower))
         example, node, score = example_of[keep], child_nodes[keep], candidate[keep]
     return values, indices, visited
 

@@ -232,9 +232,19 @@ def _tied_layers():
             pairs.weight[:, 1] = pairs.weight[:, 0]
             pairs.bias[:, :2] = 5.0  # the best labels lie below slots 0 and 1: they tie
         yield pairs
+    # below the root, every node all but certain of its slot 0: in float32 (and float64) that
+    # child's log-probability is exactly 0, so whole subtrees tie with the best label found
+    certain = scaled_layer(Tree.random(27, 3, 3, seed=4), d=6, seed=5)
+    with torch.no_grad():
+        certain.weight.zero_()
+        certain.bias.fill_(-1e4)
+        certain.bias[:, 0] = 0.0
+        certain.bias[0] = 0.0  # the root: its three subtrees equally likely
+    yield certain
 
 
-@pytest.mark.parametrize("layer", list(_tied_layers()), ids=["zero-4ary", "pairs-4ary", "zero-7ary", "pairs-7ary"])
+@pytest.mark.parametrize("layer", list(_tied_layers()),
+                         ids=["zero-4ary", "pairs-4ary", "zero-7ary", "pairs-7ary", "certain-subtrees"])
 def test_equal_log_probabilities_go_to_the_lowest_label_id_on_every_engine_and_k(layer) -> None:
     """predict, topk for every k and method "exact", the compiled float32 searches and the PyTorch
     ones (float64, and float32 with the kernels off) all order equal values by label id."""
