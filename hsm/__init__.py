@@ -33,7 +33,11 @@ Quick start::
 Under ``torch.distributed`` with several processes, use
 :class:`hsm.distributed.DistributedTreeLearner` (:mod:`hsm.distributed`).
 """
-from .assign import (
+from ._numba_cache import ensure_cache_location
+
+ensure_cache_location()  # before any kernel is defined: a read-only install needs another cache folder
+
+from .assign import (  # noqa: E402
     AssignmentDeadlock,
     AssignmentError,
     assign_labels_depth_constrained,

@@ -48,6 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
         return int(getattr(module, function or "main")(argv[1:]) or 0)
+    except KeyboardInterrupt:
+        # Ctrl-C: one line and 128 + SIGINT, what a shell reports for a command it stopped, for
+        # every command (fastText's own say what they did not write); result files are written
+        # atomically, so an interrupted command leaves none half written
+        print(f"hsm {args.command}: interrupted", file=sys.stderr)
+        return 130
     except ModuleNotFoundError as exc:
         if module_name.startswith(LAB_PACKAGE) and (exc.name or "").split(".")[0] == LAB_PACKAGE:
             print(f"hsm {args.command} is a command of the book's lab, which is not installed: "

@@ -87,5 +87,12 @@ def main(argv: list[str]) -> int:
     parser.parse_args(argv)
     start = time.perf_counter()
     warm_up()
-    print(f"numba kernels compiled and cached ({time.perf_counter() - start:.1f} s)")
+    from hsm import _numba_cache
+
+    where = _numba_cache.location
+    if where == "none":
+        print(f"numba kernels compiled, not cached: no folder can be written ({time.perf_counter() - start:.1f} s)")
+    else:
+        place = "" if where == "numba" else f" in {where} (the installation and HOME are read-only)"
+        print(f"numba kernels compiled and cached{place} ({time.perf_counter() - start:.1f} s)")
     return 0

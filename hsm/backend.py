@@ -427,6 +427,9 @@ class TreeTables(NamedTuple):
     full_paths: bool  #: every real label's path has the full length L (fixed-depth trees)
     child_node: np.ndarray  #: [N, M] child node of each slot, -1 where the slot holds no usable node
     child_label: np.ndarray  #: [N, M] label of each slot, -1 where it holds no real label (dummy leaves too)
+    #: [N] the smallest real label id below each node (:func:`hsm.kernels.lowest_labels`): the exact
+    #: top-1 searches explore a subtree tied with the best label only where it may hold a lower id
+    lowest_label: np.ndarray
 
     @classmethod
     def from_tree(cls, tree: Tree) -> "TreeTables":
@@ -435,9 +438,10 @@ class TreeTables(NamedTuple):
         usable = tree.slot_mask
         # dummy leaves of well-formed trees (ids >= K) are never predicted
         real = usable & (tree.child_label >= 0) & (tree.child_label < tree.num_labels)
-        return cls(paths, bool(tree.path_mask[: tree.num_labels].all()),
-                   np.ascontiguousarray(np.where(usable, tree.child_node, -1), dtype=np.int64),
-                   np.ascontiguousarray(np.where(real, tree.child_label, -1), dtype=np.int64))
+        child_node = np.ascontiguousarray(np.where(usable, tree.child_node, -1), dtype=np.int64)
+        child_label = np.ascontiguousarray(np.where(real, tree.child_label, -1), dtype=np.int64)
+        return cls(paths, bool(tree.path_mask[: tree.num_labels].all()), child_node, child_label,
+                   kernels.lowest_labels(child_node, child_label))
 
 
 class NodeDistributions(NamedTuple):

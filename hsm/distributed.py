@@ -150,7 +150,49 @@ class DistributedTreeLearner(TreeLearner):
         super().__init__(layer, reassign_every, **kwargs)
         self.group = group
         self.world_size = _world(group)
+        self._check_ranks_agree()
         self._synced = self._snapshot()
+
+    def _check_ranks_agree(self) -> None:
+        """One all-reduce: every rank must start from the same tree with the same label count, or
+        the first re-assignment would sum statistics of different shapes (an abort inside the
+        backend) or build different trees; a frozen learner would never notice. ValueError on
+        every rank otherwise (they all see the same reduced values, so none is left waiting)."""
+        tree = self.layer.tree
+        checksum, labels = tree_checksum(tree), tree.num_labels
+        mine = torch.tensor([checksum, -checksum, labels, -labels], dtype=torch.int64, device=self.layer.weight.device)
+        seen = mine.clone()
+        dist.all_reduce(seen, op=dist.ReduceOp.MAX, group=self.group)
+        if seen[2].item() != -seen[3].item():
+            raise ValueError(f"the ranks' layers have different label counts (K = {labels} here, from "
+                             f"{-seen[3].item()} to {seen[2].item()} over the ranks): every rank must build the "
+                             f"layer for the same labels")
+        if seen[0].item() != -seen[1].item():
+            raise ValueError(f"the ranks' layers hold different trees of K = {labels} labels: build the tree with the "
+                             f"same seed on every rank (or load rank 0's state dict everywhere) before the learner")
+
+    def _ranks_agree(self, value: int) -> bool:
+        """Whether ``value`` is the same on every rank (the max of it and of its negation)."""
+        check = torch.tensor([value, -value], dtype=torch.int64, device=self.layer.weight.device)
+        dist.all_reduce(check, op=dist.ReduceOp.MAX, group=self.group)
+        return check[0].item() == -check[1].item()
+
+    def add_labels(self, examples: Any, label_names: Any = None, placement: str = "objective", seed: int = 0,
+                   local_steps: int = 0, local_lr: float = 0.1) -> Any:
+        """:meth:`hsm.TreeLearner.add_labels` on every rank: call it on every rank with the same
+        examples. The statistics are first summed over the ranks (so that every rank places the
+        labels from the same global statistics), the ranks then check they built the same grown
+        tree (RuntimeError naming the cause otherwise), and rank 0's parameters are copied to every
+        rank; re-assignments then go on over the grown tree."""
+        self.synchronize_statistics()
+        result = super().add_labels(examples, label_names=label_names, placement=placement, seed=seed,
+                                    local_steps=local_steps, local_lr=local_lr)
+        if not self._ranks_agree(tree_checksum(result.tree)):
+            raise RuntimeError("the ranks placed the new labels differently: call add_labels on every rank with the "
+                               "same examples, names and seed")
+        broadcast_parameters(self.layer, group=self.group)
+        self._synced = self._snapshot()  # the grown statistics, synchronised above
+        return result
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         stats = self.statistics
@@ -197,11 +239,7 @@ class DistributedTreeLearner(TreeLearner):
     def reassign(self) -> Reassignment:
         self.synchronize_statistics()
         result = super().reassign()
-        checksum = tree_checksum(result.tree)
-        check = torch.tensor([checksum, -checksum], dtype=torch.int64, device=self.layer.weight.device)
-        # max of the checksum and max of its negation: equal (up to sign) iff all ranks agree
-        dist.all_reduce(check, op=dist.ReduceOp.MAX, group=self.group)
-        if check[0].item() != -check[1].item():
+        if not self._ranks_agree(tree_checksum(result.tree)):
             raise RuntimeError("ranks built different trees at re-assignment: their statistics differ "
                                "(did every rank call learner.step() the same number of times?)")
         if len(result.moved_nodes) and self.reset_moved_nodes:

@@ -63,7 +63,7 @@ __all__ = ["batch_plan", "path_pairs", "group_pairs", "path_forward", "path_back
            "parents_first", "all_log_probs", "run_topk_search", "run_all_log_probs", "adagrad_rows",
            "adagrad_dense", "accumulate_statistics",
            "lbl_forward", "lbl_backward", "sum_rows_by_id", "run_lbl_forward", "run_lbl_backward",
-           "run_path_forward", "run_path_backward", "run_top1_search", "run_adagrad_rows",
+           "run_path_forward", "run_path_backward", "run_top1_search", "lowest_labels", "run_adagrad_rows",
            "run_adagrad_dense"]
 
 #: multiply-adds below which a batch runs on one thread (a hand-off to the pool costs ~20 us)
@@ -537,14 +537,18 @@ def _log_softmax_in_place(out, bias, penalty, n, arity):  # pragma: no cover - c
 
 
 @numba.njit(cache=True, nogil=True, fastmath=FASTMATH, error_model="numpy")
-def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited,
+def top1_search(h, weight, bias, penalty, child_node, child_label, lowest, max_depth, labels, values, visited,
                 cursor):  # pragma: no cover - compiled
     """Exact arg max of ``log p(y | h_b)`` for every row (ICML §11.1's branch and bound).
 
     A greedy descent (most likely child at each node) gives a label and so a lower bound; then a
     depth-first search from the root keeps a child only while its path log-probability exceeds
     the best label found so far, which is exact because a node's path probability bounds every
-    label below it. ``child_node`` / ``child_label`` [N, M] (-1 where the slot holds no node /
+    label below it. Equal log-probabilities go to the lowest label id (as :func:`topk_search`
+    orders them), so a subtree whose path log-probability equals the best is still searched when
+    its lowest label id (``lowest`` [N], :func:`lowest_labels`) is below the best label's (a node
+    whose other children are all but impossible has a child of log-probability 0 in float32).
+    ``child_node`` / ``child_label`` [N, M] (-1 where the slot holds no node /
     label; empty slots have -inf in ``penalty``). Writes ``labels``, ``values`` (the best
     log-probability; NaN when a node the search evaluated had logits that overflow, so that no
     label is trustworthy) and ``visited`` (distinct node evaluations) per row. The greedy path's node
@@ -579,7 +583,7 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
             step, nxt = neg_inf, -1
             for m in range(arity):
                 v = score + lp[m]
-                if child_label[n, m] >= 0 and v > best:
+                if child_label[n, m] >= 0 and (v > best or (v == best and child_label[n, m] < best_label)):
                     best, best_label = v, child_label[n, m]
                 if child_node[n, m] >= 0 and v > step:
                     step, nxt = v, child_node[n, m]
@@ -595,7 +599,7 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
             top -= 1
             n = stack_node[top]
             score = stack_score[top]
-            if score <= best:
+            if score < best or (score == best and lowest[n] >= best_label):
                 continue  # the bound improved since this node was pushed
             cached = -1
             for level in range(greedy_len):
@@ -610,17 +614,39 @@ def top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, la
                 count += 1
             for m in range(arity):
                 v = score + lp[m]
-                if v <= best:
+                if v < best or v == neg_inf:
                     continue
                 if child_label[n, m] >= 0:
-                    best, best_label = v, child_label[n, m]
-                elif child_node[n, m] >= 0:
+                    if v > best or child_label[n, m] < best_label:
+                        best, best_label = v, child_label[n, m]
+                elif child_node[n, m] >= 0 and (v > best or lowest[child_node[n, m]] < best_label):
                     stack_node[top] = child_node[n, m]
                     stack_score[top] = v
                     top += 1
         labels[b] = best_label
         values[b] = np.nan if overflow else best
         visited[b] = count
+
+
+@numba.njit(cache=True)
+def lowest_labels(child_node, child_label):  # pragma: no cover - compiled
+    """[N] the smallest label id below each node (the int64 maximum for a node with no label
+    below, or unreachable from the root): where the exact top-1 searches look for a tied label
+    of lower id. ``child_node`` / ``child_label`` [N, M] as in :func:`top1_search`."""
+    order = parents_first(child_node)
+    none = np.iinfo(np.int64).max
+    out = np.full(child_node.shape[0], none, dtype=np.int64)
+    for i in range(order.size - 1, -1, -1):  # children before their parents
+        n = order[i]
+        low = none
+        for m in range(child_node.shape[1]):
+            label, child = child_label[n, m], child_node[n, m]
+            if 0 <= label < low:
+                low = label
+            if child >= 0 and out[child] < low:
+                low = out[child]
+        out[n] = low
+    return out
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -1145,8 +1171,9 @@ def run_path_backward(h, weight, example, node, child, order, starts, node_prob,
     return grad_h
 
 
-def run_top1_search(h, weight, bias, penalty, child_node, child_label, max_depth):
-    """:func:`top1_search` for every row, rows split over threads; (labels, values, visited)."""
+def run_top1_search(h, weight, bias, penalty, child_node, child_label, lowest, max_depth):
+    """:func:`top1_search` for every row, rows split over threads; (labels, values, visited).
+    ``lowest``: :func:`lowest_labels` of the tree."""
     batch = h.shape[0]
     labels = np.empty(batch, dtype=np.int64)
     values = np.empty(batch, dtype=h.dtype)
@@ -1154,7 +1181,8 @@ def run_top1_search(h, weight, bias, penalty, child_node, child_label, max_depth
     threads = _threads_for(float(max_depth) * child_node.shape[1] * h.shape[1] * batch, batch)
     cursor = np.zeros(1, dtype=np.int64)
 
-    _run_claiming(lambda: top1_search(h, weight, bias, penalty, child_node, child_label, max_depth, labels, values, visited, cursor), threads)
+    _run_claiming(lambda: top1_search(h, weight, bias, penalty, child_node, child_label, lowest, max_depth, labels,
+                                      values, visited, cursor), threads)
     return labels, values, visited
 
 

@@ -60,7 +60,7 @@ from torch import Tensor
 
 from .layers import HierarchicalSoftmax
 from .objective import RankingScore, check_ranking_score, ranking_scores
-from .tree import EMPTY_SLOT, Tree
+from .tree import EMPTY_SLOT, Tree, check_integer
 
 __all__ = ["DenseSlots", "LabelAddition", "NodeSlots", "add_labels", "check_placement", "place_labels", "MARGIN",
            "REFERENCE_QUANTILE", "THRESHOLD_SHARE", "THRESHOLD_SPREADS"]
@@ -271,9 +271,11 @@ def place_labels(tree: Tree, examples: Sequence[Any], slots: NodeSlots, statisti
                              f"(label_names for {added} new labels)")
         taken = set(tree.label_names)
         clash = [name for name in label_names if name in taken]
-        if clash or len(set(label_names)) != added:
-            raise ValueError(f"label {clash[0] if clash else 'names'} already in the model: new labels need new "
-                             "names")
+        if clash:
+            raise ValueError(f"label {clash[0]} already in the model: new labels need new names")
+        twice = next((name for i, name in enumerate(label_names) if name in label_names[:i]), None)
+        if twice is not None:
+            raise ValueError(f"label {twice} is given twice: each new label needs its own name")
         names = list(tree.label_names) + list(label_names)
     growing = _GrowingTree(tree, added)
     if growing.free is not None and growing.free[0] < added:
@@ -354,7 +356,7 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     if not isinstance(layer, HierarchicalSoftmax):
         raise TypeError(f"add_labels needs an hsm.HierarchicalSoftmax, got {type(layer).__name__}")
     score = check_ranking_score(score, default="eq12")
-    check_placement(placement)
+    check_placement(placement, seed)
     if isinstance(local_steps, bool) or not isinstance(local_steps, (int, np.integer)) or local_steps < 0:
         raise ValueError(f"local_steps must be an integer >= 0, got {local_steps!r}")
     if not (isinstance(local_lr, (int, float)) and math.isfinite(local_lr) and local_lr > 0):
@@ -383,10 +385,14 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
                          paths)
 
 
-def check_placement(placement: Any) -> str:
-    """``placement`` checked: "objective" (Algorithm 2's pair score) or "random"."""
+def check_placement(placement: Any, seed: Any = 0) -> str:
+    """``placement`` checked: "objective" (Algorithm 2's pair score) or "random"; and ``seed``, the
+    seed of the random placement: an integer >= 0, as numpy's generators take (checked before any
+    file is read or example encoded, not by numpy afterwards)."""
     if placement not in ("objective", "random"):
         raise ValueError(f"placement must be 'objective' or 'random', got {placement!r}")
+    if check_integer(seed, "seed") < 0:
+        raise ValueError(f"seed must be an integer >= 0 (numpy's generators take no negative seed), got {seed}")
     return placement
 
 

@@ -150,10 +150,16 @@ def _decode_tree(state: Any, layer: "HierarchicalSoftmax") -> Tree:
         raise ValueError("not the tree of an hsm.HierarchicalSoftmax (expected the 1-D tensor that "
                          f"HierarchicalSoftmax.state_dict() writes, got {type(state).__name__})")
     values = state.detach().cpu()
-    if values.is_floating_point():  # a state dict cast entry by entry: the checksum says if it survived
+    cast = values.dtype if values.is_floating_point() else None
+    if cast is not None:  # a state dict cast entry by entry: the checksum says if it survived
         values = values.double().round()
     values = values.to(torch.int64).numpy()
     header, body = values[:_TREE_HEADER], values[_TREE_HEADER:]
+    # bfloat16 keeps 8 bits of mantissa: even the magic number is rounded (to what such a cast makes of it)
+    rounded_magic = cast is not None and header[0] == int(torch.tensor(float(_TREE_MAGIC)).to(cast).double())
+    if header[0] != _TREE_MAGIC and rounded_magic:
+        raise ValueError(f"the tree in the state dict is damaged: it was cast to {str(cast).replace('torch.', '')}, "
+                         f"which rounds its integers; cast the layer's parameters, not the whole state dict")
     if header[0] != _TREE_MAGIC or header[1] != _TREE_VERSION:
         raise ValueError(f"not the tree of an hsm.HierarchicalSoftmax (format {header[:2].tolist()}, expected "
                          f"{[_TREE_MAGIC, _TREE_VERSION]})")
@@ -751,16 +757,17 @@ class FlatSoftmax(nn.Module):
     def predict(self, input: Tensor) -> Tensor:
         """The most likely label of each row: the first column of :meth:`topk` (same ties)."""
         check_input(input, self.in_features, self.linear.weight)
-        return self._log_softmax(input).topk(1, dim=-1).indices[:, 0]
+        return search.topk_lowest_id(self._log_softmax(input), 1)[1][:, 0]
 
     @_layer_entry
     @over_leading_dims
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None) -> TopK:
-        """The k most likely labels (exact; ``method`` and ``beam`` are checked as
+        """The k most likely labels (exact; equal log-probabilities ordered by label id, the lowest
+        first, as the tree's searches order them; ``method`` and ``beam`` are checked as
         :meth:`HierarchicalSoftmax.topk` checks them, and otherwise ignored)."""
         check_input(input, self.in_features, self.linear.weight)
         check_k(k, self.num_labels, method, beam)
-        values, indices = self.log_prob(input).topk(int(k), dim=-1)
+        values, indices = search.topk_lowest_id(self.log_prob(input), int(k))
         visited = torch.full((input.shape[0],), self.num_labels, dtype=torch.long, device=input.device)
         return TopK(values, indices, visited)

@@ -682,16 +682,17 @@ class SampledSoftmax(torch.nn.Module):
     @torch.no_grad()
     def predict(self, input: Tensor) -> Tensor:
         self._check(input)
-        return self.linear(input).argmax(dim=1)
+        return self.linear(input).argmax(dim=1)  # torch's argmax: the first (lowest) id among equal values
 
     @torch.no_grad()
     def topk(self, input: Tensor, k: int = 1, method: str = "exact", beam: int | None = None):
         from ._checks import check_k
         from .layers import TopK
+        from .search import topk_lowest_id
 
         self._check(input)
         check_k(k, self.num_labels, method, beam)
-        values, indices = self.log_prob(input).topk(int(k), dim=-1)
+        values, indices = topk_lowest_id(self.log_prob(input), int(k))  # equal values: the lowest id first
         visited = torch.full((input.shape[0],), self.num_labels, dtype=torch.long, device=input.device)
         return TopK(values, indices, visited)
 

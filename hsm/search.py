@@ -42,7 +42,31 @@ from . import kernels
 from ._checks import check_logits_finite
 from .backend import KERNELS, TreeLayer, in_compute_dtype, needs_graph, pair_log_softmax, select_backend
 
-__all__ = ["all_log_probs", "beam_search", "exact_topk", "merge_topk", "top1", "top1_search"]
+__all__ = ["all_log_probs", "beam_search", "exact_topk", "merge_topk", "top1", "top1_search", "topk_lowest_id"]
+
+
+def topk_lowest_id(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
+    """``(values [B, k], indices [B, k])``: the k largest ``scores`` [B, K] of each row, best first,
+    equal values ordered by index (the lowest first), the rule every search of the layers follows.
+    ``torch.topk`` leaves the order of equal values unspecified; this costs one ``torch.topk`` and a
+    comparison of the row with its k-th value, plus a sort of the few entries tied with it."""
+    values, indices = scores.topk(k, dim=-1)
+    if scores.shape[0] == 0:
+        return values, indices
+    # every entry at least the k-th value (k of them, more with ties), in (row, index) order
+    example, index = torch.nonzero(scores >= values[:, -1:], as_tuple=True)
+    kept = scores[example, index]
+    order = torch.argsort(kept, descending=True, stable=True)  # equal values keep index order
+    example, index, kept = example[order], index[order], kept[order]
+    order = torch.argsort(example, stable=True)
+    example, index, kept = example[order], index[order], kept[order]
+    counts = torch.bincount(example, minlength=scores.shape[0])
+    rank = torch.arange(example.numel(), device=scores.device) - (torch.cumsum(counts, 0) - counts)[example]
+    first = rank < k
+    out_v, out_i = values.clone(), indices.clone()  # a row holding NaN keeps torch.topk's answer
+    out_v[example[first], rank[first]] = kept[first]
+    out_i[example[first], rank[first]] = index[first]
+    return out_v, out_i
 
 
 def merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
@@ -55,15 +79,20 @@ def merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, value
     all_i = torch.cat([best_i.reshape(-1), labels])
     real = all_i >= 0
     all_e, all_v, all_i = all_e[real], all_v[real], all_i[real]
-    # drop a label found twice for the same example (keep its best value)
-    order = torch.argsort(all_v, descending=True, stable=True)
-    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
+    # drop a label found again for the same example, keeping the value it was first found with
+    # (the list's): evaluated again in another batch of nodes, it may differ in the last bits
     key = all_e * (int(all_i.max()) + 1) + all_i
     key_sorted, key_order = torch.sort(key, stable=True)
     first = torch.ones_like(key_sorted, dtype=torch.bool)
     first[1:] = key_sorted[1:] != key_sorted[:-1]
     keep = key_order[first].sort().values
     all_e, all_v, all_i = all_e[keep], all_v[keep], all_i[keep]
+    # best first, equal values ordered by label id (the lowest first), the one rule of every
+    # search and engine
+    order = torch.argsort(all_i, stable=True)
+    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
+    order = torch.argsort(all_v, descending=True, stable=True)
+    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
     # group by example (stable: values stay in decreasing order), rank within the example
     order = torch.argsort(all_e, stable=True)
     all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
@@ -99,7 +128,7 @@ def top1(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
         return top1_search(layer, input)
     tables = layer.tables
     labels, values, visited = kernels.run_top1_search(*operands, tables.child_node, tables.child_label,
-                                                      tables.paths[0].shape[1])
+                                                      tables.lowest_label, tables.paths[0].shape[1])
     # a NaN value: a node the search evaluated had overflowing logits (kernels.top1_search)
     check_logits_finite(np.flatnonzero(~np.isfinite(values)), input.shape[0], input.dtype)
     return torch.from_numpy(labels), torch.from_numpy(visited)
@@ -111,11 +140,13 @@ def top1_search(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
     """(labels [B], nodes visited per row [B]) of the exact most likely label of each row of
     ``input`` [B, d] (B >= 1): a greedy descent gives each row a label and so a lower bound on the
     best log-probability; then the tree is explored level by level from the root, keeping a node
-    only while its path log-probability is above the row's best label so far. The node
+    only while its path log-probability is not below the row's best label so far. Equal
+    log-probabilities go to the lowest label id, as in the compiled search. The node
     distributions of the greedy descent are reused, not evaluated (or counted) twice."""
     batch, device = input.shape[0], input.device
     child_node, child_label, slot_mask = layer.tree.child_node, layer.tree.child_label, layer.tree.slot_mask
     num_labels = layer.num_labels
+    lowest = layer.tables.lowest_label
     best_value = torch.full((batch,), -math.inf, dtype=input.dtype, device=device)
     best_label = torch.full((batch,), -1, dtype=torch.long, device=device)
     visited = np.zeros(batch, dtype=np.int64)
@@ -128,13 +159,20 @@ def top1_search(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
             return
         leaf = torch.from_numpy(leaf_np).to(device)
         values = cand.masked_fill(~leaf, -math.inf)
-        row_best, slot = values.max(dim=1)
+        row_best = values.amax(dim=1)
         ex_t = torch.from_numpy(example).to(device)
+        # equal log-probabilities go to the lowest label id: the smallest label of the row's best
+        # value, then the smallest over the pairs of an example that reach the example's best
+        ids = torch.from_numpy(child_label[node]).to(device)
+        big = torch.iinfo(torch.long).max
+        row_label = torch.where((values == row_best[:, None]) & leaf, ids, big).amin(dim=1)
         new_best = best_value.clone().scatter_reduce_(0, ex_t, row_best, reduce="amax")
-        improved = (row_best > best_value[ex_t]) & (row_best == new_best[ex_t])
-        if bool(improved.any()):
-            labels = torch.from_numpy(child_label[node]).to(device).gather(1, slot.unsqueeze(1)).squeeze(1)
-            best_label[ex_t[improved]] = labels[improved]
+        reaches = torch.isfinite(row_best) & (row_best == new_best[ex_t])
+        if bool(reaches.any()):
+            candidate = torch.where(best_value == new_best, best_label, big)  # the old best still ties
+            candidate = candidate.scatter_reduce_(0, ex_t[reaches], row_label[reaches], reduce="amin")
+            changed = candidate != big
+            best_label[changed] = candidate[changed]
         best_value.copy_(new_best)
 
     # greedy descent: a label per row, hence a bound; the node distributions it computes are
@@ -176,7 +214,11 @@ def top1_search(layer: TreeLayer, input: Tensor) -> tuple[Tensor, Tensor]:
             cand[fresh_t] = score[fresh_t].unsqueeze(1) + pair_log_softmax(layer, input, example[fresh], node[fresh])
             update_best(example[fresh], node[fresh], cand[fresh_t])
         ex_t = torch.from_numpy(example).to(device)
-        keep = torch.from_numpy(is_node[node]).to(device) & (cand > best_value[ex_t].unsqueeze(1))
+        # a subtree whose path log-probability equals the best may hold a tied label of lower id
+        # (every step below of log-probability 0, as float32 rounds an all but certain child)
+        bound = best_value[ex_t].unsqueeze(1)
+        lower = torch.from_numpy(lowest[np.maximum(child_node[node], 0)]).to(device) < best_label[ex_t].unsqueeze(1)
+        keep = torch.from_numpy(is_node[node]).to(device) & ((cand > bound) | ((cand == bound) & lower))
         pair, slot = (t.cpu().numpy() for t in torch.nonzero(keep, as_tuple=True))
         score = cand[keep]
         example, node = example[pair], child_node[node[pair], slot]
@@ -206,6 +248,7 @@ def exact_topk(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tens
             check_logits_finite(np.flatnonzero(np.isnan(values).any(axis=1)), input.shape[0], input.dtype)
             return torch.from_numpy(values), torch.from_numpy(labels), torch.from_numpy(visited)
     values, indices, visited = beam_search(layer, input, k, beam)
+    lowest = torch.from_numpy(layer.tables.lowest_label).to(input.device)
     batch = input.shape[0]
     example = torch.arange(batch, device=input.device)
     node = torch.zeros(batch, dtype=torch.long, device=input.device)
@@ -214,9 +257,14 @@ def exact_topk(layer: TreeLayer, input: Tensor, k: int, beam: int) -> tuple[Tens
         visited += torch.bincount(example, minlength=batch)
         candidate, child_nodes, child_labels, leaf, inner = _expand(layer, input, example, node, score)
         example_of = example[:, None].expand_as(candidate)
-        take = leaf & (candidate > values[example, -1][:, None])
+        # a label tied with the k-th one goes in when its id is lower; so does a subtree tied with
+        # it whose lowest label id is (each step below of log-probability 0 in float32)
+        kth, kth_label = values[example, -1][:, None], indices[example, -1][:, None]
+        take = leaf & ((candidate > kth) | ((candidate == kth) & (child_labels < kth_label)))
         values, indices = merge_topk(values, indices, example_of[take], child_labels[take], candidate[take])
-        keep = inner & (candidate > values[example, -1][:, None])
+        kth, kth_label = values[example, -1][:, None], indices[example, -1][:, None]
+        lower = lowest[child_nodes.clamp(min=0)] < kth_label
+        keep = inner & ((candidate > kth) | ((candidate == kth) & lower))
         example, node, score = example_of[keep], child_nodes[keep], candidate[keep]
     return values, indices, visited
 

@@ -122,6 +122,9 @@ def test_damaged_tree_in_state_dict_is_an_error():
     # float16 cannot hold node ids above 2048: the checksum notices
     with pytest.raises(RuntimeError, match="damaged"):
         other.load_state_dict({**state, "_extra_state": state["_extra_state"].half()})
+    # bfloat16 rounds even the small numbers of the header: named as the damaging cast it is
+    with pytest.raises(RuntimeError, match="damaged: it was cast to bfloat16, which rounds its integers"):
+        other.load_state_dict({k: v.to(torch.bfloat16) for k, v in state.items()})
     with pytest.raises(RuntimeError, match="not the tree of an hsm"):
         other.load_state_dict({**state, "_extra_state": {"tree": "x"}})
     edited = state["_extra_state"].clone()

@@ -143,3 +143,17 @@ def test_predict_refuses_a_batch_below_one(fitted, batch):
 def test_predict_refuses_a_non_integer_batch(fitted):
     with pytest.raises(TypeError, match="batch must be an integer"):
         fitted.predict(X, batch=2.5)
+
+
+def test_add_labels_refuses_grown_weights_larger_than_memory_before_allocating(monkeypatch) -> None:
+    """As fit does: the grown weights are sized before numpy is asked for them."""
+    import hsm.classifiers.fast_classifier
+
+    clf = SparseTreeClassifier(output="tree", arity=3, lr=0.5, epochs=1, threads=1).fit(X, Y)
+    weight, tree = clf.weight.copy(), clf.tree
+    monkeypatch.setattr(hsm.classifiers.fast_classifier, "physical_memory", lambda: int(clf.weight.nbytes / 0.79))
+    with pytest.raises(ValueError) as error:
+        clf.add_labels([X[:3], X[3:6]])
+    message = _one_line(error)
+    assert "the grown weights of 30 features" in message and "add fewer than 2 labels at once" in message
+    assert np.array_equal(clf.weight, weight) and clf.tree is tree and clf.num_labels == 6

@@ -86,9 +86,56 @@ def _worker(rank, world, init_file, out_dir):
         results = {name: _train(tree, rank, world) for name, tree in _scenarios().items()}
         results["reload"] = _train(_scenarios()["depth"], rank, world, reload_at=RELOAD_AT)
         results["plain_learner"] = _plain_learner_error()
+        results["mismatch"] = _mismatch_errors(rank)
+        results["add_labels"] = _train_adding_labels(rank, world)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+def _mismatch_errors(rank):
+    """What constructing the learner says when the ranks' layers differ: another tree of the same
+    shape on each rank, then another label count (each a ValueError on every rank)."""
+    errors = {}
+    for name, tree in (("tree", Tree.random(60, 4, 3, seed=rank)), ("labels", Tree.random(60 + rank, 4, 3, seed=0))):
+        try:
+            DistributedTreeLearner(HierarchicalSoftmax(6, tree), EVERY, freeze_after=1)
+            errors[name] = None
+        except ValueError as error:
+            errors[name] = str(error)
+    return errors
+
+
+def _train_adding_labels(rank=None, world=1):
+    """Algorithm 1 with two labels added after step 4, then re-assignments over the grown tree."""
+    tree = Tree.random(60, 4, 3, seed=0)
+    encoder, layer = _models(tree)
+    if rank is None:
+        learner = TreeLearner(layer, EVERY)
+    else:
+        broadcast_parameters(layer)
+        learner = DistributedTreeLearner(layer, EVERY)
+    xs, ys = _data(tree)
+    trees = []
+    for step, (x, y) in enumerate(zip(xs, ys)):
+        if step == RELOAD_AT:
+            generator = torch.Generator().manual_seed(7)
+            learner.add_labels([torch.randn(3, 6, generator=generator, dtype=torch.float64) + 2 * i for i in range(2)])
+        optimizer = torch.optim.SGD(list(encoder.parameters()) + list(layer.parameters()), lr=0.5)
+        if rank is not None:
+            share = GLOBAL_BATCH // world
+            x, y = x[rank * share:(rank + 1) * share], y[rank * share:(rank + 1) * share]
+        optimizer.zero_grad()
+        layer(encoder(x), y).loss.backward()
+        if rank is not None:
+            average_gradients(layer)
+            for param in encoder.parameters():  # the encoder is not wrapped in DDP here
+                dist.all_reduce(param.grad)
+                param.grad /= world
+        optimizer.step()
+        if learner.step() is not None:
+            trees.append(tree_checksum(layer.tree))
+    return {"trees": trees, "num_labels": layer.num_labels, "weight": layer.weight.detach().clone()}
 
 
 def _plain_learner_error():
@@ -162,3 +209,23 @@ def test_plain_tree_learner_accepts_a_group_of_one_process(tmp_path):
     finally:
         dist.destroy_process_group()
     assert learner.steps == 0 and not dist.is_initialized()
+
+
+def test_ranks_whose_layers_differ_are_refused_when_the_learner_is_built(two_rank_results):
+    """One collective at construction: a tree of the same shape built with another seed, or
+    another label count, is named at once on every rank (not at the first re-assignment, and
+    also for a learner that will be frozen)."""
+    for rank in two_rank_results:
+        tree, labels = rank["mismatch"]["tree"], rank["mismatch"]["labels"]
+        assert tree is not None and "hold different trees of K = 60 labels" in tree and "\n" not in tree
+        assert labels is not None and "different label counts" in labels and "from 60 to 61" in labels
+
+
+def test_labels_added_on_every_rank_keep_the_ranks_and_one_process_together(two_rank_results):
+    rank0, rank1 = (r["add_labels"] for r in two_rank_results)
+    single = _train_adding_labels()
+    assert rank0["num_labels"] == rank1["num_labels"] == single["num_labels"] == 62
+    assert len(rank0["trees"]) == STEPS // EVERY  # re-assignments went on over the grown tree
+    assert rank0["trees"] == rank1["trees"] == single["trees"]
+    torch.testing.assert_close(rank0["weight"], rank1["weight"], rtol=0, atol=0)
+    torch.testing.assert_close(rank0["weight"], single["weight"])

@@ -501,3 +501,24 @@ def test_the_embeddings_are_drawn_in_blocks_as_in_one_draw(monkeypatch):
     clf = FastBowClassifier(dim=7, output="flat", seed=11).init_model(23, np.ones(4))
     expected = np.random.default_rng(11).uniform(-1 / 7, 1 / 7, (23, 7)).astype(np.float32)
     np.testing.assert_array_equal(clf.model.embedding.weight.detach().numpy(), expected)
+
+
+@pytest.mark.parametrize("output", ["flat", "huffman", "learned"])
+def test_an_empty_document_gets_the_lowest_label_id_among_equal_labels(output):
+    """An empty document has a zero representation: its labels tie, and every k and every path
+    (predict, the layer's predict and topk, log_prob) orders them by label id."""
+    from hsm import FastBowClassifier
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(0, 40, size=int(rng.integers(1, 6))) for _ in range(80)]
+    labels = rng.integers(0, 12, size=len(docs))
+    clf = FastBowClassifier(dim=6, output=output, arity=3, epochs=1, threads=1, rebuilds=1, seed=0)
+    clf.fit(docs, labels, num_words=40, num_labels=12)
+    empty = [np.zeros(0, dtype=np.int64), docs[0]]
+    lp = clf.log_prob(empty)
+    for k in (1, 2, 5):
+        want = np.lexsort((np.broadcast_to(np.arange(12), lp.shape), -lp), axis=1)[:, :k]
+        assert clf.predict(empty, k=k).labels.tolist() == want.tolist(), k
+    h = clf.representations(empty)
+    assert int(clf.layer.predict(h)[0]) == int(clf.predict(empty, k=1).labels[0, 0])
+    assert clf.layer.topk(h, 3).indices[0].tolist() == clf.predict(empty, k=3).labels[0].tolist()

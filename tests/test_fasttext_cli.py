@@ -566,3 +566,58 @@ def test_add_labels_refuses_a_flat_model_and_warns_of_lines_it_cannot_read(files
     code, _, err = run(capsys, "add-labels", f"{tree}.bin", new, "-output", tmp_path / "x", "-reference",
                        files["train"], "-verbose", "0")
     assert code == 0 and "warning: 1 of the 6 lines hold no word the model knows" in _one_line(err)
+
+
+def test_add_labels_never_replaces_the_model_it_was_given(files, capsys, tmp_path):
+    prefix = tmp_path / "m"
+    assert _train(capsys, files["train"], prefix, "-loss", "learned", "-arity", 3)[0] == 0
+    before = (tmp_path / "m.bin").read_bytes()
+    new = tmp_path / "new.txt"
+    new.write_text("\n".join(_new_label_lines(5, 0)) + "\n")
+    code, out, err = run(capsys, "add-labels", f"{prefix}.bin", new, "-output", prefix)
+    assert code == 2 and out == "" and f"-output {prefix} would replace the model" in _one_line(err)
+    assert (tmp_path / "m.bin").read_bytes() == before
+
+
+@pytest.mark.parametrize("names, error, match", [
+    (["two words"], ValueError, "holds whitespace or NUL"),
+    (["line\nbreak"], ValueError, "holds whitespace or NUL"),
+    (["tab\there"], ValueError, "holds whitespace or NUL"),
+    (["__label__"], ValueError, "the prefix alone"),
+    (["soup", "soup"], ValueError, "label __label__soup is given twice"),
+    (["baking"], ValueError, "label __label__baking is already in the model"),
+    ([3], TypeError, "label names must be strings"),
+])
+def test_add_labels_refuses_names_a_fasttext_file_cannot_hold(files, capsys, tmp_path, names, error, match):
+    """A name with whitespace would be written into the model's dictionary and printed by predict
+    as several tokens that never read back: refused in one line, the model unchanged."""
+    prefix = tmp_path / "m"
+    assert _train(capsys, files["train"], prefix, "-loss", "learned", "-arity", 3)[0] == 0
+    clf = FastBowClassifier.load(f"{prefix}.bin")
+    labels_before, k = list(clf.dictionary.labels), clf.num_labels
+    docs = [[np.array([1, 2])] for _ in names]
+    with pytest.raises(error, match=match):
+        clf.add_labels(docs, names=names)
+    assert clf.dictionary.labels == labels_before and clf.num_labels == k
+
+
+def test_add_labels_refuses_a_negative_seed_before_reading_anything(files, capsys, tmp_path):
+    prefix = tmp_path / "m"
+    assert _train(capsys, files["train"], prefix, "-loss", "learned", "-arity", 3)[0] == 0
+    code, _, err = run(capsys, "add-labels", f"{prefix}.bin", files["train"], "-output", tmp_path / "x", "-seed", -1)
+    assert code == 2 and "-seed must be >= 0, got -1" in _one_line(err)
+
+
+def test_add_labels_names_an_empty_reference_file_not_the_examples(files, capsys, tmp_path):
+    prefix = tmp_path / "m"
+    assert _train(capsys, files["train"], prefix, "-loss", "learned", "-arity", 3)[0] == 0
+    new = tmp_path / "new.txt"
+    new.write_text("\n".join(_new_label_lines(5, 0)) + "\n")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    code, _, err = run(capsys, "add-labels", f"{prefix}.bin", new, "-output", tmp_path / "x", "-reference", empty)
+    assert code == 2 and f"reference file {empty} holds no line" in _one_line(err) and "docs" not in err
+    clf = FastBowClassifier.load(f"{prefix}.bin")
+    with pytest.raises(ValueError, match="reference_docs is empty"):
+        clf.add_labels([[np.array([1, 2])]], names=["soup"], reference_docs=[])
+    assert clf.num_labels == len(LABELS)

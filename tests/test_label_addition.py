@@ -164,6 +164,8 @@ def test_other_bad_settings_are_refused():
         add_labels(named, [torch.randn(2, 6)], label_names=["a"])
     with pytest.raises(ValueError, match="give one name per new label"):
         add_labels(named, [torch.randn(2, 6)])
+    with pytest.raises(ValueError, match="label e is given twice: each new label needs its own name"):
+        add_labels(named, [torch.randn(2, 6), torch.randn(2, 6)], label_names=["e", "e"])
     with pytest.raises(ValueError, match="placement must be"):
         add_labels(named, [torch.randn(2, 6)], label_names=["e"], placement="best")
     assert add_labels(named, [torch.randn(2, 6)], label_names=["e"]).tree.label_names == list("abcde")
@@ -315,3 +317,25 @@ def test_a_layer_without_biases_keeps_the_reference_inputs_on_their_labels():
         found = (layer.log_prob(new[20:]).argmax(dim=1) == layer.tree.num_labels - 1).float().mean()
     # through the origin the new label finds fewer of its inputs than with a bias (57 % here)
     assert float(moved) <= 0.03 and float(found) >= 0.1
+
+
+def test_a_negative_seed_is_refused_by_name_before_any_work_on_every_path(tmp_path):
+    """numpy's generators take no negative seed: refused before a file is read or an example
+    encoded, by the layer's, both classifiers' and the file's add_labels."""
+    layer = hsm.HierarchicalSoftmax(6, hsm.Tree.random(8, 2, 4, seed=0))
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0 .*got -1"):
+        add_labels(layer, [torch.randn(2, 6)], seed=-1)
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0 .*got -1"):
+        hsm.TreeLearner(layer, 10).add_labels([torch.randn(2, 6)], seed=-1)
+    docs, labels = _bow_data(num_labels=4)
+    clf = hsm.FastBowClassifier(dim=4, output="huffman", arity=2, epochs=1, threads=1).fit(docs, labels, num_words=80)
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0 .*got -1"):
+        clf.add_labels([docs[:2]], seed=-1)
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0 .*got -1"):
+        clf.add_labels_file(tmp_path / "not-read.txt", seed=-1)  # refused before the file is opened
+    sparse, x, y = _sparse_model(output="tree")
+    with pytest.raises(ValueError, match=r"seed must be an integer >= 0 .*got -1"):
+        sparse.add_labels([_sub_label_rows(x, y, 0, 10)], seed=-1)
+    assert sparse.num_labels == 10
+    with pytest.raises(ValueError, match="seed must be >= 0, got -1"):
+        hsm.SparseTreeClassifier(seed=-1)

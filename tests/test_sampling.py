@@ -361,3 +361,15 @@ def test_blackout_stays_finite_when_a_negative_takes_all_the_probability():
     # and in float64 it is the direct formula
     expected = S.blackout_loss(s_c.detach().double(), s_n.detach().double(), log_q.double(), log_q_n.double())
     assert float(loss) == pytest.approx(float(expected), rel=1e-5)
+
+
+def test_the_sampled_softmax_orders_equal_values_by_label_id():
+    freq = torch.ones(12)
+    layer = S.SampledSoftmax(3, 12, freq, num_negatives=3, seed=0)
+    with torch.no_grad():
+        layer.linear.weight.zero_()
+        layer.linear.bias.zero_()
+        layer.linear.bias[[9, 4]] = 1.0
+    h = torch.zeros(2, 3)
+    assert layer.predict(h).tolist() == [4, 4]
+    assert layer.topk(h, 4).indices.tolist() == [[4, 9, 0, 1]] * 2

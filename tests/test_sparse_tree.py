@@ -367,3 +367,24 @@ def test_fixed_depth_needs_a_fixed_depth_start():
     x, y = _toy(n=100, k=6)
     with pytest.raises(ValueError, match="well-formed"):
         SparseTreeClassifier(output="learned", start=Tree.balanced(np.arange(6), 4, 2), threads=1).fit(x, y)
+
+
+@pytest.mark.parametrize("output", ["flat", "learned"])
+def test_equal_scores_go_to_the_lowest_label_id_for_every_k(output):
+    """A model whose weights are all zero scores its labels by the biases alone; labels that tie
+    are ordered by id, the rule of the layers' searches, whatever k."""
+    from hsm.classifiers.sparse_tree import _topk_lowest_id
+
+    rng = np.random.default_rng(0)
+    features = sp.random(60, 20, density=0.3, format="csr", random_state=0, dtype=np.float32)
+    clf = SparseTreeClassifier(output=output, arity=2, epochs=1, threads=1).fit(features, rng.integers(0, 9, 60),
+                                                                            num_labels=9)
+    clf.weight[:] = 0.0
+    clf.bias[:] = 0.0
+    empty = sp.csr_matrix((2, 20), dtype=np.float32)
+    lp = clf.log_prob(empty)
+    for k in (1, 2, 4, 9):
+        want = np.lexsort((np.broadcast_to(np.arange(9), lp.shape), -lp), axis=1)[:, :k]
+        assert clf.predict(empty, k=k).labels.tolist() == want.tolist(), k
+    scores = np.array([[0.0, 2.0, 2.0, 1.0], [5.0, 5.0, 5.0, 5.0], [1.0, 3.0, 2.0, 3.0]], dtype=np.float32)
+    assert _topk_lowest_id(scores, 2).tolist() == [[1, 2], [0, 1], [1, 3]]

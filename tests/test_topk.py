@@ -183,3 +183,70 @@ def test_topk_and_log_prob_property(num_labels, arity, well_formed, batch, k, se
     values, labels, _ = kernels.run_topk_search(*search._kernel_operands(layer, h), tables.child_node,
                                                 tables.child_label, k, tables.paths[0].shape[1])
     _check_exact_topk(values, labels, reference, k)
+
+
+
+def _tied_layers():
+    """Layers whose labels tie: every weight zero (all labels of a tree level equally likely), and
+    random weights with each node's slots 0 and 1 made equal and likely (siblings tie in pairs)."""
+    for tree in (Tree.random(60, 4, 3, seed=0), Tree.random(50, 7, 3, seed=1)):
+        zero = scaled_layer(tree, d=6, seed=2)
+        with torch.no_grad():
+            zero.weight.zero_()
+            zero.bias.zero_()
+        yield zero
+        pairs = scaled_layer(tree, d=6, seed=3)
+        with torch.no_grad():
+            pairs.weight[:, 1] = pairs.weight[:, 0]
+            pairs.bias[:, :2] = 5.0  # the best labels lie below slots 0 and 1: they tie
+        yield pairs
+    # below the root, every node all but certain of its slot 0: in float32 (and float64) that
+    # child's log-probability is exactly 0, so whole subtrees tie with the best label found
+    certain = scaled_layer(Tree.random(27, 3, 3, seed=4), d=6, seed=5)
+    with torch.no_grad():
+        certain.weight.zero_()
+        certain.bias.fill_(-1e4)
+        certain.bias[:, 0] = 0.0
+        certain.bias[0] = 0.0  # the root: its three subtrees equally likely
+    yield certain
+
+
+@pytest.mark.parametrize("layer", list(_tied_layers()),
+                         ids=["zero-4ary", "pairs-4ary", "zero-7ary", "pairs-7ary", "certain-subtrees"])
+def test_equal_log_probabilities_go_to_the_lowest_label_id_on_every_engine_and_k(layer) -> None:
+    """predict, topk for every k and method "exact", the compiled float32 searches and the PyTorch
+    ones (float64, and float32 with the kernels off) all order equal values by label id."""
+    h = torch.randn(5, 6, generator=torch.Generator().manual_seed(0))
+    h[0] = 0.0  # an all-zero row: every node uniform under the zero layer
+    engines = {"compiled": layer}
+    engines["pytorch-float64"] = float64_reference(layer)
+    engines["pytorch-float32"] = scaled_layer(layer.tree, d=6)
+    engines["pytorch-float32"].load_state_dict(layer.state_dict())
+    engines["pytorch-float32"].use_kernels = False
+    for name, engine in engines.items():
+        x = h.to(engine.weight.dtype)
+        with torch.no_grad():
+            lp = engine.log_prob(x)
+        top = lp.topk(3).values
+        assert bool((top[:, :-1] == top[:, 1:]).any())  # some row's best labels do tie
+        for k in (1, 2, 3, 7):
+            _, want = _reference_topk(lp, k)
+            got = engine.topk(x, k)
+            assert got.indices.tolist() == want.tolist(), (name, k)
+        assert engine.predict(x).tolist() == _reference_topk(lp, 1)[1][:, 0].tolist(), name
+
+
+def test_the_flat_softmax_orders_equal_values_by_label_id() -> None:
+    from hsm import FlatSoftmax
+
+    flat = FlatSoftmax(4, 30)
+    with torch.no_grad():
+        flat.linear.weight.zero_()
+        flat.linear.bias.zero_()
+        flat.linear.bias[[7, 21, 3]] = 1.0  # three labels tie above the others
+    h = torch.zeros(3, 4)
+    assert flat.predict(h).tolist() == [3, 3, 3]
+    assert flat.topk(h, 1).indices.tolist() == [[3]] * 3
+    assert flat.topk(h, 5).indices.tolist() == [[3, 7, 21, 0, 1]] * 3
+    values, indices = search.topk_lowest_id(torch.tensor([[0.0, 2.0, 2.0, 1.0], [5.0, 5.0, 5.0, 5.0]]), 3)
+    assert indices.tolist() == [[1, 2, 3], [0, 1, 2]] and values.tolist() == [[2.0, 2.0, 1.0], [5.0] * 3]

@@ -603,11 +603,12 @@ class FastBowClassifier:
             raise ValueError(f"{name}[{doc}] holds word id {int(values.max())}, outside the model's "
                              f"0..{self.num_words - 1}")
 
-    def representations(self, docs: Any) -> torch.Tensor:
-        """``f(x)`` [n, d] of every document (sum or mean of its embeddings)."""
+    def representations(self, docs: Any, name: str = "docs") -> torch.Tensor:
+        """``f(x)`` [n, d] of every document (sum or mean of its embeddings); ``name``: what errors
+        call ``docs``."""
         self._check_fitted()
-        values, offsets = as_ragged(docs)
-        self._check_ids(values, offsets, "docs")
+        values, offsets = as_ragged(docs, name=name)
+        self._check_ids(values, offsets, name)
         out = np.empty((offsets.size - 1, self.dim), dtype=np.float32)
         _representations(values, offsets, self.model.embedding.weight.data.numpy(), self.reduce == "mean", out)
         return torch.from_numpy(out)
@@ -625,9 +626,10 @@ class FastBowClassifier:
         a sample of documents the model already serves (its training data, say), which the new
         labels' slots are calibrated against (``reference`` of :func:`~hsm.label_addition.add_labels`).
         Tree outputs only (``output="huffman"`` or ``"learned"``)."""
-        from hsm.label_addition import add_labels
+        from hsm.label_addition import add_labels, check_placement
 
         self._check_fitted()
+        check_placement(placement, seed)
         if not isinstance(self.layer, HierarchicalSoftmax):
             raise ValueError("add_labels places labels in a tree: this model's output is flat (train it with "
                              "output='huffman' or 'learned')")
@@ -637,19 +639,16 @@ class FastBowClassifier:
             raise ValueError(f"this model was trained on a file: give names for the {len(docs_per_label)} new labels")
         if self.dictionary is not None:
             prefix = self.dictionary.label_prefix
-            names = [name if name.startswith(prefix) else prefix + name for name in names]
-            known = set(self.dictionary.labels)
-            clash = [name for name in names if name in known]
-            if clash or len(set(names)) != len(names):
-                raise ValueError(f"label {clash[0] if clash else 'names'} already in the model: new labels need new "
-                                 "names")
+            names = [name if not isinstance(name, str) or name.startswith(prefix) else prefix + name
+                     for name in names]
+            self.dictionary.check_new_labels(names)  # names a fastText file can hold, new and distinct
         examples = []
         for index, docs in enumerate(docs_per_label):
             values, offsets = as_ragged(docs, name=f"docs_per_label[{index}]")
             if offsets.size < 2:
                 raise ValueError(f"docs_per_label[{index}] holds no document: a new label needs at least one")
             examples.append(self.representations((values, offsets)))
-        reference = self.representations(reference_docs) if reference_docs is not None else None
+        reference = self.representations(reference_docs, "reference_docs") if reference_docs is not None else None
         result = add_labels(self.layer, examples, statistics=None, score=self.score, placement=placement, seed=seed,
                             local_steps=local_steps, local_lr=local_lr, reference=reference)
         self.statistics = None
@@ -668,7 +667,10 @@ class FastBowClassifier:
         ``lines`` used, ``skipped`` lines, and of the lines used, those with ``no_known_word`` (the
         model reads them as an empty document: they say nothing of their label). ValueError naming
         the file when it holds no new label."""
+        from hsm.label_addition import check_placement
+
         reference_lines = check_count(reference_lines, "reference_lines", 1)
+        check_placement(placement, seed)  # before the file is read and encoded
         encoded, lines = self._file_rows(path)
         rows_of = self.dictionary.unknown_labels(lines)
         if not rows_of:
@@ -678,6 +680,9 @@ class FastBowClassifier:
         reference = None
         if reference_path is not None:
             seen = self._file_rows(reference_path)[0]
+            if seen.offsets.size < 2:
+                raise ValueError(f"reference file {reference_path} holds no line: give lines the model already serves "
+                                 f"(its training file, say)")
             reference = seen.subset(np.arange(min(reference_lines, seen.offsets.size - 1))).docs
         used = np.asarray(sorted({row for rows in rows_of.values() for row in rows}), dtype=np.int64)
         # a line of words the model never saw is the empty document to it (at most </s>): no evidence
@@ -694,7 +699,8 @@ class FastBowClassifier:
         """The ``k`` most likely labels of every document and their log-probabilities, exact:
         the layer's compiled best-first branch and bound for trees (:func:`hsm.kernels.topk_search`,
         exact like fastText's ``dfsM``; equal values ordered by label id), rows split over torch's
-        threads; ``torch.topk`` of the full softmax for flat.
+        threads; ``torch.topk`` of the full softmax for flat. Equal log-probabilities are ordered by
+        label id, the lowest first, on every path and for every k.
 
         Documents go through in blocks of :data:`PREDICT_BLOCK` floats of ``f(x)`` (whole
         multiples of 4,096 rows up to d = 4,096), so that memory does not grow with the number

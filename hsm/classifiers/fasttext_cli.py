@@ -273,6 +273,8 @@ def _add_labels(argv: list[str]) -> int:
         args = parser.parse_args(argv)
         if args.localSteps < 0:
             raise _UsageError(f"-localSteps must be >= 0, got {args.localSteps}")
+        if args.seed < 0:
+            raise _UsageError(f"-seed must be >= 0, got {args.seed}")
         if not (math.isfinite(args.localLr) and args.localLr > 0):
             raise _UsageError(f"-localLr must be a finite number > 0, got {args.localLr}")
         for option, name in (("input", args.input), ("reference", args.reference)):
@@ -282,6 +284,9 @@ def _add_labels(argv: list[str]) -> int:
         if not path.is_file():
             raise _UsageError(f"{args.model}: no such model file")
         target = Path(args.output + ".bin")
+        if target.exists() and target.resolve() == path.resolve():
+            raise _UsageError(f"-output {args.output} would replace the model {args.model}, which add-labels leaves "
+                              f"as it is: give another prefix (e.g. -output {args.output}-grown)")
         _check_output(args.output, target)
         classifier = FastBowClassifier.load(path)
         if classifier.dictionary is None:

@@ -158,12 +158,32 @@ class FastTextDictionary:
         self._word_index = {word: i for i, word in enumerate(self.words)}
         self._label_index = {label: i for i, label in enumerate(self.labels)}
 
+    def check_new_labels(self, labels: Sequence[str]) -> None:
+        """Refuse, in one line, new label names (prefix included) that a fastText file cannot hold
+        or that clash: TypeError for a name that is not a string; ValueError for a name with
+        whitespace or NUL (a file would split it into several tokens, so it would print broken and
+        never read back), a name that is the prefix alone, the same name given twice, or a name
+        already in the dictionary."""
+        seen: set[str] = set()
+        for label in labels:
+            if not isinstance(label, str):
+                raise TypeError(f"label names must be strings, got {type(label).__name__} {label!r}")
+            if _SPLIT.search(label):
+                raise ValueError(f"label name {label!r} holds whitespace or NUL, which a fastText file splits a "
+                                 f"line on: write it without (e.g. {'_'.join(_tokens(label))!r})")
+            if label == self.label_prefix:
+                raise ValueError(f"label name {label!r} is the prefix alone: give the label a name after it")
+            if label in seen:
+                raise ValueError(f"label {label} is given twice: each new label needs its own name")
+            if label in self._label_index:
+                raise ValueError(f"label {label} is already in the model: new labels need new names")
+            seen.add(label)
+
     def add_labels(self, labels: Sequence[str], counts: Sequence[int]) -> None:
         """Append labels (prefix included) with their example counts: ids ``num_labels, ...``
-        (:meth:`hsm.FastBowClassifier.add_labels`). ValueError for a label already here."""
-        for label in labels:
-            if label in self._label_index:
-                raise ValueError(f"label {label} is already in the dictionary")
+        (:meth:`hsm.FastBowClassifier.add_labels`). Raises as :meth:`check_new_labels`, before
+        any change."""
+        self.check_new_labels(labels)
         for label in labels:
             self._label_index[label] = len(self.labels)
             self.labels.append(label)

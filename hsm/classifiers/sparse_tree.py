@@ -400,6 +400,36 @@ def _changed_nodes(old: Tree, new: Tree, moved_nodes: np.ndarray) -> np.ndarray:
 
 
 # ---------------------------------------------------------------------------------------------- the classifier
+def _check_weights_fit(num_features: int, slots: int, fix: str, growing: bool = False) -> None:
+    """ValueError naming the size and ``fix`` when weights [num_features, slots] in float32 would
+    take more than 80 % of this machine's memory (checked before they are allocated, so that a
+    model too large fails in one line rather than in numpy's allocator or the system's OOM killer);
+    ``growing``: the weights of a model being grown, which add_labels builds beside the old ones."""
+    from hsm.classifiers.fast_classifier import physical_memory
+
+    need = 4 * num_features * slots
+    have = physical_memory()
+    if have is not None and need > 0.8 * have:
+        what = "the grown weights" if growing else "the weights"
+        raise ValueError(f"{what} of {num_features:,} features x {slots:,} slots need {need / 2**30:.1f} GiB, "
+                         f"more than 80 % of this machine's {have / 2**30:.1f} GiB: {fix}")
+
+
+def _topk_lowest_id(scores: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the k largest ``scores`` [n, K] of each row, best first, equal values ordered
+    by index (the lowest first, as :func:`hsm.search.topk_lowest_id` and the layers' searches).
+    ``argpartition`` finds the k-th value; every entry at least that large (k of them, more with
+    ties) is then sorted by value, then index."""
+    if k >= scores.shape[1]:
+        return np.argsort(-scores, axis=1, kind="stable")[:, :k]
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1:k]
+    rows, index = np.nonzero(scores >= kth)
+    order = np.lexsort((index, -scores[rows, index], rows))
+    rows, index = rows[order], index[order]
+    starts = np.searchsorted(rows, np.arange(scores.shape[0]))
+    return index[starts[:, None] + np.arange(k)]
+
+
 class SparseTreeClassifier:
     """Hierarchical softmax with a linear model per node on sparse features (ICML eq. 3 with
     ``f(x) = x``), the tree fixed or learned by Algorithm 1.
@@ -482,7 +512,7 @@ class SparseTreeClassifier:
         self.changed_nodes = check_choice(changed_nodes, "changed_nodes", ("keep", "fresh_steps", "fresh"))
         if self.changed_nodes == "fresh_steps" and self.optimizer != "adagrad":
             raise ValueError("changed_nodes='fresh_steps' restarts AdaGrad's sums: use optimizer='adagrad'")
-        self.seed = check_integer(seed, "seed")
+        self.seed = check_count(seed, "seed", 0)  # numpy's generators take seeds >= 0
         # what HogwildTrainer reads besides the above
         self.schedule, self.rebuild_tokens, self.reduce, self.shuffle, self.reset_moved_nodes = (
             "first_half", 100_000, "sum", True, False)
@@ -580,14 +610,7 @@ class SparseTreeClassifier:
         self._num_labels = k
         tree = None if self.output == "flat" else self._starting_tree(features, label_values, label_offsets, counts)
         slots = k if tree is None else tree.num_nodes * tree.arity
-        need = 4 * num_features * slots
-        from hsm.classifiers.fast_classifier import physical_memory
-
-        have = physical_memory()
-        if have is not None and need > 0.8 * have:
-            raise ValueError(f"the weights of {num_features:,} features x {slots:,} slots need {need / 2**30:.1f} GiB, "
-                             f"more than 80 % of this machine's {have / 2**30:.1f} GiB: keep fewer features "
-                             f"(tfidf_features' min_df / max_features)")
+        _check_weights_fit(num_features, slots, "keep fewer features (tfidf_features' min_df / max_features)")
         if self.output == "learned" and self.depth == "free" and not tree.is_well_formed():
             raise ValueError("Algorithm 2 re-assigns a well-formed tree (every node with M children): pass "
                              "full_tree(start) or depth='fixed' with a fixed-depth start")
@@ -658,10 +681,7 @@ class SparseTreeClassifier:
             part = block[:hi - lo]
             self._log_probs_into(features, lo, hi, part)
             _check_scores_finite(part, lo)
-            top = np.argpartition(-part, k - 1, axis=1)[:, :k] if k < self._num_labels else np.tile(
-                np.arange(k), (hi - lo, 1))
-            order = np.argsort(-np.take_along_axis(part, top, axis=1), axis=1, kind="stable")
-            labels[lo:hi] = np.take_along_axis(top, order, axis=1)
+            labels[lo:hi] = _topk_lowest_id(part, k)
             scores[lo:hi] = np.take_along_axis(part, labels[lo:hi], axis=1)
         return Prediction(labels, scores)
 
@@ -688,7 +708,7 @@ class SparseTreeClassifier:
         if self.node_loss != "softmax":
             raise ValueError("add_labels places labels by the children's distribution at each node: node_loss='binary' "
                              "has none (train with node_loss='softmax')")
-        check_placement(placement)
+        check_placement(placement, seed)
         if sp.issparse(features_per_label) or not isinstance(features_per_label, Sequence) or not features_per_label:
             raise ValueError("features_per_label must be a non-empty list with one [n, F] sparse matrix per new label")
         examples = [_as_csr(rows, f"features_per_label[{index}]", self.num_features).astype(np.float64)
@@ -697,6 +717,8 @@ class SparseTreeClassifier:
             reference = _as_csr(reference, "reference", self.num_features).astype(np.float64)
         tree, arity = self.tree, self.tree.arity
         added, old_k, num_features = len(examples), self._num_labels, self.weight.shape[0]
+        _check_weights_fit(num_features, self.weight.shape[1] + added * arity,
+                           f"add fewer than {added:,} labels at once or train on fewer features", growing=True)
         # room for one new node per label, trimmed once the tree is known
         slots = _SparseSlots(np.concatenate([self.weight, np.zeros((num_features, added * arity), np.float32)], axis=1),
                              np.concatenate([self.bias, np.zeros((added, arity), np.float32)]), arity)

@@ -878,7 +878,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args.device = check_device(args.device)
         if args.json:  # a quick run must not replace a full-scale file by accident: refuse before measuring
-            check_replace(args.json, scale, args.force)
+            check_replace(args.json, scale, args.force, option="--json")
             check_code_committed(scale, args.allow_dirty)
     except ValueError as exc:
         print(f"hsm bench: {exc}", file=sys.stderr)

@@ -44,7 +44,8 @@ import torch
 
 from hsm.cli_text import plain
 
-__all__ = ["METHODS", "METRICS", "decoding_functions", "format_table", "main", "run_decoding", "to_records"]
+__all__ = ["METHODS", "METRICS", "check_sizes", "decoding_functions", "format_table", "main", "run_decoding",
+           "to_records"]
 
 METHODS = ("tree-d2", "tree-d3", "flat", "adaptive")
 METRICS = ("top1", "top5", "logprob", "top5_torch", "logprob_torch")
@@ -140,6 +141,22 @@ def run_decoding(vocabs: Sequence[int], methods: Sequence[str], dim: int, batch:
     return {"dim": dim, "batch": batch, "weight_scale": weight_scale, "rows": rows}
 
 
+def check_sizes(vocabs: Sequence[int], dim: int, batch: int) -> None:
+    """ValueError naming ``--vocab`` when the largest layer would not fit in this machine's memory:
+    about ``4 V (d + 3 B)`` bytes (the float32 weights, and the logits, log-probabilities and
+    sorted copy of a batch over every label), refused above 80 % of the physical memory before
+    anything is allocated, instead of the allocator's traceback (or the out-of-memory killer)."""
+    from hsm.classifiers.fast_classifier import physical_memory
+
+    vocab = max(vocabs)
+    need = 4 * vocab * (dim + 3 * batch)
+    have = physical_memory()
+    if have is not None and need > 0.8 * have:
+        raise ValueError(f"--vocab {vocab:,}: the layers of V = {vocab:,} (d = {dim}, B = {batch}) need about "
+                         f"{need / 2**30:,.1f} GiB, more than 80 % of this machine's {have / 2**30:.1f} GiB: "
+                         f"choose a smaller --vocab")
+
+
 def _row_line(row: dict[str, Any]) -> str:
     times = "  ".join(f"{metric} {value:9.2f}" for metric, value in row["ms"].items())
     return f"V={row['vocab']:>9,d} threads={row['threads']} {row['method']:<9} {times}"
@@ -214,15 +231,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             setattr(args, name, value)
     path = output_path(DEFAULT_OUT, args.json)
     try:
-        check_replace(path, scale, args.force)  # before measuring: a quick run must not replace a full one
+        # before measuring: a quick run must not replace a full one
+        check_replace(path, scale, args.force, option="--json")
         check_code_committed(scale, args.allow_dirty)
+        check_sizes(args.vocab, args.dim, args.batch)
     except ValueError as exc:
         print(f"hsm bench-decoding: {exc}", file=sys.stderr)
         return 2
     start = time.perf_counter()
     with recording_invocation({"command": "bench-decoding", "argv": _without_json(argv)}):
-        result = run_decoding(args.vocab, args.methods, args.dim, args.batch, args.threads, args.repeats, args.budget,
-                              args.weight_scale, args.metrics, progress=lambda line: print(line, flush=True))
+        try:
+            result = run_decoding(args.vocab, args.methods, args.dim, args.batch, args.threads, args.repeats,
+                                  args.budget, args.weight_scale, args.metrics,
+                                  progress=lambda line: print(line, flush=True))
+        except (MemoryError, RuntimeError) as exc:
+            # what the size check cannot foresee (other processes holding memory): torch's allocator
+            # raises RuntimeError "... can't allocate memory ...", numpy MemoryError
+            if not isinstance(exc, MemoryError) and "allocate" not in str(exc):
+                raise
+            print(f"hsm bench-decoding: out of memory while measuring (V up to {max(args.vocab):,}, d = {args.dim}, "
+                  f"B = {args.batch}): choose a smaller --vocab", file=sys.stderr)
+            return 1
         print(format_table(result))
         config = {k: v for k, v in vars(args).items() if k != "json"}
         written = write_results(path, to_records(result), provenance(config, time.perf_counter() - start,

@@ -14,9 +14,10 @@ tolerance:
     python -m hsm reproduce results/lm/ptb.json --scale quick # the same command on the quick slice
     python -m hsm reproduce FILE --rtol 0.02                  # rows with a seed spread (threaded runs)
 
-Numbers named like times (``*_ms``, ``*_s``, ``time``, ``speedup``, ...) are shown but never
-checked: they measure the machine. A run at another scale than the file's is shown and not
-checked either.
+Timings (fields named like times, ``*_ms``, ``ms_per_*``, ``*_seconds``, ``*_s``, ``time``,
+``speedup``, ..., and a record's ``value`` whose ``measure`` or ``kind`` is one: :func:`is_timing`)
+are shown and counted as "timings, not compared": they measure the machine. A run at another
+scale than the file's is shown and not checked either.
 
 The default tolerance follows what the arithmetic can promise. Integers (counts, sizes, epochs)
 must be equal. Float results must be equal too when the re-run did the same arithmetic as the
@@ -46,14 +47,39 @@ from hsm_lab import config as hsm_config
 from hsm_lab.results import _CODE_AT_START, check_destination, load_results, machine_arithmetic, scale_of_label
 
 __all__ = ["Difference", "ReproduceError", "FLOAT32_RTOL", "same_arithmetic", "invocation_of", "command_for",
-           "compare_records", "main"]
+           "compare_records", "is_timing", "main"]
 
 #: relative tolerance for float results re-run with other arithmetic (another CPU, thread count or
 #: library version): float32 training differs there by about 1e-6 relative, the seed spread is 1e-2
 FLOAT32_RTOL = 1e-4
 
-#: field names that measure the machine, not the method: shown, never checked
-_TIMING_FIELD = re.compile(r"(^|_)(ms|s|sec|secs|wall|ratio|throughput|per_s)(_|$)|time|speed|seconds")
+#: names that measure the machine, not the method (shown, never compared): times in any unit
+#: (``ms_per_batch``, ``train_ms_per_batch``, ``cpu_ms``, ``reassign_s``, ``train_seconds``,
+#: ``seconds_per_epoch``, ``wall_time_s``, ``phases_ms.*``), and what is made of times (``speedup_*``,
+#: ``*_overhead``, ``throughput``, ratios, the benchmark's ``floor_*`` and ``steal_*``). Matched
+#: against every part of a field's path (``reassignments[3].seconds``) and, for a record's
+#: ``value``, against what the record says it measures (``measure``, ``kind`` or the claim's last
+#: part, as :mod:`hsm_lab.results` records write it)
+_TIMING_NAME = re.compile(
+    r"(^|_)(ms|s|sec|secs|seconds|wall|ratio|throughput|per_s|overhead|floor|steal)(_|$)|time|speed")
+
+#: the fields that say what a record's ``value`` is
+_MEASURE_FIELDS = ("measure", "kind", "metric")
+
+
+def is_timing(field: str, record: Mapping[str, Any] | None = None) -> bool:
+    """Whether ``field`` (a path as :func:`compare_records` names it: ``value``,
+    ``per_epoch[2].train_nll``, ``reassignments[0].seconds``) of ``record`` holds a time or a
+    number made of times, which measures the machine and is reported as a timing, never compared.
+    The rule: some part of the path is named like a time (``_TIMING_NAME``), or the field is the
+    record's ``value`` and the record's ``measure`` / ``kind`` or its claim's last part is."""
+    parts = [part for part in re.split(r"[.\[\]]", field) if part and not part.isdigit()]
+    if any(_TIMING_NAME.search(part) for part in parts):
+        return True
+    if field == "value" and record is not None:
+        said = [record.get(key) for key in _MEASURE_FIELDS] + [str(record.get("claim") or "").rsplit(".", 1)[-1]]
+        return any(isinstance(name, str) and name and _TIMING_NAME.search(name) for name in said)
+    return False
 
 
 #: the benchmark commands, recorded as ``{"command": ..., "argv": [...]}`` and re-run with ``--json OUT``
@@ -230,6 +256,7 @@ class Difference:
     old: float | None
     new: float | None
     checked: bool  #: False for timings (and for every field when the scales differ)
+    timing: bool = False  #: a time or a number made of times (:func:`is_timing`): never compared
 
     @property
     def delta(self) -> float | None:
@@ -310,13 +337,14 @@ def compare_records(old: Sequence[Mapping[str, Any]], new: Sequence[Mapping[str,
         other = match.pop(0) if match else None
         old_numbers, new_numbers = flat(record), flat(other) if other is not None else {}
         for field in dict.fromkeys([*old_numbers, *new_numbers]):
-            is_timing = bool(_TIMING_FIELD.search(field.split("[")[0].split(".")[0]))
+            timing = is_timing(field, record)
             out.append(Difference(ident, field, old_numbers.get(field), new_numbers.get(field),
-                                  checked and not is_timing))
+                                  checked and not timing, timing))
     for ident, records in pending.items():  # rows only the new run has
         for record in records:
             for field, value in flat(record).items():
-                out.append(Difference(ident, field, None, value, checked))
+                timing = is_timing(field, record)
+                out.append(Difference(ident, field, None, value, checked and not timing, timing))
     return out
 
 
@@ -344,7 +372,7 @@ def _report(diffs: Sequence[Difference], rtol: float, atol: float, show_all: boo
             lines.append(f"{d.record}")
         mark = "  " if not d.checked else ("ok" if ok else "!!")
         delta = "" if d.delta is None else f"{d.delta:+.3g}"
-        note = "" if d.checked else "  (not checked)"
+        note = "  (timing, not compared)" if d.timing else ("" if d.checked else "  (not checked)")
         lines.append(f"  {mark} {d.field:<32} {_fmt(d.old):>14} -> {_fmt(d.new):<14} {delta}{note}")
     return "\n".join(lines), failures
 
@@ -358,6 +386,9 @@ def _check_keep(keep: Path, result: Path) -> None:
     if out.exists() and out.resolve() == result.resolve():
         raise ValueError(f"--keep {keep} is the folder of {result}: the re-run would replace the file it is compared "
                          f"with; choose another folder")
+    if out.exists() or out.is_symlink():
+        raise ValueError(f"--keep {keep} already holds a {result.name}: the re-run would replace it; choose an empty "
+                         f"folder or move that file away")
     check_destination(out, what="the re-run's result", fix="choose another --keep folder")
 
 
@@ -429,6 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.reuse_runs:  # a run finished earlier, perhaps by other code, is not a re-run
             env[hsm_config.RUNS_ENV] = str(scratch / "runs")
         status = subprocess.run(cmd, env=env).returncode
+        if status in (130, -2):  # the re-run was stopped by Ctrl-C (the signal reaches it first, at times)
+            raise KeyboardInterrupt
         if status != 0 or not out.exists():
             print(f"{prog}: the command failed (exit status {status}); nothing to compare", file=sys.stderr)
             return 1
@@ -440,6 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         table, failures = _report(diffs, rtol, atol, show_all=args.all)
         print(table)
         checked = sum(d.checked for d in diffs)
+        timings = sum(d.timing for d in diffs)
         if not same_scale:
             print(f"ran at scale {scale}, the file holds {recorded_scale}: {len(diffs)} numbers shown, none checked")
             return 0
@@ -450,7 +484,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             rule = "floats at the tolerance asked for"
         print(f"{checked} numbers checked (integers exactly; {rule}; rtol {rtol:g}, atol {atol:g}): "
-              f"{checked - failures} agree, {failures} differ"
+              f"{checked - failures} agree, {failures} differ; {timings} timings, not compared"
               + ("" if args.keep is None else f"; new result kept in {out}"))
         return 1 if failures else 0
     finally:

@@ -597,7 +597,7 @@ def recorded_scale(path: str | os.PathLike[str]) -> str | None:
     return match.group(1) if match else None
 
 
-def check_replace(path: str | os.PathLike[str], scale: str, force: bool = False) -> None:
+def check_replace(path: str | os.PathLike[str], scale: str, force: bool = False, option: str = "--out") -> None:
     """Refuse to replace the result file ``path`` by a run of a smaller ``scale``.
 
     Raises ValueError naming the file and both scales when ``path`` holds a result recorded at
@@ -605,8 +605,9 @@ def check_replace(path: str | os.PathLike[str], scale: str, force: bool = False)
     its first word counts), unless ``force``; and ValueError when ``path`` cannot be written at all
     (:func:`check_destination`: a directory, a folder under a file, a read-only folder) or is not
     ``.json``. Experiments call it before they start, so the refusal costs nothing;
-    :func:`write_results` calls it again before writing."""
-    check_destination(path)
+    :func:`write_results` calls it again before writing. ``option``: the command's option that
+    names the file (the benchmarks' ``--json``), which the messages name as the fix."""
+    check_destination(path, fix=None if option == "--out" else f"choose another {option}")
     if Path(path).suffix != ".json":
         raise ValueError(f"result files are JSON: expected a .json path, got {path}")
     if force:
@@ -618,7 +619,7 @@ def check_replace(path: str | os.PathLike[str], scale: str, force: bool = False)
         return
     if _SCALE_RANK[new] < _SCALE_RANK[existing]:
         raise ValueError(f"{path} holds a {existing}-scale result; refusing to replace it with a {new}-scale run "
-                         f"(write elsewhere with --out PATH, or pass --force / force=True to replace it)")
+                         f"(write elsewhere with {option} PATH, or pass --force / force=True to replace it)")
 
 
 def _is_result_payload(payload: Any) -> bool:

@@ -484,3 +484,30 @@ def test_cli_build_writes_its_report_atomically(fake_gutenberg, tmp_path, capsys
     assert cli.main(["build", "gutenberg", "--max-books", str(BOOKS), "--vocab-size", str(VOCAB),
                      "--report", str(blocked / "build.json")]) == 1
     assert "a-file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("missing", ["sha256", "stats", "settings", "name"])
+def test_a_prebuilt_corpus_description_missing_a_field_is_a_named_error(tmp_path, missing):
+    """A corpus.json cut short or edited (no sha256, no stats, ...): one line naming the file and
+    the field, on every rerun, instead of a KeyError."""
+    from hsm_lab.data.errors import CorruptArchiveError
+
+    meta = {"format": gutenberg.PREBUILT_FORMAT, "name": "gutenberg", "settings": {}, "sha256": {}, "stats": {}}
+    del meta[missing]
+    (tmp_path / "corpus.json").write_text(json.dumps(meta))
+    with pytest.raises(CorruptArchiveError) as error:
+        gutenberg.load_prebuilt_lm(tmp_path, max_books=3, vocab_size=120)
+    message = str(error.value)
+    assert "\n" not in message and str(tmp_path / "corpus.json") in message
+    assert f"has no '{missing}'" in message and "export the corpus again" in message
+
+
+@pytest.mark.parametrize("where", ["a-file", "a-file/below"])
+def test_data_export_to_a_file_is_refused_before_the_corpus_is_built(tmp_path, capsys, monkeypatch, where):
+    monkeypatch.setattr(gutenberg, "load_gutenberg", lambda *a, **k: pytest.fail("the corpus was built"))
+    (tmp_path / "a-file").write_text("x")
+    assert cli.main(["export", "gutenberg", str(tmp_path / where)]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(tmp_path / where) in err
+    assert ("is a file: the export writes a folder" if where == "a-file" else "a-file is a file") in err
+    assert (tmp_path / "a-file").read_text() == "x"

@@ -514,3 +514,42 @@ def test_lm_experiment_refuses_a_huge_arity_in_one_line(tmp_path, monkeypatch, c
     code = cli.main(["lm-ptb", "--scale", "quick", "-o", "arity=1000000", "--out", str(tmp_path / "x.json")])
     err = capsys.readouterr().err
     assert code == 2 and "a complete 1000000-ary tree of depth 3" in err and len(err.strip().splitlines()) == 1
+
+
+def _damage_missing_entry(state):
+    del state["optimizer"]
+
+
+def _damage_wrong_shape(state):
+    key = next(iter(state["model"]))
+    state["model"][key] = state["model"][key][:1]
+
+
+def _damage_nan_statistics(state):
+    state["statistics"]["sum_probas"][0, 0] = float("nan")
+
+
+@pytest.mark.parametrize("damage", [_damage_missing_entry, _damage_wrong_shape, _damage_nan_statistics],
+                         ids=["missing-entry", "wrong-shape", "nan-statistics"])
+def test_a_damaged_checkpoint_is_ignored_with_a_warning_naming_it(tmp_path, damage) -> None:
+    """A checkpoint that reads but does not fit the run (an entry missing, another shape, NaN
+    statistics) is dropped with a warning naming the file, as an unreadable one: the run starts
+    over instead of failing with a traceback on every rerun."""
+    import torch
+
+    corpus = _toy_corpus()
+    tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
+    cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=2)
+    straight = lm.train_lm(corpus, cfg, tree=tree)
+    folder = tmp_path / "runs"
+    files = lm.training.RunFiles.in_folder(folder, cfg, corpus)
+    run = lm.training._Training(corpus, cfg, tree, torch.device("cpu"))
+    run.start()
+    total = run.train_epoch(0, None, 1e9, lambda message: None)
+    run.end_epoch(0, total, files, lambda message: None)  # writes the checkpoint after epoch 1
+    state = torch.load(files.checkpoint, weights_only=False)
+    damage(state)
+    torch.save(state, files.checkpoint)
+    with pytest.warns(UserWarning, match=f"ignoring damaged checkpoint {files.checkpoint}"):
+        again = lm.train_lm(corpus, cfg, tree=tree, checkpoint_dir=folder)
+    assert again.test_perplexity == pytest.approx(straight.test_perplexity, rel=1e-5)

@@ -179,3 +179,11 @@ def test_the_engine_check_dry_runs_on_the_cpu(tmp_path, capsys):
     assert report["values"]["max_abs_diff"] < 1e-4
     assert {"flat_train", "adaptive_train", "engine_train", "engine_test"} <= set(report["timings_ms"])
     assert report["provenance"]["config"]["device"] == "cpu"
+
+
+def test_a_result_file_that_cannot_be_written_names_json_not_out(tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert bench.main(["--quick", "--json", str(blocker / "b.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "choose another --json" in err and "--out" not in err

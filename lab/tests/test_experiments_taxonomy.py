@@ -556,3 +556,29 @@ def test_taxonomy_experiment_keeps_the_decay_of_its_committed_runs(monkeypatch):
     valid = dataset.validation_split(cfg["valid_fraction"], seed=0)
     learner = taxonomy._build("learned", dataset, valid, cfg, 0, pretrained, torch.device("cpu"))[-2]
     assert isinstance(learner, hsm.TreeLearner) and learner.statistics.decay == 0.5
+
+
+@needs_data
+def test_train_one_names_a_damaged_checkpoint_and_the_fix(tmp_path, monkeypatch):
+    """A checkpoint of this run whose learner statistics hold a NaN: one line naming the file."""
+    import torch
+
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    cfg, dataset, pretrained = E._prepare("quick", "trec", dict(
+        train_limit="60", test_limit="30", max_tokens="8", max_vocab="300", max_epochs="2", patience="2",
+        learn_tree_epochs="2"))
+    valid = dataset.validation_split(cfg["valid_fraction"], seed=0)
+    ckpt = tmp_path / "run.pt"
+    save = E.save_checkpoint
+    monkeypatch.setattr(E, "save_checkpoint", lambda state, path: save(state, path) and (_ for _ in ()).throw(
+        KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        E.train_one("learned", dataset, valid, cfg, seed=0, pretrained=pretrained, checkpoint=ckpt)
+    monkeypatch.setattr(E, "save_checkpoint", save)
+    state = torch.load(ckpt, weights_only=False)
+    state["learner"]["statistics"]["sum_probas"].view(-1)[0] = float("nan")
+    torch.save(state, ckpt)
+    with pytest.raises(ValueError) as error:
+        E.train_one("learned", dataset, valid, cfg, seed=0, pretrained=pretrained, checkpoint=ckpt)
+    message = str(error.value)
+    assert "\n" not in message and f"checkpoint {ckpt} cannot be resumed" in message and "delete it" in message

@@ -301,3 +301,76 @@ def test_records_that_gained_a_label_still_match_their_old_rows() -> None:
     diffs = R.compare_records(old, new)
     assert all(d.within(0, 0) for d in diffs), [d for d in diffs if not d.within(0, 0)]
     assert {d.record for d in diffs} == {"run=flat", "run=tree"}
+
+
+def test_timings_are_recognised_by_name_and_by_what_a_value_measures() -> None:
+    """A re-run on the same machine gives other timings: the language models' ``value`` of a
+    ``train_ms_per_batch`` record, the decoding benchmark's ``kind=ms_per_batch`` rows and the
+    re-assignments' seconds are timings, reported apart and never compared."""
+    lm = {"claim": "arxiv2016.table1.ptb.flat_soft_max.ms_per_batch", "measure": "train_ms_per_batch",
+          "run": "flat", "value": 23.7, "reassignments": [{"step": 10, "seconds": 0.4, "moved_labels": 3.0}],
+          "per_epoch": [{"epoch": 1, "train_nll": 5.3}]}
+    decoding = {"kind": "ms_per_batch", "metric": "top1", "method": "tree", "value": 0.5, "cpu_ms": 0.5,
+                "top5_nodes_visited": 4.25, "speedup_vs_flat": 43.6}
+    perplexity = {"claim": "arxiv2016.table1.ptb.flat_soft_max.perplexity", "measure": "test_perplexity",
+                  "run": "flat", "value": 160.6}
+    later = lambda r, **c: {**r, **c}  # noqa: E731
+    new = [later(lm, value=25.1, reassignments=[{"step": 10, "seconds": 0.9, "moved_labels": 3.0}]),
+           later(decoding, value=0.7, cpu_ms=0.8, speedup_vs_flat=40.0), dict(perplexity)]
+    diffs = R.compare_records([lm, decoding, perplexity], new)
+    timings = {(d.record.split(",")[0], d.field) for d in diffs if d.timing}
+    assert timings == {("claim=arxiv2016.table1.ptb.flat_soft_max.ms_per_batch", "value"),
+                       ("claim=arxiv2016.table1.ptb.flat_soft_max.ms_per_batch", "reassignments[0].seconds"),
+                       ("kind=ms_per_batch", "value"), ("kind=ms_per_batch", "cpu_ms"),
+                       ("kind=ms_per_batch", "speedup_vs_flat")}
+    assert not any(d.checked for d in diffs if d.timing)
+    assert all(d.within(0, 0) for d in diffs if d.checked)  # every result, nothing timed, agrees
+    checked = {d.field for d in diffs if d.checked}
+    assert {"reassignments[0].moved_labels", "per_epoch[0].train_nll", "top5_nodes_visited"} <= checked
+    for name in ("ms_per_example", "train_seconds", "seconds_per_epoch", "wall_time_s", "reassign_s",
+                 "phases_ms.learner", "time", "reassign_overhead"):
+        assert R.is_timing(name), name
+    for name in ("value", "p_at_1", "steps", "seeds", "moved_labels", "test_perplexity", "nodes_visited"):
+        assert not R.is_timing(name), name
+
+
+def test_a_re_run_whose_timings_alone_changed_agrees_and_says_so(tmp_path: Path, monkeypatch, capsys) -> None:
+    """Only the timings differ: exit 0, the summary counts them as "timings, not compared"."""
+    source = json.loads((FIXTURES / "sampling-fig1-quick.json").read_text())
+    source["records"] = [{"kind": "ms_per_batch", "method": "tree", "value": 1.0, "nodes": 7},
+                         {"measure": "test_perplexity", "method": "tree", "value": 150.0, "wall_time_s": 3.0}]
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(source))
+
+    def fake_run(cmd, env):
+        out = Path(cmd[cmd.index("--out") + 1])
+        rerun = {**source, "records": [{**source["records"][0], "value": 2.0},
+                                       {**source["records"][1], "wall_time_s": 9.0}]}
+        out.write_text(json.dumps(rerun))
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(R.subprocess, "run", fake_run)
+    assert R.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "0 differ; 2 timings, not compared" in out and "(timing, not compared)" in out
+
+
+def test_keep_never_replaces_another_file_of_the_same_name(tmp_path: Path, capsys) -> None:
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    other = keep / "sampling-fig1-quick.json"
+    other.write_text("an earlier re-run")
+    assert R.main([str(FIXTURES / "sampling-fig1-quick.json"), "--keep", str(keep)]) == 2
+    err = capsys.readouterr().err
+    assert "already holds a sampling-fig1-quick.json" in err and err.count("\n") == 1
+    assert other.read_text() == "an earlier re-run"
+
+
+def test_a_re_run_stopped_by_ctrl_c_is_reported_as_interrupted(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The signal reaches the re-run too: its status 130 is Ctrl-C, not a failed command."""
+    from hsm.__main__ import main
+
+    monkeypatch.setattr(R.subprocess, "run", lambda cmd, env: type("Done", (), {"returncode": 130})())
+    assert main(["reproduce", str(FIXTURES / "sampling-fig1-quick.json")]) == 130
+    err = capsys.readouterr().err
+    assert err == "hsm reproduce: interrupted\n"

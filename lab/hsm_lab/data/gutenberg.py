@@ -731,6 +731,21 @@ def _prebuilt_settings(max_books: int | None, vocab_size: int, lowercase: bool, 
             "pipeline_version": PIPELINE_VERSION, "archive_sha256": archive.sha256}
 
 
+def _check_export_folder(directory: Path) -> None:
+    """ValueError naming the fix when ``directory`` cannot be the export's folder: an existing file,
+    a path below a file, or below a folder that cannot be written."""
+    if directory.exists() and not directory.is_dir():
+        raise ValueError(f"{directory} is a file: the export writes a folder of files; give a folder's path "
+                         f"(e.g. {directory.parent / (directory.stem + '-corpus')})")
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{directory} cannot be created: {existing} is a file; give a folder's path elsewhere")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{directory} cannot be written: {existing} is read-only; give a folder's path elsewhere")
+
+
 def export_lm_corpus(directory: Path, max_books: int | None = None, vocab_size: int = 250_000, *,
                      lowercase: bool = False, split: str = "books", split_seed: int | None = None,
                      chunk_tokens: int = CHUNK_TOKENS, min_count: int = 1, preset: int = 9,
@@ -745,9 +760,10 @@ def export_lm_corpus(directory: Path, max_books: int | None = None, vocab_size: 
     level (9: smallest, about a minute per 100 MB of ids on one core)."""
     import lzma
 
+    directory = Path(directory)
+    _check_export_folder(directory)  # before the corpus is built (minutes at full size)
     corpus = load_gutenberg(max_books, vocab_size, lowercase=lowercase, progress=progress, split=split,
                             split_seed=split_seed, chunk_tokens=chunk_tokens, min_count=min_count)
-    directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     payloads = {f"{name}.u32.xz": getattr(corpus, name).numpy().astype("<u4").tobytes() for name in _PREBUILT_SPLITS}
     payloads["vocab.txt.xz"] = "\n".join(corpus.vocab).encode("utf-8")
@@ -791,6 +807,11 @@ def load_prebuilt_lm(directory: Path, max_books: int | None = None, vocab_size: 
     if not isinstance(meta, dict) or meta.get("format") != PREBUILT_FORMAT:
         raise CorruptArchiveError(f"{meta_path} is not a prebuilt corpus of format {PREBUILT_FORMAT}. Fix: export "
                                   f"the corpus again with this version")
+    for key, kind in (("name", str), ("settings", dict), ("sha256", dict), ("stats", dict)):
+        if not isinstance(meta.get(key), kind):
+            found = "has no" if key not in meta else f"has a {type(meta[key]).__name__} as"
+            raise CorruptArchiveError(f"{meta_path} {found} '{key}' (a {kind.__name__} in an exported corpus): it was "
+                                      f"edited or cut short. Fix: export the corpus again")
     wanted = _prebuilt_settings(max_books, vocab_size, lowercase, _variant(split, split_seed, chunk_tokens, min_count))
     if meta.get("settings") != wanted:
         have = meta.get("settings") or {}

@@ -431,19 +431,26 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
                       "differ); this run starts over", stacklevel=2)
         saved = None
     if saved is not None:
-        model.load_state_dict(saved["model"])
-        layer.load_state_dict(saved["layer"])  # installs the saved tree too (a learned tree moves)
-        for opt, state in zip(optimizer.optimizers, saved["optimizers"]):
-            opt.load_state_dict(state)
-        if learner is not None:
-            learner.load_state_dict(saved["learner"])
-            initial_tree = Tree.from_dict(saved["initial_tree"])
-        gen.set_state(saved["generator"])
-        torch.set_rng_state(saved["torch_rng"])  # dropout masks continue as if never stopped
-        if device.type == "cuda" and saved.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state(saved["cuda_rng"], device)
-        best, history, bad_epochs = saved["best"], saved["history"], saved["bad_epochs"]
-        first_epoch, seconds_before = saved["epoch"] + 1, saved["seconds"]
+        try:
+            model.load_state_dict(saved["model"])
+            layer.load_state_dict(saved["layer"])  # installs the saved tree too (a learned tree moves)
+            for opt, state in zip(optimizer.optimizers, saved["optimizers"]):
+                opt.load_state_dict(state)
+            if learner is not None:
+                learner.load_state_dict(saved["learner"])
+                initial_tree = Tree.from_dict(saved["initial_tree"])
+            gen.set_state(saved["generator"])
+            torch.set_rng_state(saved["torch_rng"])  # dropout masks continue as if never stopped
+            if device.type == "cuda" and saved.get("cuda_rng") is not None:
+                torch.cuda.set_rng_state(saved["cuda_rng"], device)
+            best, history, bad_epochs = saved["best"], saved["history"], saved["bad_epochs"]
+            first_epoch, seconds_before = saved["epoch"] + 1, saved["seconds"]
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as exc:
+            # an entry missing, another shape, NaN statistics: the model is half loaded by now, so
+            # the run stops, naming the file and the fix, rather than training from a mixture
+            detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+            raise ValueError(f"checkpoint {checkpoint} cannot be resumed ({type(exc).__name__}: {detail}): delete it "
+                             f"and this run starts over") from None
         print(f"[{cfg['data']}] {kind} seed {seed}: resuming after epoch {saved['epoch']} from {checkpoint}",
               file=sys.stderr, flush=True)
     trained_layer = layer

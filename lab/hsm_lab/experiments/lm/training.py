@@ -522,7 +522,16 @@ def train_lm(
     run = _Training(corpus, cfg, tree, device, warmup)
     state = files.load_checkpoint() if files is not None else None
     if state is not None:
-        run.restore(state, log)
+        try:
+            run.restore(state, log)
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as exc:
+            # an entry missing, a tensor of another shape (torch's RuntimeError), NaN statistics:
+            # as an unreadable checkpoint (results.load_checkpoint), warned about by name and
+            # dropped, or every rerun would stop on it; the fresh run is seeded as the first was
+            detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+            warnings.warn(f"ignoring damaged checkpoint {files.checkpoint} ({type(exc).__name__}: {detail}); "
+                          "the run starts over", stacklevel=2)
+            run = _Training(corpus, cfg, tree, device, warmup)
     run.start()
     for epoch in range(run.start_epoch, cfg.epochs):
         total = run.train_epoch(epoch, files, checkpoint_seconds, log)
