@@ -62,9 +62,9 @@ _CLASSIFIERS = ("FastBowClassifier", "SparseTreeClassifier")
 
 def __getattr__(name: str) -> object:
     if name in _CLASSIFIERS:
-        from . import classifiers
+        import importlib  # loaded on first use, not by ``import hsm``
 
-        value = getattr(classifiers, name)
+        value = getattr(importlib.import_module("hsm.classifiers"), name)
         globals()[name] = value  # later lookups skip this function
         return value
     raise AttributeError(f"module 'hsm' has no attribute {name!r}")
