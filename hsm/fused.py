@@ -213,7 +213,7 @@ def path_backward_adagrad_(input: Tensor, weight: Tensor, bias: Tensor | None, s
 class FusedPathLogLikelihood(torch.autograd.Function):
     """Eq. 5 by :func:`path_forward`; the backward applies the fused optimiser's Adagrad update in
     place (:func:`path_backward_adagrad_`) and returns the input's gradient only: the weight and
-    bias get a :class:`hsm.optim.FusedGradient` placeholder, which ``step()`` skips.
+    bias get a :class:`hsm.backend.FusedGradient` placeholder, which ``step()`` skips.
 
     Arguments: ``input`` [B, d], ``weight`` [N, M * d], ``bias`` [N, M] or None, ``penalty`` and
     ``rows`` (:mod:`hsm.engine`'s), ``length`` L, ``arity`` M, ``optimizer`` the fused
@@ -235,8 +235,8 @@ class FusedPathLogLikelihood(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output: Tensor, _grad_log_probs: Tensor | None):  # type: ignore[override]
         """The input's gradient; the weights and biases are updated in place by Adagrad inside the
-        kernel and get a :class:`~hsm.optim.FusedGradient` placeholder."""
-        from .optim import FusedGradient
+        kernel and get a :class:`~hsm.backend.FusedGradient` placeholder."""
+        from .backend import FusedGradient
 
         input, log_probs = ctx.saved_tensors
         weight, bias = ctx.params

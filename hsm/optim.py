@@ -166,9 +166,8 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         Raises TypeError unless ``layer`` is an :class:`HierarchicalSoftmax`; ValueError unless
         its weight (and bias) are parameters of this optimiser, in one parameter group, and when
         the layer is already fused with another optimiser (which would silently stop updating it)."""
-        from .layers import HierarchicalSoftmax  # (imported here: the layer module imports this one)
-
-        if not isinstance(layer, HierarchicalSoftmax):
+        # the tree layer, known by what fusing uses (this module does not import the layers)
+        if not (isinstance(layer, torch.nn.Module) and hasattr(layer, "tree") and hasattr(layer, "fused_optimizer")):
             raise TypeError(f"layer must be an hsm.HierarchicalSoftmax, got {type(layer).__name__}")
         groups = [self._group_of(p) for p in (layer.weight, layer.bias) if p is not None]
         if any(g is None for g in groups):
