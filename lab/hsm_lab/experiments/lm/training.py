@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from hsm_lab import config as hsm_config
+from hsm_lab import results
 from hsm.atomic import atomic_write
 from hsm_lab.output_layers import output_layer
 from hsm_lab.data.lm import LMCorpus
@@ -30,9 +31,7 @@ from hsm_lab.experiments import check_device
 from hsm.layers import HierarchicalSoftmax, NonFiniteInputError
 from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
-from hsm_lab.results import load_checkpoint as _load_checkpoint
 from hsm_lab.results import read_json_or_none
-from hsm_lab.results import save_checkpoint as _save_checkpoint
 from hsm.sampling import SampledSoftmax
 from hsm.training import TreeLearner
 from hsm.tree import Tree
@@ -181,17 +180,17 @@ class RunFiles:
         return _load_finished(self.finished)
 
     def load_checkpoint(self) -> dict[str, Any] | None:
-        return _load_checkpoint(self.checkpoint)
+        return results.load_checkpoint(self.checkpoint)
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        _save_checkpoint(state, self.checkpoint)
+        results.save_checkpoint(state, self.checkpoint)
 
     def save_model(self, run: _Training) -> None:
         """Keep the trained model: its LM, output layer, tree and configuration."""
         if self.model is None:
             raise ValueError("this run has no model file name: make its files with RunFiles.in_folder")
         output = run.output
-        _save_checkpoint({"config": asdict(run.cfg), "vocab_size": run.model.vocab_size,
+        results.save_checkpoint({"config": asdict(run.cfg), "vocab_size": run.model.vocab_size,
                           "model": run.model.state_dict(), "output": output.state_dict(),
                           "tree": output.tree.to_dict() if isinstance(output, HierarchicalSoftmax) else None},
                          self.model)
@@ -547,7 +546,7 @@ def train_lm(
 def load_trained_model(path: Path, device: str | torch.device = "cpu"
                        ) -> tuple[LogBilinearLM, torch.nn.Module, LMRunConfig]:
     """The (LM, output layer, configuration) a run kept with ``keep_model``, in evaluation mode."""
-    state = _load_checkpoint(Path(path))
+    state = results.load_checkpoint(Path(path))
     if state is None:
         raise FileNotFoundError(f"no trained model at {path}. Fix: train the run with keep_model=True")
     cfg = LMRunConfig(**state["config"])
