@@ -2,9 +2,9 @@
 arXiv Table 1, the timing columns), measured side by side in one run.
 
 Training the log-bilinear model with a flat softmax over Gutenberg's 250,000 words for epochs is
-out of reach of this project's 2-core CPU (about a third of a second per batch of 128: some
-30 hours per epoch), so the perplexity columns of ICML Table 2 come from a reduced corpus
-(:mod:`hsm_lab.experiments.lm`). Its *speed* columns do not need training to convergence: a few
+out of reach of a 2-core CPU (about a third of a second per batch of 128: some 30 hours per
+epoch), so the trees' perplexity columns of ICML Table 2 are trained on all 678 books and the flat
+row is not (:mod:`hsm_lab.experiments.lm`). Its *speed* columns do not need training to convergence: a few
 hundred steps of the real model on real batches, at the real vocabulary, give the milliseconds
 per batch. This experiment measures, for each output layer,
 

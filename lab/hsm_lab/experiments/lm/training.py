@@ -494,8 +494,8 @@ def train_lm(
     returns its stored result without training again. A checkpoint is written after every epoch
     and, within an epoch, every ``checkpoint_seconds`` of training (default: the environment
     variable ``HSM_CHECKPOINT_SECONDS``, else 300), so that a Gutenberg epoch (318k steps) can be
-    trained across runs that are each cut off after a few minutes (the GPU tool's 10-minute
-    calls): a resumed run redraws the same example order and continues at the next step.
+    trained across runs that are each cut off after a few minutes (a job scheduler's time limit,
+    say): a resumed run redraws the same example order and continues at the next step.
     ``keep_model`` (needs ``checkpoint_dir``) keeps the trained model beside the finished run, for
     diagnostics that need more than the perplexities (:func:`load_trained_model`).
     """
