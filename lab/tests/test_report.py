@@ -188,11 +188,14 @@ def test_the_larger_d_verdict_follows_the_gain_at_d_200(change: float, word: str
     assert report._larger_d_row(gains).verdict == "close"
 
 
-def test_the_speed_up_is_judged_only_when_both_layers_ran_on_one_gpu() -> None:
+def test_the_speed_up_is_judged_on_the_output_layers_on_one_gpu() -> None:
     rows = {row.claim: row for row in report.verdicts()}
     speed = next(row for claim, row in rows.items() if "trains nearly 3" in claim)
-    # the whole model timed on one GPU decides; the CPU ratios stand beside it
-    assert "one GPU" in speed.rule and "H200" in speed.ours and "whole model" in speed.ours
+    # the output layers timed on one GPU decide, as the paper timed the objective; the whole model
+    # and the CPU ratios stand beside them
+    assert "one GPU" in speed.rule and "output layers alone" in speed.rule
+    assert "output layers on one NVIDIA H200" in speed.ours and "whole model" in speed.ours
+    assert "computing and learning the objective" in speed.paper
     train, test = speed.numbers["train"], speed.numbers["test"]
     assert speed.verdict == ("contradicted" if min(train, test) <= 1 else speed.verdict)
     assert speed.numbers["cpu_train"] > 100 and speed.numbers["cpu_test"] > 100
