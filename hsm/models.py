@@ -188,12 +188,22 @@ class LogBilinearLM(nn.Module):
                              f"got {list(contexts.shape)}")
         if contexts.dtype not in (torch.int64, torch.int32):
             raise TypeError(f"contexts must hold integer word ids, got dtype {contexts.dtype}")
-        if contexts.numel():
-            low, high = (int(v) for v in torch.aminmax(contexts))  # one pass (a host sync on a GPU)
-            if low < 0 or high >= self.vocab_size:
-                raise ValueError(f"word ids must lie in 0..{self.vocab_size - 1}, got {low}..{high}")
-        return _LogBilinear.apply(contexts, self.embedding.weight, self.context_weight, self.sparse,
-                                  getattr(self, "use_kernels", True))
+        use_kernels = getattr(self, "use_kernels", True)
+        if contexts.numel() and _compiled_applies(self.embedding.weight, self.context_weight, use_kernels):
+            # the compiled kernels index without bounds checks: check first (free on the CPU)
+            self._check_ids(contexts)
+        try:
+            # elsewhere index_select checks the bounds: an IndexError on the CPU, a device-side
+            # assert on a GPU, and no read back from the device (the step stays capturable)
+            return _LogBilinear.apply(contexts, self.embedding.weight, self.context_weight, self.sparse, use_kernels)
+        except IndexError:
+            self._check_ids(contexts)
+            raise
+
+    def _check_ids(self, contexts: Tensor) -> None:
+        low, high = (int(v) for v in torch.aminmax(contexts))
+        if low < 0 or high >= self.vocab_size:
+            raise ValueError(f"word ids must lie in 0..{self.vocab_size - 1}, got {low}..{high}")
 
     def forward_reference(self, contexts: Tensor) -> Tensor:
         """The plain autograd computation of :meth:`forward` (``F.embedding`` and one ``einsum``),

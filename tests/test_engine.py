@@ -362,3 +362,37 @@ def test_topk_of_a_confident_model_reads_the_device_once():
     assert [op.name for op in counter.synchronising] == ["aten.nonzero.default"]  # which rows are not proven
     torch.testing.assert_close(top[0], layer.log_prob(h).topk(2, dim=1).values)
     assert float(top[2].float().mean()) < 0.1 * tree.num_nodes
+
+
+def test_a_whole_language_model_step_reads_nothing_back():
+    """The log-bilinear model (sparse embeddings), the tree layer on the static engine, the row-sparse
+    Adagrad over both and Algorithm 1's statistics: a whole training step that a CUDA graph can
+    capture (no synchronisation), the same operations for every batch."""
+    from hsm.models import LogBilinearLM
+
+    torch.manual_seed(0)
+    vocab, dim, context = 2_000, 16, 4
+    model = LogBilinearLM(vocab, dim, context, sparse=True)
+    model.use_kernels = False  # the torch path, what a GPU runs
+    layer = HierarchicalSoftmax(dim, Tree.random(vocab, 13, 3, seed=0), sparse=True, engine="torch")
+    optimizer = RowSparseAdagrad(list(model.parameters()) + list(layer.parameters()), lr=0.05,
+                                 initial_accumulator_value=0.1, engine="torch")
+    learner = hsm.TreeLearner(layer, reassign_every=10**9)
+
+    def step(contexts, targets):
+        optimizer.zero_grad(set_to_none=True)
+        layer(model(contexts), targets).loss.backward()
+        optimizer.step()
+        learner.step()
+
+    batches = [(torch.randint(0, vocab, (32, context)), torch.randint(0, vocab, (32,))) for _ in range(3)]
+    step(*batches[0])
+    sequences = []
+    for contexts, targets in batches:
+        with OpCounter() as counter:
+            step(contexts, targets)
+        assert counter.synchronising == []
+        sequences.append([(op.name, op.shapes) for op in counter.launching])
+    assert sequences[0] == sequences[1] == sequences[2]
+    with pytest.raises(ValueError, match="word ids must lie in 0..1999, got 0..2000"):
+        model(torch.tensor([[0, 1, 2, vocab]]))

@@ -36,6 +36,10 @@ def test_lm_timing_rejects_bad_options(tmp_path):
         lm_timing.run_lm_timing(scale="quick", out=tmp_path / "t.json", tables="nope")
     with pytest.raises(ValueError, match="scale"):
         lm_timing.run_lm_timing(scale="huge", out=tmp_path / "t.json")
+    with pytest.raises(ValueError, match="capture=true replays CUDA graphs: it needs --device cuda, not cpu"):
+        lm_timing.run_lm_timing(scale="quick", out=tmp_path / "t.json", capture="true")
+    with pytest.raises(ValueError, match="capture replays a CUDA graph: it needs a GPU"):
+        lm_timing.time_language_model(None, "learned", 13, 4, 50, 10_000, 1, 0, 1, capture=True)
 
 
 @needs_ptb

@@ -46,8 +46,9 @@ import torch
 from hsm_lab import config as hsm_config
 from hsm_lab.bench import cost_model, machine_limits
 from hsm_lab.output_layers import output_layer
-from hsm_lab.experiments import check_device, check_scale, experiment, option_choices, option_int
+from hsm_lab.experiments import check_device, check_scale, experiment, option_bool, option_choices, option_int
 from hsm_lab.experiments.lm import _slice, _sync, load_lm_corpus
+from hsm.engine import capture_step
 from hsm.optim import RowSparseAdagrad
 from hsm.models import LogBilinearLM
 from hsm_lab.results import check_replace, make_record, output_path, provenance, write_results
@@ -167,19 +168,24 @@ def step_floor(cost: dict[str, float], bandwidth_gbs: float, matmul_gflops: floa
 def time_language_model(corpus, output: str, arity: int, context: int, reassign_per_epoch: int,
                         epoch_tokens: int, steps: int, warmup: int, test_batches: int, batch_size: int = 128,
                         dim: int = 200, lr: float = 0.05, device: str | torch.device = "cpu",
-                        seed: int = 0, phase_steps: int = 0) -> dict[str, Any]:
+                        seed: int = 0, phase_steps: int = 0, capture: bool = False) -> dict[str, Any]:
     """Median ms per training step and per test batch of the log-bilinear LM with one output
     layer (see the module docstring). ``epoch_tokens``: the full training split's size, which
     sets how many steps a re-assignment is amortised over. ``phase_steps`` > 0: that many more
     steps, split into :data:`PHASES`, give ``phases_ms`` (medians per phase; the whole step is
-    timed without the split). Raises ValueError for an unknown ``output``, counts below 1
-    (``warmup``, ``phase_steps``: below 0), or a corpus too small for the steps asked."""
+    timed without the split). ``capture`` (a GPU only): the whole training step of the tree outputs
+    (model, layer on the static engine, optimiser, Algorithm 1's statistics) is captured once in a
+    CUDA graph (:func:`hsm.engine.capture_step`) and replayed per batch; the flat and adaptive
+    outputs run eagerly. Raises ValueError for an unknown ``output``, counts below 1 (``warmup``,
+    ``phase_steps``: below 0), a corpus too small for the steps asked, or ``capture`` off a GPU."""
     if output not in OUTPUTS:
         raise ValueError(f"output must be one of {OUTPUTS}, got {output!r}")
     if steps < 1 or warmup < 0 or test_batches < 1 or phase_steps < 0:
         raise ValueError(f"steps and test_batches must be >= 1, warmup and phase_steps >= 0 (got {steps}, "
                          f"{test_batches}, {warmup}, {phase_steps})")
     device = torch.device(check_device(device))
+    if capture and device.type != "cuda":
+        raise ValueError(f"capture replays a CUDA graph: it needs a GPU (--device cuda), not {device}")
     hsm_config.seed_everything(seed)
     vocab = corpus.vocab_size
     depth = 3
@@ -209,15 +215,23 @@ def time_language_model(corpus, output: str, arity: int, context: int, reassign_
 
     model.train()
     layer.train()
+
+    def train_step(contexts: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        step_loss = layer(model(contexts), targets).loss
+        step_loss.backward()
+        optimizer.step()
+        return step_loss.detach()
+
+    if capture and tree is not None:  # one launch per step; the batch is copied into the graph's inputs
+        first = order[:batch_size]
+        train_step = capture_step(train_step, x_train[first], y_train[first], warmup=3)
     times = []
     for step in range(warmup + steps):
         rows = order[step * batch_size:(step + 1) * batch_size]
         _sync(device)
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        loss = layer(model(x_train[rows]), y_train[rows]).loss
-        loss.backward()
-        optimizer.step()
+        loss = train_step(x_train[rows], y_train[rows])
         if learner is not None:
             learner.step()
         _sync(device)
@@ -266,7 +280,8 @@ def time_language_model(corpus, output: str, arity: int, context: int, reassign_
     result["test_ms_per_batch"] = 1e3 * statistics.median(test_times)
     result.update(vocab_size=vocab, arity=None if tree is None else arity, depth=None if tree is None else depth,
                   context=context, batch_size=batch_size, dim=dim, steps=steps, warmup=warmup,
-                  test_batches=test_batches, threads=torch.get_num_threads(), device=str(device))
+                  test_batches=test_batches, threads=torch.get_num_threads(), device=str(device),
+                  captured=bool(capture and tree is not None))
     if output == "adaptive":
         result.update(cutoffs=list(layer.cutoffs[:-1]), div_value=layer.div_value)
     return result
@@ -350,10 +365,14 @@ def run_lm_timing(scale: str = "quick", device: str = "cpu", out: Path | None = 
             settings["tables"] = option_choices(key, ",".join(tables), tuple(TIMING_SETTINGS))
         elif key in ("steps", "warmup", "test_batches", "train_tokens", "eval_tokens", "phase_steps"):
             settings[key] = option_int(key, value, minimum=0 if key in ("warmup", "phase_steps") else 1)
+        elif key == "capture":
+            settings[key] = option_bool(key, value)
         else:
             raise ValueError(f"unknown option {key!r} (steps, warmup, test_batches, phase_steps, train_tokens, "
-                             "eval_tokens, tables)")
+                             "eval_tokens, tables, capture)")
     device = check_device(device)
+    if settings.get("capture") and not device.startswith("cuda"):
+        raise ValueError(f"option capture=true replays CUDA graphs: it needs --device cuda, not {device}")
     path = output_path(DEFAULT_OUT, out)
     check_replace(path, scale, force)
     hsm_config.configure_threads()  # HSM_THREADS, else torch's default (all cores: time on an idle machine)
@@ -378,7 +397,7 @@ def run_lm_timing(scale: str = "quick", device: str = "cpu", out: Path | None = 
             row = time_language_model(corpus, output, setting["arity"], setting["context"],
                                       setting["reassign_per_epoch"], epoch_tokens, settings["steps"],
                                       settings["warmup"], settings["test_batches"], device=device,
-                                      phase_steps=settings["phase_steps"])
+                                      phase_steps=settings["phase_steps"], capture=settings.get("capture", False))
             row["floor"] = step_floor(row["cost"], limits["bandwidth_gbs"], limits["matmul_gflops"])
             rows[output] = row
             fields = dict(row, table=table, dataset=dataset, reassign_per_epoch=setting["reassign_per_epoch"],
