@@ -304,9 +304,11 @@ def topk(layer: Any, input: Tensor, k: int, width: int | None = None) -> tuple[T
     labels met join the row's top k, the W best inner children form the next beam, and the best
     inner child left out is remembered (``pruned``, the highest path log-probability of a subtree
     not explored). A node's path log-probability bounds every label below it (eq. 5 sums
-    non-positive terms), so a row whose k-th label is at least ``pruned`` is proven exact. Only the
+    non-positive terms), so a row whose k-th label is above ``pruned`` is proven exact. Only the
     rows not proven go to a second pass, the level-by-level branch and bound of
-    :func:`hsm.search.exact_topk` (the same labels; equal values in any order)."""
+    :func:`hsm.search.exact_topk`. Equal values are ordered by label id, the lowest first, as every
+    search of the layers orders them (a row whose k-th value equals ``pruned`` goes to the second
+    pass, which finds a lower id in a tied subtree)."""
     from . import search
 
     batch, dim = input.shape
@@ -333,16 +335,21 @@ def topk(layer: Any, input: Tensor, k: int, width: int | None = None) -> tuple[T
         paths = torch.log_softmax(logits, dim=2) + scores.unsqueeze(2)  # [B, W, M], -inf off the beam
         visited += torch.isfinite(scores).sum(1)
         found = torch.where(is_label[nodes], paths, -math.inf).view(batch, width * arity)
-        merged = torch.cat([values, found], dim=1).topk(k, dim=1)
         met = child_label[nodes].view(batch, width * arity)
-        labels = torch.cat([labels, met], dim=1).gather(1, merged.indices)
-        values = merged.values
+        # the row's k best so far, equal values ordered by label id (the lowest first), as every
+        # search of the layers orders them: by label, then a stable sort by value
+        candidates, ids = torch.cat([values, found], dim=1), torch.cat([labels, met], dim=1)
+        by_label = torch.argsort(ids, dim=1, stable=True)
+        candidates, ids = candidates.gather(1, by_label), ids.gather(1, by_label)
+        best_k = torch.argsort(candidates, dim=1, descending=True, stable=True)[:, :k]
+        values, labels = candidates.gather(1, best_k), ids.gather(1, best_k)
         inner = torch.where(is_inner[nodes], paths, -math.inf).view(batch, width * arity)
         best = inner.topk(width + 1, dim=1)
         pruned = torch.maximum(pruned, best.values[:, width])
         nodes = child_node[nodes].view(batch, width * arity).gather(1, best.indices[:, :width]).clamp_(min=0)
         scores = best.values[:, :width]
-    unproven = torch.nonzero(values[:, k - 1] < pruned).flatten()  # the one read from the device
+    # a subtree left out as likely as the k-th label may hold a lower label id: not proven either
+    unproven = torch.nonzero(values[:, k - 1] <= pruned).flatten()  # the one read from the device
     if unproven.numel():
         exact = search.exact_topk(layer, input.index_select(0, unproven), k, width)
         values[unproven], labels[unproven] = exact[0], exact[1]

@@ -214,8 +214,9 @@ def _tied_layers():
 @pytest.mark.parametrize("layer", list(_tied_layers()),
                          ids=["zero-4ary", "pairs-4ary", "zero-7ary", "pairs-7ary", "certain-subtrees"])
 def test_equal_log_probabilities_go_to_the_lowest_label_id_on_every_engine_and_k(layer) -> None:
-    """predict, topk for every k and method "exact", the compiled float32 searches and the PyTorch
-    ones (float64, and float32 with the kernels off) all order equal values by label id."""
+    """predict, topk for every k and method "exact", the compiled float32 searches, the PyTorch
+    ones (float64, and float32 with the kernels off) and the static engine's all order equal
+    values by label id."""
     h = torch.randn(5, 6, generator=torch.Generator().manual_seed(0))
     h[0] = 0.0  # an all-zero row: every node uniform under the zero layer
     engines = {"compiled": layer}
@@ -223,6 +224,9 @@ def test_equal_log_probabilities_go_to_the_lowest_label_id_on_every_engine_and_k
     engines["pytorch-float32"] = scaled_layer(layer.tree, d=6)
     engines["pytorch-float32"].load_state_dict(layer.state_dict())
     engines["pytorch-float32"].use_kernels = False
+    engines["static-float32"] = scaled_layer(layer.tree, d=6)
+    engines["static-float32"].load_state_dict(layer.state_dict())
+    engines["static-float32"].engine = "torch"  # hsm.engine.topk: a fixed-width beam, then branch and bound
     for name, engine in engines.items():
         x = h.to(engine.weight.dtype)
         with torch.no_grad():
