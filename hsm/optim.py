@@ -196,8 +196,7 @@ class RowSparseAdagrad(_RowSparseOptimizer):
                 or any(not self.state[p]["sum"].is_contiguous() for p in params)
                 or len({self.state[p]["step"] for p in params}) != 1):
             return None
-        step = self.state[weight]["step"] + 1  # the step this update belongs to (step() counts it)
-        clr = np.float32(group["lr"] / (1 + (step - 1) * group["lr_decay"]))  # as _update computes it
+        clr = np.float32(self._coming_rate(group, weight))
         no_bias = np.empty((0, 1), dtype=np.float32)
         return (bias.detach().numpy() if bias is not None else no_bias, self.state[weight]["sum"].numpy(),
                 self.state[bias]["sum"].numpy() if bias is not None else no_bias, clr, np.float32(group["eps"]))
@@ -207,9 +206,17 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         place: the Adagrad sums of ``weight`` (and ``bias``), the coming step's learning rate and
         ``eps``. The step itself is counted by :meth:`step`, never inside the backward."""
         group = self._group_of(weight)
-        step = self.state[weight]["step"] + 1  # the step this update belongs to (step() counts it)
-        clr = group["lr"] / (1 + (step - 1) * group["lr_decay"])  # as _update computes it
-        return (self.state[weight]["sum"], None if bias is None else self.state[bias]["sum"], clr, group["eps"])
+        return (self.state[weight]["sum"], None if bias is None else self.state[bias]["sum"],
+                self._coming_rate(group, weight), group["eps"])
+
+    @staticmethod
+    def _rate(group: dict, step: int) -> float:
+        """The learning rate of step ``step`` (1, 2, ...): ``lr / (1 + (step - 1) lr_decay)``."""
+        return group["lr"] / (1 + (step - 1) * group["lr_decay"])
+
+    def _coming_rate(self, group: dict, param: Tensor) -> float:
+        """The rate of the step a fused backward applies now, which :meth:`step` then counts."""
+        return self._rate(group, self.state[param]["step"] + 1)
 
     def _count_fused_step(self, param: Tensor) -> None:
         self.state[param]["step"] += 1
@@ -217,7 +224,7 @@ class RowSparseAdagrad(_RowSparseOptimizer):
     def _update(self, param: Tensor, grad: Tensor, group: dict) -> None:
         state = self.state[param]
         state["step"] += 1
-        clr = group["lr"] / (1 + (state["step"] - 1) * group["lr_decay"])
+        clr = self._rate(group, state["step"])
         total = state["sum"]
         static = uses_static_engine(getattr(self, "engine", "auto"), param.device)
         if grad.is_sparse and static:
