@@ -336,12 +336,9 @@ def topk(layer: Any, input: Tensor, k: int, width: int | None = None) -> tuple[T
         visited += torch.isfinite(scores).sum(1)
         found = torch.where(is_label[nodes], paths, -math.inf).view(batch, width * arity)
         met = child_label[nodes].view(batch, width * arity)
-        # the row's k best so far, equal values ordered by label id (the lowest first), as every
-        # search of the layers orders them: by label, then a stable sort by value
+        # the row's k best so far, equal values ordered by label id, as every search orders them
         candidates, ids = torch.cat([values, found], dim=1), torch.cat([labels, met], dim=1)
-        by_label = torch.argsort(ids, dim=1, stable=True)
-        candidates, ids = candidates.gather(1, by_label), ids.gather(1, by_label)
-        best_k = torch.argsort(candidates, dim=1, descending=True, stable=True)[:, :k]
+        best_k = search.best_first(candidates, ids, 1)[:, :k]
         values, labels = candidates.gather(1, best_k), ids.gather(1, best_k)
         inner = torch.where(is_inner[nodes], paths, -math.inf).view(batch, width * arity)
         best = inner.topk(width + 1, dim=1)

@@ -42,7 +42,17 @@ from . import kernels
 from ._checks import check_logits_finite
 from .backend import KERNELS, TreeLayer, in_compute_dtype, needs_graph, pair_log_softmax, select_backend
 
-__all__ = ["all_log_probs", "beam_search", "exact_topk", "merge_topk", "top1", "top1_search", "topk_lowest_id"]
+__all__ = ["all_log_probs", "beam_search", "best_first", "exact_topk", "merge_topk", "top1", "top1_search",
+           "topk_lowest_id"]
+
+
+def best_first(values: Tensor, ids: Tensor, dim: int = -1) -> Tensor:
+    """The permutation along ``dim`` that puts ``values`` best first and equal values in order of
+    ``ids`` (the lowest first), the rule every search of the layers follows: a stable sort by id,
+    then a stable sort by value. ``values`` and ``ids`` have one shape; fixed-shape ops only."""
+    by_id = torch.argsort(ids, dim=dim, stable=True)
+    by_value = torch.argsort(values.gather(dim, by_id), dim=dim, descending=True, stable=True)
+    return by_id.gather(dim, by_value)
 
 
 def topk_lowest_id(scores: Tensor, k: int) -> tuple[Tensor, Tensor]:
@@ -89,9 +99,7 @@ def merge_topk(best_v: Tensor, best_i: Tensor, ex: Tensor, labels: Tensor, value
     all_e, all_v, all_i = all_e[keep], all_v[keep], all_i[keep]
     # best first, equal values ordered by label id (the lowest first), the one rule of every
     # search and engine
-    order = torch.argsort(all_i, stable=True)
-    all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
-    order = torch.argsort(all_v, descending=True, stable=True)
+    order = best_first(all_v, all_i, 0)
     all_e, all_v, all_i = all_e[order], all_v[order], all_i[order]
     # group by example (stable: values stay in decreasing order), rank within the example
     order = torch.argsort(all_e, stable=True)
