@@ -253,6 +253,18 @@ def physical_memory() -> int | None:
         return None
 
 
+#: the share of the physical memory beyond which a model's weights are refused before allocating
+MEMORY_SHARE = 0.8
+
+
+def beyond_memory(need: int) -> int | None:
+    """This machine's physical memory in bytes when ``need`` bytes exceed :data:`MEMORY_SHARE` of
+    it, else None (also where the platform does not say): what a size check refuses before
+    allocating, so that a model too large fails in one line rather than in the allocator."""
+    have = physical_memory()
+    return have if have is not None and need > MEMORY_SHARE * have else None
+
+
 def _available_memory() -> int | None:
     """Bytes a new allocation can get without swapping or the out-of-memory killer: Linux's
     ``MemAvailable`` (free memory plus the caches the kernel can drop), else the physical

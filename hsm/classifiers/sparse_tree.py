@@ -405,11 +405,11 @@ def _check_weights_fit(num_features: int, slots: int, fix: str, growing: bool = 
     take more than 80 % of this machine's memory (checked before they are allocated, so that a
     model too large fails in one line rather than in numpy's allocator or the system's OOM killer);
     ``growing``: the weights of a model being grown, which add_labels builds beside the old ones."""
-    from hsm.classifiers.fast_classifier import physical_memory
+    from hsm.classifiers.fast_classifier import beyond_memory
 
     need = 4 * num_features * slots
-    have = physical_memory()
-    if have is not None and need > 0.8 * have:
+    have = beyond_memory(need)
+    if have is not None:
         what = "the grown weights" if growing else "the weights"
         raise ValueError(f"{what} of {num_features:,} features x {slots:,} slots need {need / 2**30:.1f} GiB, "
                          f"more than 80 % of this machine's {have / 2**30:.1f} GiB: {fix}")

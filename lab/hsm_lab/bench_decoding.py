@@ -146,12 +146,12 @@ def check_sizes(vocabs: Sequence[int], dim: int, batch: int) -> None:
     about ``4 V (d + 3 B)`` bytes (the float32 weights, and the logits, log-probabilities and
     sorted copy of a batch over every label), refused above 80 % of the physical memory before
     anything is allocated, instead of the allocator's traceback (or the out-of-memory killer)."""
-    from hsm.classifiers.fast_classifier import physical_memory
+    from hsm.classifiers.fast_classifier import beyond_memory
 
     vocab = max(vocabs)
     need = 4 * vocab * (dim + 3 * batch)
-    have = physical_memory()
-    if have is not None and need > 0.8 * have:
+    have = beyond_memory(need)
+    if have is not None:
         raise ValueError(f"--vocab {vocab:,}: the layers of V = {vocab:,} (d = {dim}, B = {batch}) need about "
                          f"{need / 2**30:,.1f} GiB, more than 80 % of this machine's {have / 2**30:.1f} GiB: "
                          f"choose a smaller --vocab")
