@@ -87,16 +87,6 @@ def test_the_folder_rule_catches_a_library_file_that_imports_the_lab(tmp_path):
     assert len(lab_mentions(library)) == 2
 
 
-def test_every_library_module_imports_only_the_library():
-    """Every module under hsm/, reached or not from ``import hsm`` (the classifiers, the command line,
-    the optional helpers), imports nothing of the lab."""
-    modules = [".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
-               for path in LIBRARY.rglob("*.py")]
-    reached = library_closure(tuple(modules))
-    assert set(modules) <= set(reached)
-    assert not [m for m in reached if not m.startswith("hsm.") and m != "hsm"]
-
-
 def test_import_hsm_reaches_at_most_8000_lines():
     """``import hsm`` loads the layers, the tree, Algorithm 1 and its statistics; the classifiers
     (``hsm.FastBowClassifier``, ``hsm.SparseTreeClassifier``) are imported on first use."""
