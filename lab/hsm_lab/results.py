@@ -63,6 +63,8 @@ __all__ = [
     "provenance",
     "recording_invocation",
     "check_code_committed",
+    "RESTORE_ERRORS",
+    "restore_error",
     "scale_of_label",
     "make_record",
     "write_results",
@@ -478,6 +480,18 @@ def save_checkpoint(state: Any, path: str | os.PathLike[str]) -> Path:
     import torch
 
     return atomic_write(path, lambda handle: torch.save(state, handle))
+
+
+#: what restoring a checkpoint that reads but does not fit its run raises: an entry missing, a
+#: tensor of another shape (torch's RuntimeError), NaN statistics (ValueError), a wrong type
+RESTORE_ERRORS = (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError)
+
+
+def restore_error(exc: BaseException) -> str:
+    """``ErrorType: detail``, the detail on one line and at most 300 characters: how a run says why
+    it could not restore a checkpoint (:data:`RESTORE_ERRORS`)."""
+    detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+    return f"{type(exc).__name__}: {detail}"
 
 
 def load_checkpoint(path: str | os.PathLike[str], required: str = "model") -> dict[str, Any] | None:

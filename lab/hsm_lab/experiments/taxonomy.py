@@ -51,8 +51,8 @@ from hsm_lab.experiments import (check_device, check_scale, experiment, option_b
                              option_int, option_ints)
 from hsm_lab.output_layers import output_layer
 from hsm.layers import HierarchicalSoftmax
-from hsm_lab.results import (ResumableParts, check_replace, load_checkpoint, make_record, output_path, provenance,
-                         save_checkpoint, write_progress, write_results)
+from hsm_lab.results import (RESTORE_ERRORS, ResumableParts, check_replace, load_checkpoint, make_record, output_path,
+                         provenance, restore_error, save_checkpoint, write_progress, write_results)
 from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classification_metrics, encode_texts
 from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
@@ -445,12 +445,11 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
                 torch.cuda.set_rng_state(saved["cuda_rng"], device)
             best, history, bad_epochs = saved["best"], saved["history"], saved["bad_epochs"]
             first_epoch, seconds_before = saved["epoch"] + 1, saved["seconds"]
-        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as exc:
-            # an entry missing, another shape, NaN statistics: the model is half loaded by now, so
-            # the run stops, naming the file and the fix, rather than training from a mixture
-            detail = " ".join(str(exc).split())[:300] or type(exc).__name__
-            raise ValueError(f"checkpoint {checkpoint} cannot be resumed ({type(exc).__name__}: {detail}): delete it "
-                             f"and this run starts over") from None
+        except RESTORE_ERRORS as exc:
+            # the model is half loaded by now, so the run stops, naming the file and the fix,
+            # rather than training from a mixture
+            raise ValueError(f"checkpoint {checkpoint} cannot be resumed ({restore_error(exc)}): delete it and this "
+                             f"run starts over") from None
         print(f"[{cfg['data']}] {kind} seed {seed}: resuming after epoch {saved['epoch']} from {checkpoint}",
               file=sys.stderr, flush=True)
     trained_layer = layer

@@ -523,12 +523,10 @@ def train_lm(
     if state is not None:
         try:
             run.restore(state, log)
-        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as exc:
-            # an entry missing, a tensor of another shape (torch's RuntimeError), NaN statistics:
+        except results.RESTORE_ERRORS as exc:
             # as an unreadable checkpoint (results.load_checkpoint), warned about by name and
             # dropped, or every rerun would stop on it; the fresh run is seeded as the first was
-            detail = " ".join(str(exc).split())[:300] or type(exc).__name__
-            warnings.warn(f"ignoring damaged checkpoint {files.checkpoint} ({type(exc).__name__}: {detail}); "
+            warnings.warn(f"ignoring damaged checkpoint {files.checkpoint} ({results.restore_error(exc)}); "
                           "the run starts over", stacklevel=2)
             run = _Training(corpus, cfg, tree, device, warmup)
     run.start()
