@@ -10,7 +10,8 @@ The pieces follow the paper's concepts:
   of ``torch.nn.AdaptiveLogSoftmaxWithLoss`` (:mod:`hsm.layers`; their fast path in :mod:`hsm.backend`
   and :mod:`hsm.kernels`, their searches in :mod:`hsm.search`);
 * :class:`hsm.RowSparseAdagrad` / :class:`hsm.RowSparseSGD`: optimisers for the layer's row-sparse
-  gradients (:mod:`hsm.optim`), and :func:`hsm.clip_grad_norm_`, gradient clipping that takes them
+  gradients (:mod:`hsm.optim`), :class:`hsm.TreeModelOptimizer`, the body's optimiser and the
+  layer's stepped as one, and :func:`hsm.clip_grad_norm_`, gradient clipping that takes them
   (:mod:`hsm.clipping`);
 * :class:`hsm.TreeLearner`: Algorithm 1 (the tree learned during training);
 * :class:`hsm.FastBowClassifier`: the bag-of-words classifier of §7.1 trained like fastText
@@ -48,7 +49,7 @@ from .assign import (  # noqa: E402
 from .clipping import clip_grad_norm_
 from .layers import FlatSoftmax, HierarchicalSoftmax, HSMOutput, NonFiniteInputError, TopK
 from .objective import balance, max_objective, node_objective, node_objective_grad, purity
-from .optim import RowSparseAdagrad, RowSparseSGD
+from .optim import RowSparseAdagrad, RowSparseSGD, TreeModelOptimizer
 from .statistics import NodeStatistics, ReleasedStatistics
 from .training import TreeLearner, evaluate, train_epoch
 from .tree import Tree
@@ -90,6 +91,7 @@ __all__ = [
     "TopK",
     "Tree",
     "TreeLearner",
+    "TreeModelOptimizer",
     "assign_labels_depth_constrained",
     "assign_labels_well_formed",
     "assign_node",

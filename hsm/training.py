@@ -35,7 +35,12 @@ from .objective import RankingScore, check_ranking_score
 from .tree import check_integer
 from .statistics import NodeStatistics, node_objectives
 
-__all__ = ["ReassignRecord", "TreeLearner", "evaluate", "train_epoch"]
+__all__ = ["LEARN_SHARE", "REBUILDS", "ReassignRecord", "TreeLearner", "evaluate", "train_epoch"]
+
+#: :meth:`TreeLearner.for_planned_steps`'s defaults: the share of the planned steps that learn the tree,
+#: and the rebuilds in that share (the PTB schedule of the language-model chapters: 3 of 6 epochs, 20 a epoch)
+LEARN_SHARE = 0.5
+REBUILDS = 60
 
 
 def _process_group_size() -> int:
@@ -148,6 +153,31 @@ class TreeLearner:
         self.steps = 0
         self.frozen = False
         self.history: list[ReassignRecord] = []
+
+    @classmethod
+    def for_planned_steps(cls, layer: HierarchicalSoftmax, planned_steps: int, learn_share: float = LEARN_SHARE,
+                          rebuilds: int = REBUILDS, **kwargs: Any) -> "TreeLearner":
+        """A learner whose schedule is set by the number of optimiser steps the training will take, for
+        training counted in steps (or in time: estimate the steps from the first ones' rate): the tree is
+        rebuilt ``rebuilds`` times, evenly, over the first ``learn_share`` of ``planned_steps``, then frozen
+        for the rest (learn, freeze, fine-tune). The defaults are the rule the language-model runs
+        support: learn for the first half, with 60 rebuilds (PTB: 3 of 6 epochs at 20 a epoch).
+        Other keyword arguments go to the constructor. The chosen ``reassign_every`` and
+        ``freeze_after`` are attributes of the learner.
+
+        Raises TypeError for a non-integer ``planned_steps`` or ``rebuilds``; ValueError unless
+        ``planned_steps >= 1``, ``rebuilds >= 1`` and ``0 < learn_share <= 1``."""
+        planned_steps, rebuilds = check_integer(planned_steps, "planned_steps"), check_integer(rebuilds, "rebuilds")
+        if planned_steps < 1 or rebuilds < 1:
+            raise ValueError(f"planned_steps and rebuilds must be >= 1, got {planned_steps} and {rebuilds}")
+        if isinstance(learn_share, (bool, np.bool_)) or not isinstance(learn_share, (int, float, np.integer, np.floating)):
+            raise TypeError(f"learn_share must be a number in (0, 1], got {learn_share!r}")
+        if not 0 < learn_share <= 1:
+            raise ValueError(f"learn_share must be in (0, 1] (the share of the steps that learn the tree), got "
+                             f"{learn_share}")
+        learning = max(1, round(learn_share * planned_steps))
+        every = max(1, learning // rebuilds)
+        return cls(layer, reassign_every=every, freeze_after=every * max(1, learning // every), **kwargs)
 
     def step(self) -> Reassignment | None:
         """Count one optimiser step; run AssignLabels when one is due, then freeze the tree if the

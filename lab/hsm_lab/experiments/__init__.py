@@ -34,6 +34,7 @@ MODULES = [
     "hsm_lab.experiments.taxonomy",  # Schuurmans & Frasincar: two-level softmax over natural taxonomies
     "hsm_lab.experiments.taxonomy_cv",  # their model selection: k-fold cross-validation of h_dim and direction
     "hsm_lab.experiments.sampling",  # Barber & Botev: sampling approximations of the softmax
+    "hsm_lab.experiments.transformer_lm",  # the output layers under a Transformer LM at equal CPU time
     "hsm_lab.experiments.label_addition",  # labels added to a trained classifier without retraining
 ]
 
