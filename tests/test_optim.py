@@ -1,6 +1,8 @@
 """hsm.optim: the row-sparse optimisers against torch.optim's Adagrad and SGD, alone and through
 the layer's sparse gradients (compiled and PyTorch paths), and the Adagrad update fused into the
 layer's compiled backward."""
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -163,3 +165,93 @@ def test_fuse_checks_the_layer_and_the_parameters():
     assert layer64.weight.grad is not None
     opt.step()
     assert not torch.equal(layer64.weight, start)
+
+
+# --- TreeModelOptimizer: a body's optimiser and the layer's fused Adagrad as one -----------------------------
+
+
+def _body_and_layer(seed=0, sparse=True):
+    torch.manual_seed(seed)
+    body = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh())
+    layer = HierarchicalSoftmax(8, Tree.random(40, 4, 3, seed=seed), sparse=sparse)
+    return body, layer
+
+
+def _train(body, layer, optimizer, scheduler=None, steps=4, clip=None):
+    draw = torch.Generator().manual_seed(1)
+    for _ in range(steps):
+        x, y = torch.randn(16, 6, generator=draw), torch.randint(0, 40, (16,), generator=draw)
+        layer(body(x), y).loss.backward()
+        if clip is not None:
+            optimizer.clip_grad_norm_(clip)
+        optimizer.step()
+        optimizer.zero_grad()
+        if scheduler is not None:
+            scheduler.step()
+
+
+def test_tree_model_optimizer_is_the_two_optimisers_stepped_together():
+    from hsm import TreeModelOptimizer
+
+    body, layer = _body_and_layer()
+    body2, layer2 = _body_and_layer()
+    pair = TreeModelOptimizer(torch.optim.AdamW(body.parameters(), lr=1e-2), layer, lr=0.2)
+    _train(body, layer, pair)
+    adamw, adagrad = torch.optim.AdamW(body2.parameters(), lr=1e-2), RowSparseAdagrad(layer2.parameters(), lr=0.2)
+
+    class Both:
+        def step(self):
+            adamw.step(), adagrad.step()
+
+        def zero_grad(self):
+            adamw.zero_grad(), adagrad.zero_grad()
+
+    _train(body2, layer2, Both())
+    for a, b in zip(list(body.parameters()) + list(layer.parameters()), list(body2.parameters()) + list(layer2.parameters())):
+        # the fused update is the unfused one bit for bit; AdamW's arithmetic is the same on both sides
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("schedule_layer", [False, True])
+def test_a_scheduler_drives_the_body_and_the_layer_only_when_asked(schedule_layer):
+    from hsm import TreeModelOptimizer
+
+    body, layer = _body_and_layer()
+    pair = TreeModelOptimizer(torch.optim.AdamW(body.parameters(), lr=1e-2), layer, lr=0.2, schedule_layer=schedule_layer)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(pair, lambda step: 0.5 ** step)
+    _train(body, layer, pair, scheduler, steps=3, clip=1.0)
+    assert pair.body.param_groups[0]["lr"] == pytest.approx(1e-2 * 0.5 ** 3)
+    assert pair.layer_optimizer.param_groups[0]["lr"] == pytest.approx(0.2 * 0.5 ** 3 if schedule_layer else 0.2)
+
+
+def test_tree_model_optimizer_state_resumes_the_same_trajectory():
+    from hsm import TreeModelOptimizer
+
+    body, layer = _body_and_layer()
+    pair = TreeModelOptimizer(torch.optim.AdamW(body.parameters(), lr=1e-2), layer)
+    _train(body, layer, pair, steps=2)
+    saved = copy.deepcopy((body.state_dict(), layer.state_dict(), pair.state_dict()))  # the in-place steps would edit them
+    _train(body, layer, pair, steps=2)
+    body2, layer2 = _body_and_layer(seed=5)
+    body2.load_state_dict(saved[0]), layer2.load_state_dict(saved[1])
+    pair2 = TreeModelOptimizer(torch.optim.AdamW(body2.parameters(), lr=1e-2), layer2)
+    pair2.load_state_dict(saved[2])
+    _train(body2, layer2, pair2, steps=2)
+    for a, b in zip(list(body.parameters()) + list(layer.parameters()), list(body2.parameters()) + list(layer2.parameters())):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_tree_model_optimizer_refuses_what_would_update_a_parameter_twice_or_nothing():
+    from hsm import TreeModelOptimizer
+
+    body, layer = _body_and_layer()
+    everything = list(body.parameters()) + list(layer.parameters())
+    with pytest.raises(ValueError, match="also in the body's optimiser"):
+        TreeModelOptimizer(torch.optim.SGD(everything, lr=0.1), layer)
+    with pytest.raises(TypeError, match="body must be"):
+        TreeModelOptimizer(list(body.parameters()), layer)
+    with pytest.raises(TypeError, match="layer must be an hsm.HierarchicalSoftmax"):
+        TreeModelOptimizer(torch.optim.SGD(body.parameters(), lr=0.1), torch.nn.Linear(8, 40))
+    pair = TreeModelOptimizer(torch.optim.SGD(body.parameters(), lr=0.1), layer)
+    with pytest.raises(ValueError, match="not a TreeModelOptimizer state"):
+        pair.load_state_dict(pair.body.state_dict())

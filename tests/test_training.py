@@ -293,3 +293,24 @@ def test_all_padding_batches_are_skipped_and_all_padding_data_is_an_error():
         train_epoch(torch.nn.Identity(), layer, [padding], opt)
     with pytest.raises(ValueError, match="no targets to evaluate"):
         evaluate(torch.nn.Identity(), layer, [padding])
+
+
+@settings(max_examples=60, deadline=None)
+@given(planned=st.integers(1, 100_000), share=st.floats(0.01, 1.0), rebuilds=st.integers(1, 200))
+def test_for_planned_steps_rebuilds_within_the_learning_share_then_freezes(planned, share, rebuilds):
+    layer = HierarchicalSoftmax(4, Tree.random(30, 4, 3, seed=0))
+    learner = TreeLearner.for_planned_steps(layer, planned, learn_share=share, rebuilds=rebuilds)
+    learning = max(1, round(share * planned))
+    assert 1 <= learner.freeze_after <= learning
+    assert learner.freeze_after % learner.reassign_every == 0
+    count = learner.freeze_after // learner.reassign_every  # rebuilds before the tree freezes
+    assert count == learning if learning < rebuilds else rebuilds <= count < 2 * rebuilds
+
+
+@pytest.mark.parametrize("kwargs, error", [({"planned_steps": 0}, ValueError), ({"learn_share": 0.0}, ValueError),
+                                           ({"learn_share": 1.5}, ValueError), ({"rebuilds": 2.5}, TypeError),
+                                           ({"learn_share": "half"}, TypeError)])
+def test_for_planned_steps_checks_its_settings(kwargs, error):
+    layer = HierarchicalSoftmax(4, Tree.random(30, 4, 3, seed=0))
+    with pytest.raises(error):
+        TreeLearner.for_planned_steps(layer, **{"planned_steps": 100, **kwargs})
