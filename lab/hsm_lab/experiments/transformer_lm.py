@@ -249,8 +249,17 @@ def transformer_ptb(scale: str = "quick", device: str = "cpu", out: Path | str |
     check_replace(out, scale, force)
     log = lambda message: print(message, flush=True)  # noqa: E731
     start = time.perf_counter()
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    corpus = load_ptb()
+    try:
+        return _run_all(layers, settings, out, scale, force, log, start, load_ptb())
+    finally:
+        torch.set_num_threads(threads)  # the caller's setting (a notebook's) is left as it was
+
+
+def _run_all(layers: tuple[str, ...], settings: dict[str, Any], out: Path, scale: str, force: bool,
+             log: Callable[[str], None], start: float, corpus: Any) -> Path:
+    """Every (layer, rate, share) run, each saved as it finishes, then the result file."""
     tokens = settings["eval_tokens"]
     valid = _windows(corpus.valid if tokens is None else corpus.valid[:tokens], settings["context"])
     test = _windows(corpus.test if tokens is None else corpus.test[:tokens], settings["context"])
