@@ -15,7 +15,7 @@ def test_rates_cross_the_recipe_layers_and_shares_the_learned_ones():
     assert [k for k in keys if k[0] == "flat"] == [("flat", 0.05, 0.25)]
     assert len([k for k in keys if k[0] == "huffman"]) == 2
     assert len([k for k in keys if k[0] == "learned"]) == 4
-    assert len([k for k in keys if k[0] == "learned-dense"]) == 2
+    assert [k for k in keys if k[0] == "learned-dense"] == [("learned-dense", 0.05, 0.25)]
 
 
 @pytest.mark.parametrize("options, match", [({"layers": "tree"}, "layers"), ({"dim": "130"}, "multiple of heads"),

@@ -217,11 +217,11 @@ def parse_options(scale: str, options: dict[str, Any]) -> tuple[tuple[str, ...],
 
 def _run_keys(layers: tuple[str, ...], settings: dict[str, Any]) -> list[tuple[str, float, float]]:
     """Every (layer, layer_lr, learn_share) to run: the rates cross the recipe's tree layers, the shares
-    the learned ones; the other layers run once."""
+    the recipe's learned tree; the other layers run once (at the first rate and share)."""
     keys = []
     for kind in layers:
         rates = settings["layer_lr"] if kind in RECIPE_LAYERS else (settings["layer_lr"][0],)
-        shares = settings["learn_share"] if kind.startswith("learned") else (settings["learn_share"][0],)
+        shares = settings["learn_share"] if kind == "learned" else (settings["learn_share"][0],)
         keys += [(kind, lr, share) for lr in rates for share in shares]
     return keys
 
