@@ -58,7 +58,6 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .layers import HierarchicalSoftmax
 from .objective import RankingScore, check_ranking_score, ranking_scores
 from .tree import EMPTY_SLOT, Tree, check_integer
 
@@ -328,7 +327,7 @@ def place_labels(tree: Tree, examples: Sequence[Any], slots: NodeSlots, statisti
 def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, score: RankingScore | None = None,
                label_names: Sequence[str] | None = None, placement: Literal["objective", "random"] = "objective",
                seed: int = 0, local_steps: int = 0, local_lr: float = 0.1,
-               reference: Tensor | None = None) -> LabelAddition:
+               reference: Tensor | None = None, rehearsal: tuple[Tensor, Tensor] | None = None) -> LabelAddition:
     """Add ``len(examples)`` labels to a trained :class:`hsm.HierarchicalSoftmax` (in place) without
     retraining: new label ``K + i`` is placed by Algorithm 2's pair score from the representations
     ``examples[i]`` [n_i, d] of a few of its examples (module docstring), and its slot gets
@@ -346,14 +345,19 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     ``local_steps`` > 0: after the placement, that many gradient steps (rate ``local_lr``) on the
     new labels' examples, moving only the slots on the new labels' paths (the new slots, and the
     slots above them, which trained labels below them share): the only case in which trained
-    parameters change.
+    parameters change. ``rehearsal`` = (representations [R, d], labels [R]): examples of trained
+    labels mixed into those steps, the ones whose paths pass through a node of a new label's path,
+    with as much weight as the new examples: the slots above a new label then learn to take its
+    examples without taking the trained labels' (without them, the steps raise the new path's
+    logits for every input).
 
     Raises TypeError / ValueError in one line, before anything changes, for a layer that is not a
     tree layer, no examples, a tensor of another width, an empty one or one with NaN / inf, names
     that do not match, and a fixed-depth tree with no empty leaf left (build it one level deeper).
     """
     start = time.perf_counter()
-    if not isinstance(layer, HierarchicalSoftmax):
+    # the tree layer, known by what an addition uses (this module does not import the layers)
+    if not (isinstance(layer, torch.nn.Module) and hasattr(layer, "tree") and hasattr(layer, "grow")):
         raise TypeError(f"add_labels needs an hsm.HierarchicalSoftmax, got {type(layer).__name__}")
     score = check_ranking_score(score, default="eq12")
     check_placement(placement, seed)
@@ -362,6 +366,8 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     if not (isinstance(local_lr, (int, float)) and math.isfinite(local_lr) and local_lr > 0):
         raise ValueError(f"local_lr must be a finite number > 0, got {local_lr!r}")
     rows = _check_examples(examples, layer.in_features, layer.weight.dtype)
+    if rehearsal is not None:
+        rehearsal = _check_rehearsal(rehearsal, layer)
     if reference is not None:
         reference = _check_examples([reference], layer.in_features, layer.weight.dtype)[0]
         reference = reference.to(torch.float64).numpy()
@@ -380,7 +386,7 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     layer.grow(new_tree, weight[:nodes].reshape(nodes, arity * dim), bias[:nodes] if bias is not None else None)
     old_k = tree.num_labels
     if local_steps:
-        _local_steps(layer, rows, np.arange(old_k, old_k + added), paths, local_steps, local_lr)
+        _local_steps(layer, rows, np.arange(old_k, old_k + added), paths, local_steps, local_lr, rehearsal)
     return LabelAddition(new_tree, np.arange(old_k, old_k + added), slots, new_nodes, time.perf_counter() - start,
                          paths)
 
@@ -460,10 +466,26 @@ def _initialise_slot(slots: NodeSlots, node: int, slot: int, used: np.ndarray, h
     slots.set_slot(node, slot, row + alpha * u, offset - alpha * (shift + threshold))
 
 
+def _check_rehearsal(rehearsal: Any, layer: Any) -> tuple[Tensor, Tensor]:
+    """(representations [R, d], labels [R]) of trained labels, checked; ValueError / TypeError in one line."""
+    if not (isinstance(rehearsal, (tuple, list)) and len(rehearsal) == 2):
+        raise TypeError("rehearsal must be a pair (representations [R, d], labels [R]) of trained labels' examples")
+    h = _check_examples([rehearsal[0]], layer.in_features, layer.weight.dtype)[0]
+    labels = torch.as_tensor(rehearsal[1])
+    if labels.dtype.is_floating_point or labels.dim() != 1 or labels.numel() != h.shape[0]:
+        raise ValueError(f"rehearsal labels must be {h.shape[0]} integer labels (one per row), got "
+                         f"{labels.dtype} of shape {list(labels.shape)}")
+    if labels.numel() and (int(labels.min()) < 0 or int(labels.max()) >= layer.num_labels):
+        raise ValueError(f"rehearsal labels must be trained labels, 0 to {layer.num_labels - 1}")
+    return h, labels.long()
+
+
 def _local_steps(layer: Any, rows: list[Tensor], labels: np.ndarray, paths: list[list[tuple[int, int]]],
-                 steps: int, lr: float) -> None:
+                 steps: int, lr: float, rehearsal: tuple[Tensor, Tensor] | None = None) -> None:
     """Plain gradient steps on the new labels' mean NLL (each label's examples weighted equally),
-    on the slots of their paths only (eq. 5 through :meth:`HierarchicalSoftmax.forward_reference`)."""
+    plus, with ``rehearsal``, the mean NLL of the trained labels' examples that pass through a node
+    of a new path (weighted as much in total), on the slots of the new paths only (eq. 5 through
+    :meth:`HierarchicalSoftmax.forward_reference`)."""
     nodes, arity = layer.num_nodes, layer.arity
     allowed = torch.zeros(nodes, arity, dtype=layer.weight.dtype, device=layer.weight.device)
     for path in paths:
@@ -472,6 +494,18 @@ def _local_steps(layer: Any, rows: list[Tensor], labels: np.ndarray, paths: list
     h = torch.cat(rows).to(layer.weight.device)
     target = torch.as_tensor(np.repeat(labels, [r.shape[0] for r in rows]), device=h.device)
     weights = torch.cat([torch.full((r.shape[0],), 1.0 / (r.shape[0] * len(rows)), dtype=h.dtype) for r in rows])
+    if rehearsal is not None:
+        tree = layer.tree
+        on_new_paths = np.zeros(tree.num_nodes, dtype=bool)
+        on_new_paths[[node for path in paths for node, _ in path]] = True
+        old = rehearsal[1].numpy()
+        path_nodes = np.where(tree.path_mask[old], tree.path_nodes[old], 0)
+        shares = (on_new_paths[path_nodes] & tree.path_mask[old]).any(axis=1)
+        if shares.any():
+            keep = torch.as_tensor(np.flatnonzero(shares))
+            h = torch.cat([h, rehearsal[0][keep].to(h.device)])
+            target = torch.cat([target, rehearsal[1][keep].to(h.device)])
+            weights = torch.cat([weights, torch.full((keep.numel(),), 1.0 / keep.numel(), dtype=h.dtype)])
     with torch.enable_grad():
         for _ in range(steps):
             layer.zero_grad(set_to_none=True)

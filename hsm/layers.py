@@ -32,7 +32,7 @@ import sys
 import threading
 import warnings
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from . import backend, engine as static_engine, search
+from . import backend, engine as static_engine, label_addition, search
 from ._checks import (NonFiniteInputError, check_choice, check_input, check_logits_finite, check_k, check_target,
                       check_target_shape)
 from ._loss_options import check_loss_options, forward_rows, over_leading_dims
@@ -379,6 +379,28 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         self._install_tree(tree)
         if reset_nodes is not None and len(reset_nodes):
             self.reset_parameters(reset_nodes)
+
+    def add_labels(self, examples: Sequence[Tensor], label_names: Sequence[str] | None = None,
+                   placement: str = "objective", seed: int = 0, local_steps: int = 0, local_lr: float = 0.1,
+                   reference: Tensor | None = None, rehearsal: tuple[Tensor, Tensor] | None = None,
+                   statistics: Any = None) -> Any:
+        """Add labels the layer was not trained on, without retraining: :func:`hsm.label_addition.add_labels`
+        on this layer (``examples[i]`` [n_i, d]: representations of a few examples of new label ``K + i``),
+        returning its :class:`~hsm.label_addition.LabelAddition`. ``statistics``: the trained labels' node
+        statistics, when kept (a frozen learner's); placement then uses the nodes' marginals. With
+        ``local_steps`` > 0 the slots on the new labels' paths are trained on the examples (with
+        ``rehearsal``, examples of trained labels, against forgetting), which changes parameters that
+        trained labels share. The parameters are new ``nn.Parameter`` objects: build the
+        optimiser after adding.
+
+        Raises RuntimeError while a :class:`~hsm.TreeLearner` is learning the tree (call its
+        ``add_labels``, which keeps its statistics in step), and the function's errors otherwise."""
+        if self.statistics is not None:
+            raise RuntimeError("a TreeLearner is learning this layer's tree: call learner.add_labels(...), which "
+                               "grows its node statistics with the tree")
+        return label_addition.add_labels(self, examples, statistics=statistics, label_names=label_names, placement=placement,
+                          seed=seed, local_steps=local_steps, local_lr=local_lr, reference=reference,
+                                          rehearsal=rehearsal)
 
     def grow(self, tree: Tree, weight: Tensor, bias: Tensor | None) -> None:
         """Switch to a tree with more labels (and perhaps more internal nodes) together with its

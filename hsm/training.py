@@ -214,7 +214,8 @@ class TreeLearner:
 
     def add_labels(self, examples: Sequence[Tensor], label_names: Sequence[str] | None = None,
                    placement: Literal["objective", "random"] = "objective", seed: int = 0, local_steps: int = 0,
-                   local_lr: float = 0.1) -> LabelAddition:
+                   local_lr: float = 0.1, reference: Tensor | None = None,
+                   rehearsal: tuple[Tensor, Tensor] | None = None) -> LabelAddition:
         """Add labels the layer was not trained on, without retraining
         (:func:`hsm.label_addition.add_labels`): ``examples[i]`` [n_i, d] are representations of a
         few examples of new label ``K + i``; each is placed by Algorithm 2's pair score against
@@ -224,7 +225,7 @@ class TreeLearner:
         old_labels = self.layer.num_labels
         result = add_labels(self.layer, examples, statistics=self.statistics, score=self.score,
                             label_names=label_names, placement=placement, seed=seed, local_steps=local_steps,
-                            local_lr=local_lr)
+                            local_lr=local_lr, reference=reference, rehearsal=rehearsal)
         self.statistics = self.statistics.grown(result.tree, old_labels)
         if not self.frozen:
             self.layer.statistics = self.statistics
