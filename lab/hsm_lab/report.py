@@ -1107,13 +1107,17 @@ def code_of_results(root: str | os.PathLike[str] | None = None) -> list[CodeOfRe
 def code_of_results_markdown(codes: Sequence[CodeOfResult]) -> str:
     """A sentence on how many files come from a clean commit, then a table of the others."""
     dirty = [c for c in codes if c.dirty]
+    if not dirty:
+        every = {0: "No result file is committed.", 1: "The one committed result file was made from a commit "
+                 "with no uncommitted changes, so its commit names the code that ran."}
+        return every.get(len(codes), f"All {len(codes)} committed result files were made from a commit with no "
+                         "uncommitted changes, so each file's commit names the code that ran.")
+    these = "The one below was" if len(dirty) == 1 else f"The {len(dirty)} below were"
     text = (f"{len(codes) - len(dirty)} of the {len(codes)} committed result files were made from a "
-            f"commit with no uncommitted changes. The {len(dirty)} below were made while the checkout "
+            f"commit with no uncommitted changes. {these} made while the checkout "
             "had uncommitted changes, so the commit alone does not say exactly what ran (for files "
             "that do not record the change, a change to any tracked file counted, the package's or "
             "not).")
-    if not dirty:
-        return text
     lines = ["| result file | code |", "|---|---|"]
     lines += [f"| `{c.file}` | {c.words()} |" for c in dirty]
     return text + "\n\n" + "\n".join(lines)

@@ -136,6 +136,12 @@ def test_code_of_results_names_the_files_made_from_uncommitted_code(tmp_path: Pa
     assert "sha256 `abababababab`" in codes["lm/new-dirty.json"].words()
     text = report.code_of_results_markdown(list(codes.values()))
     assert text.startswith("1 of the 3 committed result files") and "`lm/clean.json`" not in text
+    assert "The 2 below were made" in text
+    one = report.code_of_results_markdown([codes["lm/clean.json"], codes["lm/new-dirty.json"]])
+    assert "The one below was made" in one and "`lm/new-dirty.json`" in one
+    clean = report.code_of_results_markdown([codes["lm/clean.json"]] * 3)
+    assert clean.startswith("All 3 committed result files") and "below" not in clean
+    assert report.code_of_results_markdown([codes["lm/clean.json"]]).startswith("The one committed result file was")
 
 
 @pytest.mark.parametrize("seed_diffs, word, says", [
