@@ -52,7 +52,10 @@ __all__ = [
     "numbers_markdown",
     "Verdict",
     "verdicts",
+    "VERDICT_MEANINGS",
+    "VERDICT_WORDS",
     "verdict_table_markdown",
+    "verdict_words_markdown",
     "verdict_rules_markdown",
     "PaperComparison",
     "paper_comparisons",
@@ -445,14 +448,33 @@ class Verdict:
     claim: str  #: the claim in plain words
     paper: str  #: the paper's number(s), as text
     ours: str  #: ours from the main run, as text
-    verdict: str  #: reproduced / close / contradicted / not run here
+    verdict: str  #: one of :data:`VERDICT_WORDS`
     why: str  #: one short clause
     doc: str  #: the chapter that shows it
     numbers: Mapping[str, float] = field(default_factory=dict, repr=False)  #: the values behind the text
     rule: str = ""  #: how the verdict word was decided, printed beside the table
 
 
-VERDICT_WORDS = ("reproduced", "close", "contradicted", "not run here")
+#: a claimed effect that our runs do not show either way (within the spread of seeds or random trees,
+#: or a sign that changes with the seed)
+NO_EFFECT = "not reproduced (no consistent effect)"
+#: a claim of speed (a speed-up, a test time) that our code does not meet on our hardware: a fact about
+#: the implementation, not the method
+SLOWER_HERE = "not reproduced (slower in our implementation)"
+
+#: The verdict words and what each means, printed under the landing page's table.
+VERDICT_MEANINGS: Mapping[str, str] = {
+    "reproduced": "the same result, within the margin the row's rule states",
+    "close": "the same direction, a different size, or the claim holds in part (the row's rule says which part)",
+    NO_EFFECT: "the claimed effect does not show consistently: our result lies within the spread of the "
+               "random seeds (or of the random trees), or its sign changes with the seed or between data "
+               "sets; the opposite does not hold throughout either",
+    "contradicted": "our runs show the opposite of the claim, or a counterexample to it",
+    SLOWER_HERE: "a claim of speed that our code does not meet on our hardware: it says how fast our "
+                 "implementation is, not whether the method can be fast",
+    "not run here": "not tested, for the reason the row gives",
+}
+VERDICT_WORDS = tuple(VERDICT_MEANINGS)
 
 
 def _value(found: Mapping[str, Sequence[Measurement]], key: str) -> Measurement | None:
@@ -505,15 +527,19 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
         paper_settings = {"rate": [PTB_PAPER_RATE], "random trees": PTB_PAPER_RANDOM_TREES, "L2": PTB_PAPER_L2}
         differs = [f"{k} {_setting_text(settings[k])} (paper: {_setting_text(v)})"
                    for k, v in paper_settings.items() if settings[k] != v]
+        above_every_seed = o["learned_tree"] > max(seeds)
         if below_every_seed and gap_best > 0 and off <= 2 and not differs:
             word = "reproduced"
         else:
-            word = "close" if below_every_seed else "contradicted"
+            word = "close" if below_every_seed else "contradicted" if above_every_seed else NO_EFFECT
         spread = f"{min(seeds):.1f} to {max(seeds):.1f}" if len(seeds) > 1 else f"{seeds[0]:.1f}"
         if below_every_seed:
             why = (f"learned {gap_ours:.1f} below the chosen random tree after the last epoch, {gap_best:.1f} at "
                    f"each run's best validation epoch (paper: {gap_paper:.0f} after the last epoch); "
                    f"both trees within {math.ceil(off)} of the paper")
+        elif above_every_seed:
+            why = (f"the learned tree ends above every random tree ({spread}), where the paper's is "
+                   f"{gap_paper:.0f} below")
         else:
             why = (f"the learned tree ends inside the spread of the {len(seeds)} random trees ({spread}), "
                    f"not {gap_paper:.0f} below them as in the paper")
@@ -530,7 +556,7 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
             f"L2 {PTB_PAPER_L2:g}) the learned tree's test perplexity below every random tree's after the last "
             "epoch, below the chosen random tree's at each run's best validation epoch, and both trees within 2 of "
             "the paper; close: below every random tree's after the last epoch, without all of that; contradicted: "
-            "not below every random tree's"))
+            f"above every random tree's; {NO_EFFECT}: within the random trees' spread"))
         gap_paper, gap_ours = p["learned_tree"] - p["flat_soft_max"], o["learned_tree"] - o["flat_soft_max"]
         word = ("reproduced" if gap_ours > 0 and abs(gap_ours - gap_paper) <= 2
                 else "close" if gap_ours > 0 else "contradicted")
@@ -650,7 +676,8 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
             "compared on the output layers alone, as the paper timed them, both on one GPU, the paper's device "
             "(V = 250,000, B = 128; a training step with Adagrad and a test batch), the whole model beside "
             "them: reproduced: both ratios within a factor of 2 of the paper's; close: both above 1; "
-            "contradicted: otherwise. Timed on a CPU only: not run here"))
+            f"{SLOWER_HERE}: otherwise (our tree layer not faster than our flat softmax, in training or in "
+            "testing). Timed on a CPU only: not run here"))
     return rows
 
 
@@ -739,10 +766,11 @@ def _mnih_hinton_row(root: Path, found: Mapping[str, Sequence[Measurement]]) -> 
 
 def _speedup_word(ours: tuple[float, float], papers: tuple[float, float]) -> str:
     """The speed-up row's verdict from (train, test) ratios timed on one GPU: reproduced when both
-    are within a factor of 2 of the paper's, close when both are above 1, else contradicted."""
+    are within a factor of 2 of the paper's, close when both are above 1, else :data:`SLOWER_HERE`
+    (our tree layer is not faster than our flat softmax: a fact about our code on our device)."""
     if all(0.5 <= mine / theirs <= 2 for mine, theirs in zip(ours, papers)):
         return "reproduced"
-    return "close" if min(ours) > 1 else "contradicted"
+    return "close" if min(ours) > 1 else SLOWER_HERE
 
 
 def flat_epoch_hours(found: Mapping[str, Sequence[Measurement]] | None = None) -> float | None:
@@ -817,6 +845,10 @@ def _timing_record(found: Mapping[str, Sequence[Measurement]], key: str) -> Meas
     return next((m for m in found.get(key, ()) if fnmatch.fnmatchcase(m.file, "lm/timing.json")), None)
 
 
+#: the training length of the stand-ins' table runs that the verdicts read (the chapter's table)
+STAND_IN_EPOCHS = 5
+
+
 def _stand_in_gains(root: Path) -> dict[str, dict[tuple[int, int], np.ndarray]]:
     """learned − Huffman P@1 per (d, M), one value per seed, on the compiled trainer's full-size
     5-epoch table runs of each stand-in (:func:`hsm_lab.experiments.classification.report.fast_runs`,
@@ -827,7 +859,7 @@ def _stand_in_gains(root: Path) -> dict[str, dict[tuple[int, int], np.ndarray]]:
     for data in ("gutenberg-books", "cooking"):
         gains = {}
         for d in (50, 200):
-            rows = fast_runs(data, d, root=root)
+            rows = fast_runs(data, d, epochs=STAND_IN_EPOCHS, root=root)
             for m in (5, 20):
                 learned, huffman = rows.get(f"learned{m}", {}), rows.get(f"huffman{m}", {})
                 seeds = sorted(s for s in learned if s in huffman and learned[s].get("p_at_1") is not None)
@@ -853,19 +885,20 @@ def _classification_rows(root: Path) -> list[Verdict]:
     for data, by_setting in gains.items():
         every = np.concatenate(list(by_setting.values()))
         means = [g.mean() for g in by_setting.values()]
+        runs = f"{every.size} paired runs of {STAND_IN_EPOCHS} epochs"
         if (every > 0).all():
-            word, why = "reproduced", f"learned ahead in all {every.size} paired runs (4 settings of d and M)"
+            word, why = "reproduced", f"learned ahead in all {runs} (4 settings of d and M)"
         elif all(mean < 0 for mean in means):
-            word, why = "contradicted", (f"learned behind in {(every < 0).sum()} of {every.size} paired runs "
+            word, why = "contradicted", (f"learned behind in {(every < 0).sum()} of {runs} "
                                          "(on average in every setting of d and M)")
         else:
-            word, why = "close", f"learned ahead in {(every > 0).sum()} of {every.size} paired runs"
+            word, why = "close", f"learned ahead in {(every > 0).sum()} of {runs}"
         rows.append(Verdict(
             f"Learning the tree beats the Huffman tree it starts from, on the stand-in `{data}`",
             paper_text, f"{every.min():+.1f} to {every.max():+.1f} (mean {every.mean():+.1f})", word, why,
             "/notebooks/classification",
             {"min": float(every.min()), "max": float(every.max()), "mean": float(every.mean()),
-             "runs": float(every.size)},
+             "runs": float(every.size), "behind": float((every < 0).sum())},
             "reproduced: the learned tree's P@1 above its Huffman start in every paired run (same seed, d and M); "
             "contradicted: below it on average in every setting of d and M; close: otherwise"))
     rows += [row for row in (_larger_d_row(gains), _test_time_row(root)) if row is not None]
@@ -883,7 +916,12 @@ def _larger_d_row(gains: Mapping[str, Mapping[tuple[int, int], np.ndarray]]) -> 
         return None
     shrinks = [all(c < 0 for c in by_m.values()) for by_m in change.values()]
     grows = [all(c > 0 for c in by_m.values()) for by_m in change.values()]
-    word = "reproduced" if all(shrinks) else ("contradicted" if all(grows) else "close")
+    # close: the claim holds in part (on some stand-in for both arities); no consistent effect: it holds
+    # nowhere, and the gain does not grow everywhere either
+    word = ("reproduced" if all(shrinks) else "contradicted" if all(grows) else "close" if any(shrinks)
+            else NO_EFFECT)
+    way = {data: "grows" if g else "shrinks" if sh else "goes both ways with M"
+           for data, g, sh in zip(change, grows, shrinks)}
     ours = "; ".join(f"`{data}`: " + ", ".join(
         f"M = {m} {gains[data][(50, m)].mean():+.1f} → {gains[data][(200, m)].mean():+.1f}" for m in (5, 20))
         for data in change)
@@ -893,11 +931,13 @@ def _larger_d_row(gains: Mapping[str, Mapping[tuple[int, int], np.ndarray]]) -> 
                                      for m in (5, 20)) + " P@1 (d = 50 → 200)",
         ours + " (mean over seeds)", word,
         "the gain grows with d on both stand-ins" if all(grows) else
-        f"the gain shrinks on {sum(shrinks)} of {len(change)} stand-ins",
+        f"the gain shrinks on {sum(shrinks)} of {len(change)} stand-ins: with d it "
+        + ", ".join(f"{w} on `{data}`" for data, w in way.items()),
         "/notebooks/classification",
         {f"{data}.m{m}": c for data, by_m in change.items() for m, c in by_m.items()},
         "reproduced: the mean learned − Huffman gain smaller at d = 200 than at d = 50 for both arities on every "
-        "stand-in; contradicted: larger for both arities on every stand-in; close: otherwise")
+        "stand-in; contradicted: larger for both arities on every stand-in; close: smaller for both arities on "
+        f"some stand-in; {NO_EFFECT}: otherwise")
 
 
 def _test_time_row(root: Path) -> Verdict | None:
@@ -920,7 +960,7 @@ def _test_time_row(root: Path) -> Verdict | None:
     free = np.array(ratios["learned20"])
     fixed = np.array(ratios["learned20-fixed-depth"] + ratios["learned28-fixed-depth"])
     near = 1.25  # "nearly as fast": the paper's own learned trees at d = 50 take the same minutes as Huffman's
-    word = "reproduced" if (free <= near).all() else ("close" if fixed.size and (fixed <= near).all() else "contradicted")
+    word = "reproduced" if (free <= near).all() else ("close" if fixed.size and (fixed <= near).all() else SLOWER_HERE)
     return Verdict(
         "The learned trees test nearly as fast as the Huffman trees",
         "ICML Table 1: learned / Huffman test time " + ", ".join(
@@ -937,7 +977,7 @@ def _test_time_row(root: Path) -> Verdict | None:
          "fixed_min": float(fixed.min()) if fixed.size else math.nan,
          "fixed_max": float(fixed.max()) if fixed.size else math.nan},
         f"reproduced: the learned tree of the paper's algorithm (Algorithm 2) tests within {near} times the Huffman "
-        f"tree's time in every run; close: only the fixed-depth variant (Algorithm 3) does; contradicted: neither")
+        f"tree's time in every run; close: only the fixed-depth variant (Algorithm 3) does; {SLOWER_HERE}: neither")
 
 
 def _theory_row() -> Verdict:
@@ -991,8 +1031,12 @@ def _taxonomy_row(root: Path) -> Verdict | None:
     ahead = [name for name, d in zip(names, diffs) if (d > 0).all()]
     behind = [name for name, d in zip(names, diffs) if (d < 0).all()]
     # reproduced: ahead on every seed of every table; close: ahead on every seed of some table;
-    # contradicted: nowhere consistently ahead (the sign changes, or the flat model leads throughout)
-    word = "reproduced" if len(ahead) == len(diffs) else ("close" if ahead else "contradicted")
+    # contradicted: the flat model ahead on every seed of every table; no consistent effect: otherwise
+    # (nowhere consistently ahead, and the sign changes with the seed on some table)
+    if len(ahead) == len(diffs):
+        word = "reproduced"
+    else:
+        word = "close" if ahead else "contradicted" if len(behind) == len(diffs) else NO_EFFECT
     if all(sign_changes):
         how = "on every table the sign changes with the seed"
     else:
@@ -1011,7 +1055,9 @@ def _taxonomy_row(root: Path) -> Verdict | None:
          "tables_with_sign_change": float(sum(sign_changes)), "tables_flat_ahead": float(len(behind)),
          "tables_taxonomy_ahead": float(len(ahead))},
         "reproduced: the taxonomy's macro-F1 above the flat model's on every seed of every table; close: on "
-        "every seed of some table; contradicted: on no table on every seed")
+        "every seed of some table; contradicted: below it on every seed of every table; "
+        f"{NO_EFFECT}: otherwise (above it on every seed of no table, and not below it on every seed of every "
+        "table)")
 
 
 def _sampling_row(root: Path) -> Verdict | None:
@@ -1054,6 +1100,11 @@ def verdicts(root: str | os.PathLike[str] | None = None) -> list[Verdict]:
         if row.verdict not in VERDICT_WORDS:
             raise ValueError(f"verdict {row.verdict!r} is not one of {VERDICT_WORDS}")
     return rows
+
+
+def verdict_words_markdown() -> str:
+    """What each verdict word means (:data:`VERDICT_MEANINGS`): one bullet per word."""
+    return "\n".join(f"- *{word}*: {meaning}." for word, meaning in VERDICT_MEANINGS.items()) + "\n"
 
 
 def verdict_rules_markdown(rows: Sequence[Verdict]) -> str:
@@ -1107,13 +1158,17 @@ def code_of_results(root: str | os.PathLike[str] | None = None) -> list[CodeOfRe
 def code_of_results_markdown(codes: Sequence[CodeOfResult]) -> str:
     """A sentence on how many files come from a clean commit, then a table of the others."""
     dirty = [c for c in codes if c.dirty]
+    if not dirty:
+        every = {0: "No result file is committed.", 1: "The one committed result file was made from a commit "
+                 "with no uncommitted changes, so its commit names the code that ran."}
+        return every.get(len(codes), f"All {len(codes)} committed result files were made from a commit with no "
+                         "uncommitted changes, so each file's commit names the code that ran.")
+    these = "The one below was" if len(dirty) == 1 else f"The {len(dirty)} below were"
     text = (f"{len(codes) - len(dirty)} of the {len(codes)} committed result files were made from a "
-            f"commit with no uncommitted changes. The {len(dirty)} below were made while the checkout "
+            f"commit with no uncommitted changes. {these} made while the checkout "
             "had uncommitted changes, so the commit alone does not say exactly what ran (for files "
             "that do not record the change, a change to any tracked file counted, the package's or "
             "not).")
-    if not dirty:
-        return text
     lines = ["| result file | code |", "|---|---|"]
     lines += [f"| `{c.file}` | {c.words()} |" for c in dirty]
     return text + "\n\n" + "\n".join(lines)

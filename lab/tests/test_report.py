@@ -136,11 +136,18 @@ def test_code_of_results_names_the_files_made_from_uncommitted_code(tmp_path: Pa
     assert "sha256 `abababababab`" in codes["lm/new-dirty.json"].words()
     text = report.code_of_results_markdown(list(codes.values()))
     assert text.startswith("1 of the 3 committed result files") and "`lm/clean.json`" not in text
+    assert "The 2 below were made" in text
+    one = report.code_of_results_markdown([codes["lm/clean.json"], codes["lm/new-dirty.json"]])
+    assert "The one below was made" in one and "`lm/new-dirty.json`" in one
+    clean = report.code_of_results_markdown([codes["lm/clean.json"]] * 3)
+    assert clean.startswith("All 3 committed result files") and "below" not in clean
+    assert report.code_of_results_markdown([codes["lm/clean.json"]]).startswith("The one committed result file was")
 
 
 @pytest.mark.parametrize("seed_diffs, word, says", [
-    ({"trec": [1.0, -1.0], "r8": [2.0, -0.5]}, "contradicted", "on every table the sign changes"),
-    ({"trec": [1.0, -1.0], "r8": [-2.0, -0.5]}, "contradicted", "the flat model is ahead on every seed of R8"),
+    ({"trec": [1.0, -1.0], "r8": [2.0, -0.5]}, report.NO_EFFECT, "on every table the sign changes"),
+    ({"trec": [1.0, -1.0], "r8": [-2.0, -0.5]}, report.NO_EFFECT, "the flat model is ahead on every seed of R8"),
+    ({"trec": [-1.0, -3.0], "r8": [-2.0, -0.5]}, "contradicted", "the sign changes with the seed on 0 of 2"),
     ({"trec": [1.0, -1.0], "r8": [2.0, 0.5]}, "close", "the taxonomy is ahead on every seed of R8"),
     ({"trec": [1.0, 3.0], "r8": [2.0, 0.5]}, "reproduced", "the sign changes with the seed on 0 of 2"),
 ])
@@ -170,6 +177,13 @@ def test_the_taxonomy_verdict_names_a_table_whose_documents_were_cut_short(tmp_p
     assert "R8 documents" not in row.why and "not run at full size" not in row.why
 
 
+def test_each_verdict_term_is_defined_and_the_three_failures_are_told_apart() -> None:
+    text = report.verdict_words_markdown()
+    assert text.count("\n- ") == len(report.VERDICT_WORDS) - 1
+    assert all(f"- *{word}*: {meaning}." in text for word, meaning in report.VERDICT_MEANINGS.items())
+    assert len({"contradicted", report.NO_EFFECT, report.SLOWER_HERE} & set(report.VERDICT_WORDS)) == 3
+
+
 def test_every_verdict_prints_the_rule_that_decided_it() -> None:
     rows = report.verdicts()
     assert all(row.rule for row in rows), [row.claim for row in rows if not row.rule]
@@ -185,7 +199,8 @@ def test_the_larger_d_verdict_follows_the_gain_at_d_200(change: float, word: str
             gains[data][(200, m)] = gains[data][(50, m)] + change
     assert report._larger_d_row(gains).verdict == word
     gains["b"][(200, 5)] = gains["b"][(50, 5)] - change  # one setting the other way: neither rule holds
-    assert report._larger_d_row(gains).verdict == "close"
+    # it still shrinks on one stand-in (the claim holds in part), or it shrinks on none and grows on one
+    assert report._larger_d_row(gains).verdict == ("close" if change < 0 else report.NO_EFFECT)
 
 
 def test_the_speed_up_is_judged_on_the_output_layers_on_one_gpu() -> None:
@@ -197,7 +212,7 @@ def test_the_speed_up_is_judged_on_the_output_layers_on_one_gpu() -> None:
     assert "output layers on one NVIDIA H200" in speed.ours and "whole model" in speed.ours
     assert "computing and learning the objective" in speed.paper
     train, test = speed.numbers["train"], speed.numbers["test"]
-    assert speed.verdict == ("contradicted" if min(train, test) <= 1 else speed.verdict)
+    assert speed.verdict == (report.SLOWER_HERE if min(train, test) <= 1 else speed.verdict)
     assert speed.numbers["cpu_train"] > 100 and speed.numbers["cpu_test"] > 100
 
 
@@ -298,7 +313,8 @@ def test_regenerate_note_wrapped_lines_join_back_into_the_recorded_command():
 
 
 @pytest.mark.parametrize("random_seeds, learned, paper_settings, word", [
-    ([167.2, 166.3, 167.6], 167.0, True, "contradicted"),   # inside the random trees' spread
+    ([167.2, 166.3, 167.6], 167.0, True, report.NO_EFFECT),  # inside the random trees' spread
+    ([167.2, 166.3, 167.6], 168.0, True, "contradicted"),    # above every random tree
     ([171.1, 171.3, 171.7], 157.8, False, "close"),         # below every seed, another rate
     ([172.1, 172.5, 171.9], 159.5, True, "reproduced"),      # the paper's result at its settings
 ])
