@@ -627,7 +627,8 @@ class FastBowClassifier:
 
     def add_labels(self, docs_per_label: Sequence[Any], names: Sequence[str] | None = None,
                    placement: str = "objective", seed: int = 0, local_steps: int = 0,
-                   local_lr: float = 0.1, reference_docs: Any = None) -> "LabelAddition":
+                   local_lr: float = 0.1, reference_docs: Any = None,
+                   rehearsal: tuple[Any, Any] | None = None) -> "LabelAddition":
         """Add labels this model was not trained on, without retraining: ``docs_per_label[i]``
         holds a few documents (word-id arrays, as :meth:`fit` takes) of new label ``K + i``; their
         representations place it in the tree by Algorithm 2's pair score
@@ -637,7 +638,10 @@ class FastBowClassifier:
         1's statistics are reset for the grown tree (they are training state). ``reference_docs``:
         a sample of documents the model already serves (its training data, say), which the new
         labels' slots are calibrated against (``reference`` of :func:`~hsm.label_addition.add_labels`).
-        Tree outputs only (``output="huffman"`` or ``"learned"``)."""
+        ``rehearsal`` = (documents, their trained labels): examples mixed into the ``local_steps``
+        (``rehearsal`` of :func:`~hsm.label_addition.add_labels`), so that training the new labels'
+        paths does not take the trained labels' documents. Tree outputs only (``output="huffman"`` or
+        ``"learned"``)."""
         from hsm.label_addition import add_labels, check_placement
 
         self._check_fitted()
@@ -661,8 +665,13 @@ class FastBowClassifier:
                 raise ValueError(f"docs_per_label[{index}] holds no document: a new label needs at least one")
             examples.append(self.representations((values, offsets)))
         reference = self.representations(reference_docs, "reference_docs") if reference_docs is not None else None
+        if rehearsal is not None:
+            if not (isinstance(rehearsal, (tuple, list)) and len(rehearsal) == 2):
+                raise TypeError("rehearsal must be a pair (documents, their trained labels)")
+            rehearsal = (self.representations(rehearsal[0], "rehearsal documents"),
+                         torch.as_tensor(np.asarray(rehearsal[1], dtype=np.int64)))
         result = add_labels(self.layer, examples, statistics=None, score=self.score, placement=placement, seed=seed,
-                            local_steps=local_steps, local_lr=local_lr, reference=reference)
+                            local_steps=local_steps, local_lr=local_lr, reference=reference, rehearsal=rehearsal)
         self.statistics = None
         if self.dictionary is not None:
             self.dictionary.add_labels(names, [e.shape[0] for e in examples])

@@ -9,6 +9,19 @@ M-ary Huffman-tree one train on the other labels' passages only. Then the held-o
 * ``random``: placed at random in the learned tree (what the objective buys);
 * ``huffman``: placed by the pair score in the fixed Huffman tree (what a learned tree buys).
 
+Beside them, what a user could do instead, at the same number of examples per new label:
+
+* ``objective-local``: the objective's placement, then ``local_steps`` gradient steps on the new
+  labels' paths, mixed with rehearsal passages of the trained books (``rehearsal`` of
+  :func:`hsm.label_addition.add_labels`);
+* ``kshot-retrain``: the learned-tree classifier retrained on the trained labels' passages plus the
+  same k passages of each new label (the fair ceiling for an addition from k examples);
+* ``imprint``: weight imprinting (Qi, Brown & Lowe, CVPR 2018) on the flat softmax trained on the
+  trained labels: a new label's row is the normalised mean of its examples' normalised
+  representations, scaled to the trained rows' mean norm, with the trained rows' mean bias;
+* ``ncm``: the nearest class mean (cosine) of the flat model's representations: the trained labels'
+  means over their training passages, a new label's over its k examples.
+
 ``retrain``, the ceiling, trains the learned-tree classifier on every label's passages. Each row
 gives P@1 on the test passages of the new labels and of the trained ones, the seconds per
 added label, and where the new labels' test passages go: the probability of the path down to the
@@ -30,10 +43,15 @@ from hsm_lab.results import ResumableParts, check_replace, output_path, provenan
 
 __all__ = ["METHODS", "held_out_labels", "label_addition", "parse_options", "summarise"]
 
-#: the ways labels reach the model: added (placement, base model) or trained with the rest
-METHODS = {"objective": ("objective", "learned"), "random": ("random", "learned"), "huffman": ("objective", "huffman")}
+#: the ways labels reach the model: (how, the model trained on the trained labels it starts from)
+METHODS = {"objective": ("objective", "learned"), "random": ("random", "learned"), "huffman": ("objective", "huffman"),
+           "objective-local": ("objective", "learned"), "kshot-retrain": ("retrain", "learned"),
+           "imprint": ("imprint", "flat"), "ncm": ("ncm", "flat")}
+#: the methods of the first experiment (placement in a tree only), the default
+PLACEMENTS = ("objective", "random", "huffman")
 #: the settings of the classifiers (the learned 20-ary tree of ICML Table 1 at d = 50, our best row)
-DEFAULTS: dict[str, Any] = {"dim": 50, "arity": 20, "lr": 0.5, "epochs": 5, "held_out": 0.1, "reference": 2000}
+DEFAULTS: dict[str, Any] = {"dim": 50, "arity": 20, "lr": 0.5, "epochs": 5, "held_out": 0.1, "reference": 2000,
+                            "local_steps": 20, "local_lr": 0.1}
 #: the quick scale: 40 books, one seed, 1 and 5 examples per new label
 QUICK: dict[str, Any] = {"max_books": 40, "seeds": (0,), "examples": (1, 5)}
 
@@ -124,52 +142,131 @@ def _seed_rows(train: Any, test: Any, num_words: int, seed: int, examples: tuple
         trained[kind] = clf
         rows.append({**base, "method": f"{kind}-before", "examples": 0, "train_seconds": seconds,
                      "p_at_1_old": _p_at_1(clf, *test_old), "p_at_1_new": None})
-        log(f"seed {seed}: {kind} tree on {old_count} labels: P@1 old {rows[-1]['p_at_1_old']:.1f} ({seconds:.0f} s)")
+        name = "flat softmax" if kind == "flat" else f"{kind} tree"
+        log(f"seed {seed}: {name} on {old_count} labels: P@1 old {rows[-1]['p_at_1_old']:.1f} ({seconds:.0f} s)")
+    if "ncm" in methods:
+        trained_means = _class_sums(trained["flat"], [train_docs[i] for i in old_rows], y_train[old_rows], num_labels)
+        rows.append({**base, "method": "ncm-before", "examples": 0,
+                     "p_at_1_old": _ncm_p_at_1(trained["flat"], trained_means[:old_count], *test_old)})
     draw = np.random.default_rng(seed + 1000)
     # a sample of the training passages the model already serves, which new slots are calibrated against
-    sample = draw.choice(old_rows, size=min(settings["reference"], old_rows.size), replace=False)
-    reference = [train_docs[i] for i in np.sort(sample)] if settings["reference"] else None
+    sample = np.sort(draw.choice(old_rows, size=min(settings["reference"], old_rows.size), replace=False))
+    reference = [train_docs[i] for i in sample] if settings["reference"] else None
     shuffled = {label: draw.permutation(np.flatnonzero(y_train == label)) for label in range(old_count, num_labels)}
     for count in examples:
         docs_per_label = [[train_docs[i] for i in shuffled[label][:count]] for label in range(old_count, num_labels)]
         for method in methods:
-            placement, kind = METHODS[method]
-            clf = copy.deepcopy(trained[kind])
+            how, kind = METHODS[method]
+            row = {**base, "method": method, "examples": count}
             start = time.perf_counter()
-            clf.add_labels(docs_per_label, placement=placement, seed=seed, reference_docs=reference)
+            if how == "retrain":
+                picked = np.concatenate([old_rows] + [shuffled[label][:count] for label in range(old_count, num_labels)])
+                clf, _ = _train(kind, [train_docs[i] for i in picked], y_train[picked], num_words, num_labels, seed,
+                                settings)
+            elif how == "imprint":
+                clf = _imprinted(trained[kind], docs_per_label)
+            elif how == "ncm":
+                means = trained_means.clone()
+                for label, docs in zip(range(old_count, num_labels), docs_per_label):
+                    means[label] = _class_sums(trained[kind], docs, np.zeros(len(docs), dtype=np.int64), 1)[0]
+                seconds = time.perf_counter() - start
+                row.update(seconds_per_label=seconds / held.size,
+                           p_at_1_old=_ncm_p_at_1(trained[kind], means, *test_old),
+                           p_at_1_new=_ncm_p_at_1(trained[kind], means, *test_new))
+                rows.append(row)
+                log(f"seed {seed}: ncm, {count} example(s) per new label: P@1 old {row['p_at_1_old']:.1f}, "
+                    f"new {row['p_at_1_new']:.1f}")
+                continue
+            else:
+                clf = copy.deepcopy(trained[kind])
+                local = {}
+                if method == "objective-local" and sample.size:
+                    local = {"local_steps": settings["local_steps"], "local_lr": settings["local_lr"],
+                             "rehearsal": ([train_docs[i] for i in sample], y_train[sample])}
+                clf.add_labels(docs_per_label, placement=how, seed=seed, reference_docs=reference, **local)
             seconds = time.perf_counter() - start
-            reach, final = _reach(clf, *test_new)
-            rows.append({**base, "method": method, "examples": count, "seconds_per_label": seconds / held.size,
-                         "p_at_1_old": _p_at_1(clf, *test_old), "p_at_1_new": _p_at_1(clf, *test_new),
-                         "path_to_node_probability": reach, "slot_probability": final})
-            log(f"seed {seed}: {method}, {count} example(s) per new label: P@1 old {rows[-1]['p_at_1_old']:.1f}, "
-                f"new {rows[-1]['p_at_1_new']:.1f}; {1000 * seconds / held.size:.1f} ms per label")
+            row.update(seconds_per_label=seconds / held.size, p_at_1_old=_p_at_1(clf, *test_old),
+                       p_at_1_new=_p_at_1(clf, *test_new))
+            if how in ("objective", "random"):
+                row["path_to_node_probability"], row["slot_probability"] = _reach(clf, *test_new)
+            rows.append(row)
+            log(f"seed {seed}: {method}, {count} example(s) per new label: P@1 old {row['p_at_1_old']:.1f}, "
+                f"new {row['p_at_1_new']:.1f}; {1000 * seconds / held.size:.1f} ms per label")
     return rows
+
+
+def _imprinted(flat: Any, docs_per_label: list[list[np.ndarray]]) -> Any:
+    """A copy of the flat classifier with a row imprinted for each new label (module docstring)."""
+    import torch
+
+    from hsm import FlatSoftmax
+
+    clf = copy.deepcopy(flat)
+    trained = clf.layer.linear
+    rows = []
+    for docs in docs_per_label:
+        h = torch.nn.functional.normalize(clf.representations(docs), dim=1).mean(0)
+        rows.append(torch.nn.functional.normalize(h, dim=0))
+    grown = FlatSoftmax(trained.in_features, trained.out_features + len(rows), bias=trained.bias is not None)
+    with torch.no_grad():
+        scale = trained.weight.norm(dim=1).mean()
+        grown.linear.weight.copy_(torch.cat([trained.weight, scale * torch.stack(rows)]))
+        if trained.bias is not None:
+            grown.linear.bias.copy_(torch.cat([trained.bias, trained.bias.mean().repeat(len(rows))]))
+    clf.layer = grown
+    return clf
+
+
+def _class_sums(flat: Any, docs: list[np.ndarray], labels: np.ndarray, count: int) -> Any:
+    """[count, d]: per label, the sum of its documents' normalised representations (the flat model's)."""
+    import torch
+
+    h = torch.nn.functional.normalize(flat.representations(docs), dim=1)
+    return torch.zeros(count, h.shape[1]).index_add_(0, torch.as_tensor(labels), h)
+
+
+def _ncm_p_at_1(flat: Any, sums: Any, docs: list[np.ndarray], labels: np.ndarray) -> float:
+    """P@1 (%) of the nearest class mean (cosine) on the flat model's representations, from the class sums
+    of :func:`_class_sums` (a row per label)."""
+    import torch
+
+    if not docs:
+        return float("nan")
+    normalize = torch.nn.functional.normalize
+    scores = normalize(flat.representations(docs), dim=1) @ normalize(sums, dim=1).T
+    return 100.0 * float((scores.argmax(1).numpy() == labels).mean())
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (method, examples): the mean and spread over seeds of P@1 on new and trained labels, the
-    loss of the trained labels (P@1 before the addition minus after), and the new labels' P@1 as a
-    share of the retrained model's."""
+    loss of the trained labels (P@1 of the model the method starts from, trained on them only, minus
+    after), and the new labels' P@1 as a share of the full retrain's and (where it ran) of the k-shot
+    retrain's at the same k."""
     by_seed = {(r["seed"], r["method"]): r for r in rows if r.get("examples") in (None, 0)}
+    kshot = {(r["seed"], r["examples"]): r for r in rows if r["method"] == "kshot-retrain"}
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for r in rows:
         if r.get("examples"):
             groups.setdefault((r["method"], r["examples"]), []).append(r)
     out = []
     for (method, count), members in sorted(groups.items(), key=lambda item: (item[0][1], list(METHODS).index(item[0][0]))):
-        kind = METHODS[method][1]
+        before = "ncm-before" if method == "ncm" else f"{METHODS[method][1]}-before"
         new = np.array([r["p_at_1_new"] for r in members])
-        loss = np.array([by_seed[(r["seed"], f"{kind}-before")]["p_at_1_old"] - r["p_at_1_old"] for r in members])
+        loss = np.array([by_seed[(r["seed"], before)]["p_at_1_old"] - r["p_at_1_old"] for r in members])
         share = np.array([r["p_at_1_new"] / by_seed[(r["seed"], "retrain")]["p_at_1_new"] for r in members])
         sd = lambda a: float(a.std(ddof=1)) if a.size > 1 else None  # noqa: E731
-        out.append({"kind": "summary", "method": method, "examples": count, "seeds": len(members),
-                    "p_at_1_new_mean": float(new.mean()), "p_at_1_new_sd": sd(new),
-                    "old_loss_mean": float(loss.mean()), "old_loss_max": float(loss.max()),
-                    "share_of_retrain_mean": float(share.mean()),
-                    "path_to_node_probability_mean": float(np.mean([r["path_to_node_probability"] for r in members])),
-                    "slot_probability_mean": float(np.mean([r["slot_probability"] for r in members])),
-                    "seconds_per_label_max": float(max(r["seconds_per_label"] for r in members))})
+        summary = {"kind": "summary", "method": method, "examples": count, "seeds": len(members),
+                   "p_at_1_new_mean": float(new.mean()), "p_at_1_new_sd": sd(new),
+                   "old_loss_mean": float(loss.mean()), "old_loss_max": float(loss.max()),
+                   "share_of_retrain_mean": float(share.mean()),
+                   "seconds_per_label_max": float(max(r["seconds_per_label"] for r in members))}
+        if all((r["seed"], count) in kshot and kshot[(r["seed"], count)]["p_at_1_new"] > 0 for r in members):
+            summary["share_of_kshot_retrain_mean"] = float(np.mean(
+                [r["p_at_1_new"] / kshot[(r["seed"], count)]["p_at_1_new"] for r in members]))
+        if all("path_to_node_probability" in r for r in members):
+            summary["path_to_node_probability_mean"] = float(np.mean([r["path_to_node_probability"] for r in members]))
+            summary["slot_probability_mean"] = float(np.mean([r["slot_probability"] for r in members]))
+        out.append(summary)
     return out
 
 
@@ -181,7 +278,7 @@ def parse_options(scale: str, options: dict[str, Any]) -> tuple[tuple[int, ...],
     options = dict(options)
     seeds = option_ints("seeds", options.pop("seeds", QUICK["seeds"] if quick else (0, 1, 2)), minimum=0)
     examples = option_ints("examples", options.pop("examples", QUICK["examples"] if quick else (1, 5, 20)), minimum=1)
-    method_names = options.pop("methods", ",".join(METHODS))
+    method_names = options.pop("methods", ",".join(PLACEMENTS))
     methods = [option_choice("methods", m, tuple(METHODS)) for m in str(method_names).split(",") if m]
     max_books = option_int("max_books", options.pop("max_books", QUICK["max_books"] if quick else None), minimum=2,
                            allow_none=True)
@@ -191,9 +288,13 @@ def parse_options(scale: str, options: dict[str, Any]) -> tuple[tuple[int, ...],
                 "epochs": option_int("epochs", options.pop("epochs", DEFAULTS["epochs"]), minimum=1),
                 "held_out": option_float("held_out", options.pop("held_out", DEFAULTS["held_out"]), minimum=0.0,
                                          maximum=0.5),
-                "reference": option_int("reference", options.pop("reference", DEFAULTS["reference"]), minimum=0)}
+                "reference": option_int("reference", options.pop("reference", DEFAULTS["reference"]), minimum=0),
+                "local_steps": option_int("local_steps", options.pop("local_steps", DEFAULTS["local_steps"]), minimum=1),
+                "local_lr": option_float("local_lr", options.pop("local_lr", DEFAULTS["local_lr"]), minimum=1e-9)}
     if options:
         raise ValueError(f"unknown option(s) for label-addition: {', '.join(sorted(options))}")
+    if "objective-local" not in methods:  # settings no run uses stay out of the file's configuration
+        del settings["local_steps"], settings["local_lr"]
     return seeds, examples, methods, max_books, settings
 
 
@@ -202,11 +303,12 @@ def parse_options(scale: str, options: dict[str, Any]) -> tuple[tuple[int, ...],
 def label_addition(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
                    **options: Any) -> Path:
     """The held-out-label experiment (module docstring). Options: ``seeds`` (default 0,1,2; quick
-    0), ``examples`` (per new label, default 1,5,20; quick 1,5), ``methods`` (default all of
-    :data:`METHODS`), ``max_books`` (quick 40), ``dim``, ``arity``, ``lr``, ``epochs`` and
-    ``held_out`` (the share of labels, default 0.1) and ``reference`` (trained labels' training passages the
-    new slots are calibrated against, default 2,000; 0 for none). A stopped run resumes from its
-    partial file."""
+    0), ``examples`` (per new label, default 1,5,20; quick 1,5), ``methods`` (any of :data:`METHODS`;
+    default the three placements, :data:`PLACEMENTS`), ``max_books`` (quick 40), ``dim``, ``arity``,
+    ``lr``, ``epochs`` and ``held_out`` (the share of labels, default 0.1), ``reference`` (trained
+    labels' training passages the new slots are calibrated against and ``objective-local`` rehearses,
+    default 2,000; 0 for none), ``local_steps`` and ``local_lr`` (``objective-local``'s, default 20 and
+    0.1). A stopped run resumes from its partial file."""
     from hsm_lab.experiments.classification import encode_data, load_classification_data
 
     quick = check_scale(scale) == "quick"
