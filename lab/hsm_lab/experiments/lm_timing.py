@@ -2,9 +2,10 @@
 arXiv Table 1, the timing columns), measured side by side in one run.
 
 Training the log-bilinear model with a flat softmax over Gutenberg's 250,000 words for epochs is
-out of reach of a 2-core CPU (about a third of a second per batch of 128: some 30 hours per
-epoch), so the trees' perplexity columns of ICML Table 2 are trained on all 678 books and the flat
-row is not (:mod:`hsm_lab.experiments.lm`). Its *speed* columns do not need training to convergence: a few
+out of reach of a 2-core CPU (this experiment's time per training batch, times the batches of an
+epoch, gives the hours: :func:`hsm_lab.report.flat_epoch_hours`), so the trees' perplexity columns
+of ICML Table 2 are trained on all 678 books and the flat row only on a slice of an epoch, on a
+GPU (:mod:`hsm_lab.experiments.lm`). Its *speed* columns do not need training to convergence: a few
 hundred steps of the real model on real batches, at the real vocabulary, give the milliseconds
 per batch. This experiment measures, for each output layer,
 
