@@ -60,6 +60,15 @@ def _check_no_weight_decay(optimizer: str, weight_decay: Any) -> None:
                          f"update every row at every step); use torch.optim.{optimizer} for weight decay")
 
 
+def _evaluate_closure(closure: Any) -> Any:
+    """``torch.optim``'s closure protocol: the loss ``closure()`` returns, computed with gradients on
+    (None without a closure)."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class _RowSparseOptimizer(torch.optim.Optimizer):
     """The loop both row-sparse optimisers share: every parameter with a gradient gets
     :meth:`_update` (``torch.optim``'s ``step`` protocol, closure included)."""
@@ -77,10 +86,7 @@ class _RowSparseOptimizer(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate_closure(closure)
         for group in self.param_groups:
             for param in group["params"]:
                 if isinstance(param.grad, FusedGradient):  # updated in the backward: count the step
@@ -387,10 +393,7 @@ class TreeModelOptimizer(torch.optim.Optimizer):
     @torch.no_grad()
     def step(self, closure=None):  # type: ignore[override]
         """One step of both optimisers (``closure`` is evaluated once, before them)."""
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = _evaluate_closure(closure)
         self.body.step()
         self.layer_optimizer.step()
         return loss
