@@ -87,11 +87,11 @@ def test_the_folder_rule_catches_a_library_file_that_imports_the_lab(tmp_path):
     assert len(lab_mentions(library)) == 2
 
 
-def test_import_hsm_reaches_at_most_8200_lines():
+def test_import_hsm_reaches_at_most_8300_lines():
     """``import hsm`` loads the layers, the tree, Algorithm 1 and its statistics; the classifiers
     (``hsm.FastBowClassifier``, ``hsm.SparseTreeClassifier``) are imported on first use."""
     closure = library_closure(("hsm",))
-    assert sum(closure.values()) <= 8200, sorted(closure.items(), key=lambda item: -item[1])[:8]
+    assert sum(closure.values()) <= 8300, sorted(closure.items(), key=lambda item: -item[1])[:8]
     assert "hsm.classifiers.fast_classifier" not in closure and "hsm.classifiers.sparse_tree" not in closure
     script = ("import sys, hsm; assert 'hsm.classifiers.fast_classifier' not in sys.modules; "
               "from hsm import FastBowClassifier, SparseTreeClassifier; "

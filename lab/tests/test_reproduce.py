@@ -238,6 +238,10 @@ def _check_options(invocation: dict) -> None:
         from hsm_lab.experiments.label_addition import parse_options
 
         parse_options(scale, options)
+    elif name == "transformer-ptb":
+        from hsm_lab.experiments.transformer_lm import parse_options as transformer_options
+
+        transformer_options(scale, options)
     elif name == "today-tools":
         from hsm_lab.experiments.classification.today import _parse_today
 
