@@ -63,7 +63,7 @@ def _parse_options(options: dict[str, Any]) -> dict[str, Any]:
 _OPTIONAL_COUNTS = {"max_books": 1, "vocab_size": 2, "train_tokens": 1, "eval_tokens": 1, "select_eval_tokens": 1,
                    "split_seed": 0}
 #: integer LMScale fields whose minimum is not 1
-_COUNT_MINIMUM = {"arity": 2, "select_steps": 0, "first_random_seed": 0}
+_COUNT_MINIMUM = {"arity": 2, "select_steps": 0, "first_random_seed": 0, "learned_tree_seed": 0}
 
 
 def _scale_for(name: str, scale: str, options: dict[str, Any]) -> LMScale:

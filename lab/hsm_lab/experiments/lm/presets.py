@@ -47,8 +47,11 @@ class LMScale:
     #: a Gutenberg validation pass over 4.4M tokens costs more than the trial's training)
     select_eval_tokens: int | None = None
     #: the random-tree row trains seeds first_random_seed, ..., first_random_seed + random_seeds - 1
-    #: (so the seeds of a long table can run as separate parts); the learned tree starts from seed 0
+    #: (so the seeds of a long table can run as separate parts)
     first_random_seed: int = 0
+    #: the seed of the random tree the learned tree (and each schedule of it) starts from, so that
+    #: the learned row can be repeated from several starting trees as separate parts
+    learned_tree_seed: int = 0
     #: the clustering tree's 50-dim word vectors: "fasttext" (the paper's: fastText skip-gram,
     #: hs loss, 5 epochs, whole words), "fasttext-ngrams" (the same with fastText's character
     #: n-grams of 3 to 6 characters) or "lbl" (ours: a log-bilinear LM with a random-tree HSM,

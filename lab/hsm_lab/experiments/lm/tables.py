@@ -131,6 +131,11 @@ def run_table(
     seeds = range(sc.first_random_seed, sc.first_random_seed + sc.random_seeds)
     random_trees = {s: Tree.random(V, sc.arity, 3, seed=s, label_names=corpus.vocab) for s in seeds}
     first_tree = random_trees[0] if 0 in random_trees else Tree.random(V, sc.arity, 3, seed=0, label_names=corpus.vocab)
+    # the learned tree's start: the first random tree unless the scale names another seed
+    learned_seed = sc.learned_tree_seed
+    learned_start = first_tree if learned_seed == 0 else Tree.random(V, sc.arity, 3, seed=learned_seed,
+                                                                       label_names=corpus.vocab)
+    learned_config = {"tree_seed": learned_seed} if learned_seed else {}
     runs: dict[str, Any] = {}
     selection: dict[str, Any] = {}
     if not outputs or schedules or any(kind in outputs for kind in ("random", "clustering", "learned")):
@@ -167,14 +172,15 @@ def run_table(
                                       device=device, checkpoint_dir=run_dir, log=log,
                                       checkpoint_seconds=checkpoint_seconds)
     if "learned" in outputs:
-        runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, decay=sc.decay),
-                                   tree=first_tree, device=device, checkpoint_dir=run_dir, log=log,
+        runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, decay=sc.decay,
+                                                   **learned_config),
+                                   tree=learned_start, device=device, checkpoint_dir=run_dir, log=log,
                                    checkpoint_seconds=checkpoint_seconds,
                                    keep_model=keep_models)
     for label, learn_epochs in schedules or ():
         runs[label] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, learn_epochs=learn_epochs,
-                                               decay=sc.decay),
-                               tree=first_tree, device=device, checkpoint_dir=run_dir, log=log,
+                                               decay=sc.decay, **learned_config),
+                               tree=learned_start, device=device, checkpoint_dir=run_dir, log=log,
                                checkpoint_seconds=checkpoint_seconds)
     return {"corpus": corpus, "runs": runs, "selection": selection}
 
