@@ -340,3 +340,23 @@ def test_a_gpu_run_regenerates_with_its_device_minutes_not_cpu_time() -> None:
     text = report.regenerate_note(["bench/gpu-h200-float32.json"])
     assert "on one NVIDIA H200" in text and "CPU-minute" not in text and "thread" not in text
     assert "CPU-minute" in report.regenerate_note(["bench/decoding.json"])  # a CPU run keeps its CPU time
+
+
+def test_the_ptb_verdict_reads_the_learned_tree_from_every_starting_tree(tmp_path: Path) -> None:
+    """Learned starts that all end below every random tree make the word; one that ends inside the
+    random trees' spread takes it back to no consistent effect."""
+    def run(claim_model: str, value: float) -> dict:
+        per_epoch = [{"epoch": 4, "valid_perplexity": value + 10, "test_perplexity": value}]
+        return _ppl(f"arxiv2016.table1.ptb.{claim_model}.perplexity", value) | {"per_epoch": per_epoch}
+
+    settings = {"lr_grid": [0.025], "random_seeds": 5, "l2": 5e-5}
+    records = [run("flat_soft_max", 150.0), run("random_tree", 171.9), run("learned_tree", 159.5),
+               {"claim": None, "value": 0.025, "measure": "selection",
+                "selection": {"random_seed_test": [172.1, 172.5, 171.9]}}]
+    _write(tmp_path, "lm/ptb-paper-lr0.025-l2-decay1.json", records, **settings)
+    _write(tmp_path, "lm/ptb-paper-lr0.025-l2-decay1-learn3-seed1.json", [run("learned_tree", 160.0)], **settings)
+    row = report._lm_rows(report.measurements(tmp_path), tmp_path)[0]
+    assert row.verdict == "reproduced" and row.numbers["learned_seeds"] == 2
+    _write(tmp_path, "lm/ptb-paper-lr0.025-l2-decay1-learn3-seed2.json", [run("learned_tree", 172.2)], **settings)
+    row = report._lm_rows(report.measurements(tmp_path), tmp_path)[0]
+    assert row.verdict == report.NO_EFFECT and "from 3 starting trees" in row.why, row.why
