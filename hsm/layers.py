@@ -398,9 +398,9 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         if self.statistics is not None:
             raise RuntimeError("a TreeLearner is learning this layer's tree: call learner.add_labels(...), which "
                                "grows its node statistics with the tree")
-        return label_addition.add_labels(self, examples, statistics=statistics, label_names=label_names, placement=placement,
-                          seed=seed, local_steps=local_steps, local_lr=local_lr, reference=reference,
-                                          rehearsal=rehearsal)
+        return label_addition.add_labels(self, examples, statistics=statistics, label_names=label_names,
+                                         placement=placement, seed=seed, local_steps=local_steps, local_lr=local_lr,
+                                         reference=reference, rehearsal=rehearsal)
 
     def grow(self, tree: Tree, weight: Tensor, bias: Tensor | None) -> None:
         """Switch to a tree with more labels (and perhaps more internal nodes) together with its

@@ -60,6 +60,13 @@ def _check_no_weight_decay(optimizer: str, weight_decay: Any) -> None:
                          f"update every row at every step); use torch.optim.{optimizer} for weight decay")
 
 
+def _check_tree_layer(layer: Any) -> None:
+    """TypeError unless ``layer`` is a tree layer, known by what fusing uses (this module does not
+    import the layers, which import it)."""
+    if not (isinstance(layer, torch.nn.Module) and hasattr(layer, "tree") and hasattr(layer, "fused_optimizer")):
+        raise TypeError(f"layer must be an hsm.HierarchicalSoftmax, got {type(layer).__name__}")
+
+
 def _evaluate_closure(closure: Any) -> Any:
     """``torch.optim``'s closure protocol: the loss ``closure()`` returns, computed with gradients on
     (None without a closure)."""
@@ -172,9 +179,7 @@ class RowSparseAdagrad(_RowSparseOptimizer):
         Raises TypeError unless ``layer`` is an :class:`HierarchicalSoftmax`; ValueError unless
         its weight (and bias) are parameters of this optimiser, in one parameter group, and when
         the layer is already fused with another optimiser (which would silently stop updating it)."""
-        # the tree layer, known by what fusing uses (this module does not import the layers)
-        if not (isinstance(layer, torch.nn.Module) and hasattr(layer, "tree") and hasattr(layer, "fused_optimizer")):
-            raise TypeError(f"layer must be an hsm.HierarchicalSoftmax, got {type(layer).__name__}")
+        _check_tree_layer(layer)
         groups = [self._group_of(p) for p in (layer.weight, layer.bias) if p is not None]
         if any(g is None for g in groups):
             raise ValueError("the layer's weight and bias must be parameters of this optimiser to fuse its update")
@@ -351,8 +356,7 @@ class TreeModelOptimizer(torch.optim.Optimizer):
         if not isinstance(body, torch.optim.Optimizer) or isinstance(body, TreeModelOptimizer):
             raise TypeError(f"body must be the torch.optim.Optimizer of the model's other parameters, got "
                             f"{type(body).__name__}")
-        if not (isinstance(layer, torch.nn.Module) and hasattr(layer, "tree") and hasattr(layer, "fused_optimizer")):
-            raise TypeError(f"layer must be an hsm.HierarchicalSoftmax, got {type(layer).__name__}")
+        _check_tree_layer(layer)
         in_body = {id(p) for group in body.param_groups for p in group["params"]}
         shared = [name for name, p in layer.named_parameters() if id(p) in in_body]
         if shared:

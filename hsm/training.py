@@ -28,6 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from ._checks import check_count, check_fraction
 from .assign import ReassignRecord, Reassignment, rebuild_tree
 from .label_addition import LabelAddition, add_labels
 from .layers import HierarchicalSoftmax, NonFiniteInputError
@@ -167,14 +168,9 @@ class TreeLearner:
 
         Raises TypeError for a non-integer ``planned_steps`` or ``rebuilds``; ValueError unless
         ``planned_steps >= 1``, ``rebuilds >= 1`` and ``0 < learn_share <= 1``."""
-        planned_steps, rebuilds = check_integer(planned_steps, "planned_steps"), check_integer(rebuilds, "rebuilds")
-        if planned_steps < 1 or rebuilds < 1:
-            raise ValueError(f"planned_steps and rebuilds must be >= 1, got {planned_steps} and {rebuilds}")
-        if isinstance(learn_share, (bool, np.bool_)) or not isinstance(learn_share, (int, float, np.integer, np.floating)):
-            raise TypeError(f"learn_share must be a number in (0, 1], got {learn_share!r}")
-        if not 0 < learn_share <= 1:
-            raise ValueError(f"learn_share must be in (0, 1] (the share of the steps that learn the tree), got "
-                             f"{learn_share}")
+        planned_steps, rebuilds = check_count(planned_steps, "planned_steps", 1), check_count(rebuilds, "rebuilds", 1)
+        if check_fraction(learn_share, "learn_share") == 0:
+            raise ValueError("learn_share must be > 0: the share of the planned steps that learn the tree")
         learning = max(1, round(learn_share * planned_steps))
         every = max(1, learning // rebuilds)
         return cls(layer, reassign_every=every, freeze_after=every * max(1, learning // every), **kwargs)
