@@ -35,6 +35,7 @@ from torch import nn
 import hsm
 from hsm_lab.experiments import (check_device, check_scale, experiment, option_bool, option_choices, option_float,
                                  option_floats, option_int)
+from hsm_lab.output_layers import output_layer
 from hsm_lab.results import ResumableParts, check_replace, output_path, provenance, write_results
 
 __all__ = ["LAYERS", "TransformerLM", "parse_options", "transformer_ptb"]
@@ -75,17 +76,17 @@ class TransformerLM(nn.Module):
 
 
 def _output_layer(kind: str, corpus: Any, settings: dict[str, Any]) -> nn.Module:
+    """The run's output layer from the lab's one factory (the adaptive softmax with this run's cut-offs);
+    the trees: Huffman's of the training counts, or a random depth-``depth`` tree."""
     dim, vocab = settings["dim"], corpus.vocab_size
+    if kind in ("flat", "adaptive"):
+        return output_layer(kind, dim, vocab, counts=corpus.counts, cutoffs=CUTOFFS)
     arity = math.ceil(vocab ** (1 / settings["depth"]))
-    if kind == "flat":
-        return hsm.FlatSoftmax(dim, vocab)
-    if kind == "adaptive":
-        return nn.AdaptiveLogSoftmaxWithLoss(dim, vocab, cutoffs=CUTOFFS, div_value=4.0)
     if kind == "huffman":
         tree = hsm.Tree.huffman(corpus.counts, arity=arity)
     else:
         tree = hsm.Tree.random(vocab, arity, settings["depth"], seed=settings["seed"])
-    return hsm.HierarchicalSoftmax(dim, tree, sparse=kind in RECIPE_LAYERS)
+    return output_layer("tree", dim, vocab, tree=tree, sparse=kind in RECIPE_LAYERS)
 
 
 def _windows(stream: torch.Tensor, context: int) -> tuple[torch.Tensor, torch.Tensor]:

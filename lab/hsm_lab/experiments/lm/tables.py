@@ -135,7 +135,6 @@ def run_table(
     learned_seed = sc.learned_tree_seed
     learned_start = first_tree if learned_seed == 0 else Tree.random(V, sc.arity, 3, seed=learned_seed,
                                                                        label_names=corpus.vocab)
-    learned_config = {"tree_seed": learned_seed} if learned_seed else {}
     runs: dict[str, Any] = {}
     selection: dict[str, Any] = {}
     if not outputs or schedules or any(kind in outputs for kind in ("random", "clustering", "learned")):
@@ -173,13 +172,13 @@ def run_table(
                                       checkpoint_seconds=checkpoint_seconds)
     if "learned" in outputs:
         runs["learned"] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, decay=sc.decay,
-                                                   **learned_config),
+                                                   tree_seed=learned_seed),
                                    tree=learned_start, device=device, checkpoint_dir=run_dir, log=log,
                                    checkpoint_seconds=checkpoint_seconds,
                                    keep_model=keep_models)
     for label, learn_epochs in schedules or ():
         runs[label] = train_lm(corpus, replace(base, output="learned", lr=tree_lr, learn_epochs=learn_epochs,
-                                               decay=sc.decay, **learned_config),
+                                               decay=sc.decay, tree_seed=learned_seed),
                                tree=learned_start, device=device, checkpoint_dir=run_dir, log=log,
                                checkpoint_seconds=checkpoint_seconds)
     return {"corpus": corpus, "runs": runs, "selection": selection}
