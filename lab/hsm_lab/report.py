@@ -474,6 +474,8 @@ class Verdict:
     doc: str  #: the chapter that shows it
     numbers: Mapping[str, float] = field(default_factory=dict, repr=False)  #: the values behind the text
     rule: str = ""  #: how the verdict word was decided, printed beside the table
+    #: how far the result is from the rule's nearest boundary, against the spread of the runs it rests on
+    margin: str = ""
 
 
 #: a claimed effect that our runs do not show either way (within the spread of seeds or random trees,
@@ -500,6 +502,25 @@ VERDICT_WORDS = tuple(VERDICT_MEANINGS)
 
 def _value(found: Mapping[str, Sequence[Measurement]], key: str) -> Measurement | None:
     return main_measurement(key, found)
+
+
+def two_standard_errors(*samples: Sequence[float]) -> float:
+    """Twice the standard error of a mean (one sample) or of a difference of independent means (two
+    samples, Welch's): the margin a mean must clear before a verdict gives it a direction. A sample
+    of one run adds nothing (its spread is unknown)."""
+    return 2 * math.sqrt(sum(float(np.var(s, ddof=1)) / len(s) for s in samples if len(s) > 1))
+
+
+def _direction(effect: float, margin: float) -> int:
+    """+1 or -1 when ``effect`` clears ``margin`` upwards or downwards, 0 within it."""
+    return 1 if effect > margin else -1 if effect < -margin else 0
+
+
+#: how the verdicts weigh seeds, printed under the landing page's table
+MARGIN_RULE = ("a direction counts only beyond the noise of the runs behind it: where several seeds ran, "
+               "a mean difference must clear twice its standard error (the margin); where one run stands "
+               "on each side, the gap must exceed the spread that repeated runs of the same setting showed. "
+               "Each row's margin is stated beside its rule")
 
 
 #: arXiv §6's PTB settings: the rate, the random trees of which Table 1 reports the best, the L2 penalty
@@ -559,33 +580,37 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
         gap_best = best["random_tree"] - best["learned_tree"]
         seeds = _random_seed_tests(root, ptb["random_tree"])
         learned_seeds = _learned_seed_tests(root, ptb["learned_tree"])
-        # every learned start against every random tree: a word changes only beyond the seeds' spread
-        below_every_seed = max(learned_seeds) < min(seeds)
+        # the learned starts' mean against the random trees' mean: a word needs a difference beyond
+        # twice its standard error, so that re-running the seeds cannot flip it by noise alone
+        effect = float(np.mean(seeds) - np.mean(learned_seeds))  # > 0: the learned tree lower (better)
+        margin = two_standard_errors(seeds, learned_seeds)
+        direction = _direction(effect, margin)
         cfg = ptb["learned_tree"].config
         settings = {"rate": list(cfg.get("lr_grid") or []), "random trees": cfg.get("random_seeds"),
                     "L2": cfg.get("l2")}
         paper_settings = {"rate": [PTB_PAPER_RATE], "random trees": PTB_PAPER_RANDOM_TREES, "L2": PTB_PAPER_L2}
         differs = [f"{k} {_setting_text(settings[k])} (paper: {_setting_text(v)})"
                    for k, v in paper_settings.items() if settings[k] != v]
-        above_every_seed = min(learned_seeds) > max(seeds)
-        if below_every_seed and gap_best > 0 and off <= 2 and not differs:
+        if direction > 0 and gap_best > 0 and off <= 2 and not differs:
             word = "reproduced"
         else:
-            word = "close" if below_every_seed else "contradicted" if above_every_seed else NO_EFFECT
+            word = {1: "close", -1: "contradicted", 0: NO_EFFECT}[direction]
         spread = f"{min(seeds):.1f} to {max(seeds):.1f}" if len(seeds) > 1 else f"{seeds[0]:.1f}"
         learned_spread = (f"{min(learned_seeds):.1f} to {max(learned_seeds):.1f}" if len(learned_seeds) > 1
                           else f"{learned_seeds[0]:.1f}")
         starts = f"from {len(learned_seeds)} starting trees " if len(learned_seeds) > 1 else ""
-        if below_every_seed:
+        means = (f"means {np.mean(learned_seeds):.1f} and {np.mean(seeds):.1f}, a difference of "
+                 f"{abs(effect):.1f} against a margin of {margin:.1f}")
+        if direction > 0:
             why = (f"learned {gap_ours:.1f} below the chosen random tree after the last epoch, {gap_best:.1f} at "
                    f"each run's best validation epoch (paper: {gap_paper:.0f} after the last epoch); "
                    f"both trees within {math.ceil(off)} of the paper")
-        elif above_every_seed:
-            why = (f"the learned tree {starts}ends above every random tree ({learned_spread} against {spread}), "
-                   f"where the paper's is {gap_paper:.0f} below")
+        elif direction < 0:
+            why = (f"the learned tree {starts}ends above the random trees ({learned_spread} against {spread}; "
+                   f"{means}), where the paper's is {gap_paper:.0f} below")
         else:
             why = (f"the learned tree {starts}ends at {learned_spread}, overlapping the {len(seeds)} random trees "
-                   f"({spread}), not {gap_paper:.0f} below them as in the paper")
+                   f"({spread}; {means}), not {gap_paper:.0f} below them as in the paper")
         why += ("; " + ", ".join(differs)) if differs else "; at the paper's settings"
         rows.append(Verdict(
             "PTB: the learned tree beats the random tree it starts from",
@@ -595,16 +620,25 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
             {"paper_gap": gap_paper, "ours_gap": gap_ours, "best_valid_gap": gap_best, "max_offset": off,
              "settings_differ": float(len(differs)), "random_seed_min": min(seeds), "random_seed_max": max(seeds),
              "random_seeds": float(len(seeds)), "learned_seeds": float(len(learned_seeds)),
-             "learned_seed_min": min(learned_seeds), "learned_seed_max": max(learned_seeds)},
+             "learned_seed_min": min(learned_seeds), "learned_seed_max": max(learned_seeds),
+             "effect": effect, "margin": margin},
             f"reproduced: at the paper's settings (rate {PTB_PAPER_RATE}, {PTB_PAPER_RANDOM_TREES} random trees, "
-            f"L2 {PTB_PAPER_L2:g}) the learned tree's test perplexity, from every starting tree run, below every "
-            "random tree's after the last epoch, below the chosen random tree's at each run's best validation "
-            "epoch, and both trees within 2 of the paper; close: every learned start below every random tree "
-            "after the last epoch, without all of that; contradicted: every learned start above every random "
-            f"tree; {NO_EFFECT}: the two sets overlap"))
+            f"L2 {PTB_PAPER_L2:g}) the learned tree's mean test perplexity over its starting trees below the "
+            "random trees' mean by more than the margin, below the chosen random tree's at each run's best "
+            "validation epoch, and both trees within 2 of the paper; close: below by more than the margin, "
+            "without all of that; contradicted: above by more than the margin; "
+            f"{NO_EFFECT}: within the margin",
+            f"the learned tree's mean is {abs(effect):.1f} {'below' if effect > 0 else 'above'} the random trees' "
+            f"({len(learned_seeds)} and {len(seeds)} runs); margin {margin:.1f} (twice the standard error of the "
+            "difference)"))
         gap_paper, gap_ours = p["learned_tree"] - p["flat_soft_max"], o["learned_tree"] - o["flat_soft_max"]
-        word = ("reproduced" if gap_ours > 0 and abs(gap_ours - gap_paper) <= 2
-                else "close" if gap_ours > 0 else "contradicted")
+        # one flat run: the learned starts' spread is the noise of the gap
+        flat_gaps = [v - o["flat_soft_max"] for v in learned_seeds]
+        margin = two_standard_errors(flat_gaps)
+        effect = float(np.mean(flat_gaps))
+        direction = _direction(effect, margin)
+        word = ("reproduced" if direction > 0 and abs(effect - gap_paper) <= max(2, margin)
+                else {1: "close", -1: "contradicted", 0: NO_EFFECT}[direction])
         rows.append(Verdict(
             "PTB: the flat softmax is best, the learned tree close behind",
             f"arXiv Table 1: flat {p['flat_soft_max']:.0f}; learned {gap_paper:.0f} above it",
@@ -613,9 +647,14 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
              f"{compare_in_words(o['flat_soft_max'], p['flat_soft_max'], False)} and our learned tree "
              f"{compare_in_words(o['learned_tree'], p['learned_tree'], False)} than the paper's")
             if word == "close" else "as the numbers say", "/notebooks/lm_ptb",
-            {"paper_gap": gap_paper, "ours_gap": gap_ours},
-            "reproduced: the flat softmax's test perplexity below the learned tree's by the paper's gap, within 2; "
-            "close: below it by another amount; contradicted: not below it"))
+            {"paper_gap": gap_paper, "ours_gap": gap_ours, "effect": effect, "margin": margin},
+            "reproduced: the learned tree's test perplexity (mean over its starting trees) above the flat "
+            "softmax's by more than the margin and within 2 (or the margin, if larger) of the paper's gap; "
+            "close: above it by more than the margin, by another amount; contradicted: below it by more than "
+            f"the margin; {NO_EFFECT}: within the margin",
+            f"the learned tree's mean over {len(flat_gaps)} starting trees is {effect:.1f} above the flat "
+            f"softmax's one run, {abs(effect - gap_paper):.1f} from the paper's gap; margin {margin:.1f} (twice the "
+            "standard error over the starting trees)"))
 
     gut = {m: _value(found, f"icml2017.table2.{m}.perplexity") for m in ("random_tree", "learned_tree", "clustering_tree")}
     g = {m: paper.get(f"icml2017.table2.{m}.perplexity").value for m in gut}
@@ -624,7 +663,10 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
         v = {m: x.valid for m, x in gut.items() if x}
         gap_paper, gap_ours = g["random_tree"] - g["learned_tree"], o["random_tree"] - o["learned_tree"]
         gap_valid = v["random_tree"] - v["learned_tree"]
-        word = "reproduced" if gap_ours > 0 and gap_ours >= gap_paper / 2 else ("close" if gap_ours > 0 else "contradicted")
+        spread = _gutenberg_random_spread(found)
+        direction = _direction(gap_ours, spread)
+        word = ("reproduced" if direction > 0 and gap_ours >= gap_paper / 2
+                else {1: "close", -1: "contradicted", 0: NO_EFFECT}[direction])
         rows.append(Verdict(
             "Gutenberg: the learned tree beats the random tree",
             f"ICML Table 2: random {g['random_tree']:.0f}, learned {g['learned_tree']:.0f} ({gap_paper:.0f} lower)",
@@ -634,9 +676,13 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
             f"at perplexities {o['learned_tree'] - g['learned_tree']:.0f} above the paper's",
             "/notebooks/lm_gutenberg",
             {"paper_gap": gap_paper, "ours_gap": gap_ours, "valid_gap": gap_valid,
-             "level_offset": o["learned_tree"] - g["learned_tree"]},
+             "level_offset": o["learned_tree"] - g["learned_tree"], "spread": spread},
             "reproduced: the learned tree's test perplexity lower than the random tree's by at least half the "
-            "paper's gain; close: lower by less; contradicted: not lower"))
+            "paper's gain and by more than the spread of the random trees; close: lower by more than that spread, "
+            f"by less than half the paper's gain; contradicted: higher by more than that spread; {NO_EFFECT}: "
+            "within it",
+            f"the gain, {gap_ours:.1f}, is {gap_ours - gap_paper / 2:.1f} above half the paper's; the random trees "
+            f"of two seeds differ by {spread:.1f}"))
     why = "the flat softmax over 250,000 words was not trained for the trees' epochs"
     numbers: dict[str, float] = {}
     hours = flat_epoch_hours(found)
@@ -661,7 +707,9 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
         "not run here: the flat softmax over the paper's 250,000 words was not trained"))
     if gut["clustering_tree"] and gut["random_tree"]:
         o = {m: x.value for m, x in gut.items()}
-        word = "contradicted" if o["clustering_tree"] < o["random_tree"] else "reproduced"
+        spread = _gutenberg_random_spread(found)
+        word = {1: "reproduced", -1: "contradicted", 0: NO_EFFECT}[
+            _direction(o["clustering_tree"] - o["random_tree"], spread)]
         rows.append(Verdict(
             "Gutenberg: a tree built by clustering word vectors is worse than a random one",
             f"ICML Table 2: clustering {g['clustering_tree']:.0f}, random {g['random_tree']:.0f}",
@@ -669,9 +717,13 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
             f"ours is {o['random_tree'] - o['clustering_tree']:.0f} lower (better) than the random tree and "
             f"within {math.ceil(abs(o['clustering_tree'] - o['learned_tree']))} of the learned one", "/notebooks/lm_gutenberg",
             {"clustering_minus_random": o["clustering_tree"] - o["random_tree"],
-             "clustering_minus_learned": o["clustering_tree"] - o["learned_tree"]},
-            "reproduced: the clustering tree's test perplexity above the random tree's, as in the paper; "
-            "contradicted: below it"))
+             "clustering_minus_learned": o["clustering_tree"] - o["learned_tree"], "spread": spread},
+            "reproduced: the clustering tree's test perplexity above the random tree's, as in the paper, by more "
+            f"than the spread of the random trees; contradicted: below it by more than that spread; {NO_EFFECT}: "
+            "within it",
+            f"the clustering tree is {abs(o['clustering_tree'] - o['random_tree']):.1f} "
+            f"{'below' if o['clustering_tree'] < o['random_tree'] else 'above'} the random tree; the random trees "
+            f"of two seeds differ by {spread:.1f}"))
     train, test = _value(found, "icml2017.speedup.train"), _value(found, "icml2017.speedup.test")
     if train and test:
         # The paper times "computing and learning the objective" (ICML §7.2): the output layer, not
@@ -697,6 +749,13 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
             beside.append(f"{cpu_train.value:.0f}× and {cpu_test.value:.0f}× on our 2-core CPU (whole model)")
         if gpu is not None:
             word = _speedup_word((gpu["train"], gpu["test"]), (pt, pe))
+            ranges = gpu_ratio_ranges(root)
+            margin_text = (f"the tree layer would have to become {1 / gpu['train']:.1f} times (training) and "
+                           f"{1 / gpu['test']:.1f} times (testing) faster to pass the flat softmax")
+            if len(ranges) == 2:
+                margin_text += ("; over the three precisions timed (float32, TF32, bf16) the ratios range "
+                                f"{ranges['train'][0]:.2f} to {ranges['train'][1]:.2f} and "
+                                f"{ranges['test'][0]:.2f} to {ranges['test'][1]:.2f}")
             numbers.update(train=gpu["train"], test=gpu["test"], train_b1024=gpu["train_b1024"],
                            tree_train_ms=gpu["tree_train_ms"], flat_train_ms=gpu["flat_train_ms"],
                            tree_test_ms=gpu["tree_test_ms"], flat_test_ms=gpu["flat_test_ms"])
@@ -709,7 +768,7 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
                    f"with larger batches ({gpu['train_b1024']:.1f}× at B = 1,024); the static engine is not timed on "
                    f"a GPU yet")
         else:
-            word = "not run here"
+            word, margin_text = "not run here", ""
             ours_text = "; ".join(beside) or "not timed"
             why = ("needs both output layers timed on one GPU, as the paper did; on our 2-core CPU the flat "
                    "softmax's 250,000 x 200 product weighs far more, so the ratios do not compare")
@@ -722,7 +781,7 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
             "(V = 250,000, B = 128; a training step with Adagrad and a test batch), the whole model beside "
             "them: reproduced: both ratios within a factor of 2 of the paper's; close: both above 1; "
             f"{SLOWER_HERE}: otherwise (our tree layer not faster than our flat softmax, in training or in "
-            "testing). Timed on a CPU only: not run here"))
+            "testing). Timed on a CPU only: not run here", margin_text))
     return rows
 
 
@@ -797,7 +856,8 @@ def _mnih_hinton_row(root: Path, found: Mapping[str, Sequence[Measurement]]) -> 
         return None
     record = next(r for r in load_results(path)["records"] if r.get("measure") == "test_perplexity")
     ours, epochs = float(record["value"]), int(record["epochs"])
-    word = "reproduced" if ours > learned.value else "contradicted"
+    spread = _gutenberg_random_spread(found)
+    word = {1: "reproduced", -1: "contradicted", 0: NO_EFFECT}[_direction(ours - learned.value, spread)]
     return Verdict(
         "Gutenberg: a Mnih-Hinton tree, clustered from the model's own vectors, is much worse than the learned tree",
         "thesis §3: \"performs significantly worse than our method\" (no number)",
@@ -805,8 +865,11 @@ def _mnih_hinton_row(root: Path, found: Mapping[str, Sequence[Measurement]]) -> 
         f"our variant is {abs(learned.value - ours):.1f} {'lower (better)' if ours < learned.value else 'higher'}: "
         f"the tree clustered once from the vectors of a one-epoch random-tree model, then {epochs} epoch on it; "
         "the thesis' binary trees with repeated rebuilds were not run",
-        "/notebooks/lm_gutenberg", {"ours": ours, "learned": learned.value},
-        "reproduced: our variant's test perplexity above the learned tree's; contradicted: below it")
+        "/notebooks/lm_gutenberg", {"ours": ours, "learned": learned.value, "spread": spread},
+        "reproduced: our variant's test perplexity above the learned tree's by more than the spread of the "
+        f"random trees; contradicted: below it by more than that spread; {NO_EFFECT}: within it",
+        f"our variant is {abs(learned.value - ours):.1f} {'below' if ours < learned.value else 'above'} the learned "
+        f"tree; the random trees of two seeds differ by {spread:.1f}")
 
 
 def _speedup_word(ours: tuple[float, float], papers: tuple[float, float]) -> str:
@@ -833,6 +896,30 @@ def flat_epoch_hours(found: Mapping[str, Sequence[Measurement]] | None = None) -
 GPU_LAYER_BENCH = "bench/gpu-h200-float32.json"
 #: the Gutenberg flat softmax trained on a GPU for part of an epoch
 GPU_FLAT_SLICE = "lm/gutenberg-678books-250k-flat-9Mtokens-gpu-h200.json"
+#: the same layers timed on the same kind of GPU in the other precisions (TF32, bf16)
+GPU_LAYER_BENCH_PRECISIONS = "bench/gpu-h200-tf32-bf16.json"
+
+
+def gpu_ratio_ranges(root: Path | None = None, vocab: int = 250_000, batch: int = 128) -> dict[str, tuple[float, float]]:
+    """The flat softmax's time over the learned tree's, training step with Adagrad (``train``) and test
+    batch (``test``), as (smallest, largest) over every precision timed on the GPU (float32, TF32,
+    bf16): how much the speed-up row's ratios move between timed runs. Empty when no file is committed."""
+    from hsm_lab.results import load_results
+
+    base = default_results_root() if root is None else Path(root)
+    ms: dict[tuple[str, str, str], float] = {}
+    for name in (GPU_LAYER_BENCH, GPU_LAYER_BENCH_PRECISIONS):
+        if (base / name).exists():
+            for r in load_results(base / name)["records"]:
+                if r.get("kind") == "ms_per_batch" and (r.get("vocab"), r.get("batch")) == (vocab, batch):
+                    ms[(r.get("precision", "float32"), r["method"], r["metric"])] = r["value"]
+    out = {}
+    for key, metric in (("train", "train_adagrad"), ("test", "logprob")):
+        ratios = [ms[(p, "flat", metric)] / ms[(p, "learned-d3", metric)]
+                  for p in {p for p, _, _ in ms} if (p, "flat", metric) in ms and (p, "learned-d3", metric) in ms]
+        if ratios:
+            out[key] = (min(ratios), max(ratios))
+    return out
 
 
 def gpu_layer_speedups(root: Path | None = None, vocab: int = 250_000, batch: int = 128) -> dict[str, Any] | None:
@@ -890,6 +977,15 @@ def _timing_record(found: Mapping[str, Sequence[Measurement]], key: str) -> Meas
     return next((m for m in found.get(key, ()) if fnmatch.fnmatchcase(m.file, "lm/timing.json")), None)
 
 
+def _gutenberg_random_spread(found: Mapping[str, Sequence[Measurement]]) -> float:
+    """The spread (largest minus smallest test perplexity) of the Gutenberg random trees of the main
+    runs' setting, one per seed: the run-to-run noise against which a single Gutenberg run is read."""
+    claim = "icml2017.table2.random_tree.perplexity"
+    pattern = (_rule(claim) or ("", ""))[0]
+    values = [m.value for m in found.get(claim, ()) if fnmatch.fnmatchcase(m.file, pattern)]
+    return float(max(values) - min(values)) if len(values) > 1 else 0.0
+
+
 #: the training length of the stand-ins' table runs that the verdicts read (the chapter's table)
 STAND_IN_EPOCHS = 5
 
@@ -929,23 +1025,30 @@ def _classification_rows(root: Path) -> list[Verdict]:
     gains = _stand_in_gains(root)
     for data, by_setting in gains.items():
         every = np.concatenate(list(by_setting.values()))
-        means = [g.mean() for g in by_setting.values()]
         runs = f"{every.size} paired runs of {STAND_IN_EPOCHS} epochs"
-        if (every > 0).all():
-            word, why = "reproduced", f"learned ahead in all {runs} (4 settings of d and M)"
-        elif all(mean < 0 for mean in means):
-            word, why = "contradicted", (f"learned behind in {(every < 0).sum()} of {runs} "
-                                         "(on average in every setting of d and M)")
+        # the mean gain over every paired run (4 settings of d and M, a few seeds each) against twice its
+        # standard error: a single re-run moves a gain by more than a point, the mean of all of them less
+        margin = two_standard_errors(every)
+        direction = _direction(float(every.mean()), margin)
+        word = {1: "reproduced", -1: "contradicted", 0: NO_EFFECT}[direction]
+        if direction > 0:
+            why = f"learned ahead in {(every > 0).sum()} of {runs} (4 settings of d and M)"
+        elif direction < 0:
+            why = f"learned behind in {(every < 0).sum()} of {runs} (4 settings of d and M)"
         else:
-            word, why = "close", f"learned ahead in {(every > 0).sum()} of {runs}"
+            why = f"learned ahead in {(every > 0).sum()} of {runs}: the mean is within its margin"
         rows.append(Verdict(
             f"Learning the tree beats the Huffman tree it starts from, on the stand-in `{data}`",
             paper_text, f"{every.min():+.1f} to {every.max():+.1f} (mean {every.mean():+.1f})", word, why,
             "/notebooks/classification",
             {"min": float(every.min()), "max": float(every.max()), "mean": float(every.mean()),
-             "runs": float(every.size), "behind": float((every < 0).sum())},
-            "reproduced: the learned tree's P@1 above its Huffman start in every paired run (same seed, d and M); "
-            "contradicted: below it on average in every setting of d and M; close: otherwise"))
+             "runs": float(every.size), "behind": float((every < 0).sum()), "effect": float(every.mean()),
+             "margin": margin},
+            "reproduced: the learned tree's P@1 minus its Huffman start's (same seed, d and M), averaged over "
+            "every paired run, above 0 by more than the margin; contradicted: below 0 by more than the margin; "
+            f"{NO_EFFECT}: within it",
+            f"mean gain {every.mean():+.1f} over {every.size} paired runs; margin {margin:.1f} (twice its "
+            "standard error)"))
     rows += [row for row in (_larger_d_row(gains), _test_time_row(root)) if row is not None]
     return rows
 
@@ -955,17 +1058,25 @@ def _larger_d_row(gains: Mapping[str, Mapping[tuple[int, int], np.ndarray]]) -> 
     paper_gain = {(d, m): paper.get(f"icml2017.table1.d{d}.learned_tree.arity{m}.p_at_1").value
                   - paper.get(f"icml2017.table1.d{d}.huffman_tree.arity{m}.p_at_1").value
                   for d in (50, 200) for m in (5, 20)}
-    change = {data: {m: float(g[(200, m)].mean() - g[(50, m)].mean()) for m in (5, 20)}
-              for data, g in gains.items() if all((d, m) in g for d in (50, 200) for m in (5, 20))}
+    settings = [(data, m) for data, g in gains.items() for m in (5, 20) if all((d, m) in g for d in (50, 200))]
+    complete = {data for data in gains if all((data, m) in settings for m in (5, 20))}
+    change = {data: {m: float(gains[data][(200, m)].mean() - gains[data][(50, m)].mean()) for m in (5, 20)}
+              for data in gains if data in complete}
     if not change:
         return None
-    shrinks = [all(c < 0 for c in by_m.values()) for by_m in change.values()]
-    grows = [all(c > 0 for c in by_m.values()) for by_m in change.values()]
+    # a change counts only beyond twice the standard error of the difference of the two means
+    margins = {data: {m: two_standard_errors(gains[data][(200, m)], gains[data][(50, m)]) for m in (5, 20)}
+               for data in change}
+    way = {data: {m: _direction(change[data][m], margins[data][m]) for m in (5, 20)} for data in change}
+    shrinks = [all(w < 0 for w in by_m.values()) for by_m in way.values()]
+    grows = [all(w > 0 for w in by_m.values()) for by_m in way.values()]
     # close: the claim holds in part (on some stand-in for both arities); no consistent effect: it holds
     # nowhere, and the gain does not grow everywhere either
     word = ("reproduced" if all(shrinks) else "contradicted" if all(grows) else "close" if any(shrinks)
             else NO_EFFECT)
-    way = {data: "grows" if g else "shrinks" if sh else "goes both ways with M"
+    named = {1: "grows", -1: "shrinks", 0: "stays level (within its margin)"}
+    how = {data: (f"{'grows' if g else 'shrinks'} on `{data}`" if g or sh else
+                  f"on `{data}` " + " and ".join(f"{named[way[data][m]]} at M = {m}" for m in (5, 20)))
            for data, g, sh in zip(change, grows, shrinks)}
     ours = "; ".join(f"`{data}`: " + ", ".join(
         f"M = {m} {gains[data][(50, m)].mean():+.1f} → {gains[data][(200, m)].mean():+.1f}" for m in (5, 20))
@@ -977,12 +1088,16 @@ def _larger_d_row(gains: Mapping[str, Mapping[tuple[int, int], np.ndarray]]) -> 
         ours + " (mean over seeds)", word,
         "the gain grows with d on both stand-ins" if all(grows) else
         f"the gain shrinks on {sum(shrinks)} of {len(change)} stand-ins: with d it "
-        + ", ".join(f"{w} on `{data}`" for data, w in way.items()),
+        + "; ".join(how.values()),
         "/notebooks/classification",
-        {f"{data}.m{m}": c for data, by_m in change.items() for m, c in by_m.items()},
-        "reproduced: the mean learned − Huffman gain smaller at d = 200 than at d = 50 for both arities on every "
-        "stand-in; contradicted: larger for both arities on every stand-in; close: smaller for both arities on "
-        f"some stand-in; {NO_EFFECT}: otherwise")
+        {**{f"{data}.m{m}": c for data, by_m in change.items() for m, c in by_m.items()},
+         **{f"{data}.m{m}.margin": c for data, by_m in margins.items() for m, c in by_m.items()}},
+        "a change of the mean learned − Huffman gain from d = 50 to d = 200 counts only beyond the margin; "
+        "reproduced: the gain shrinks for both arities on every stand-in; contradicted: it grows for both "
+        f"arities on every stand-in; close: it shrinks for both arities on some stand-in; {NO_EFFECT}: otherwise",
+        "; ".join(f"`{data}`: " + ", ".join(f"M = {m} {change[data][m]:+.1f} (margin {margins[data][m]:.1f})"
+                                             for m in (5, 20)) for data in change)
+        + " (twice the standard error of the difference of the two means)")
 
 
 def _test_time_row(root: Path) -> Verdict | None:
@@ -1022,7 +1137,10 @@ def _test_time_row(root: Path) -> Verdict | None:
          "fixed_min": float(fixed.min()) if fixed.size else math.nan,
          "fixed_max": float(fixed.max()) if fixed.size else math.nan},
         f"reproduced: the learned tree of the paper's algorithm (Algorithm 2) tests within {near} times the Huffman "
-        f"tree's time in every run; close: only the fixed-depth variant (Algorithm 3) does; {SLOWER_HERE}: neither")
+        f"tree's time in every run; close: only the fixed-depth variant (Algorithm 3) does; {SLOWER_HERE}: neither",
+        f"every one of the {free.size} free-tree runs is at least {free.min() - near:.2f} above the bound of {near}"
+        + (f", every one of the {fixed.size} fixed-depth runs at least {near - fixed.max():.2f} below it"
+           if fixed.size else "") + " (the runs span seeds and stand-ins)")
 
 
 def _theory_row() -> Verdict:
@@ -1046,7 +1164,9 @@ def _theory_row() -> Verdict:
         "contradicted" if lemma1_fails and lemma5_fails else "reproduced",
         "counterexamples to both; the errata list the repairs", "/notebooks/errata",
         {"greedy": float(greedy), "optimum": float(best), "alpha": float(alpha), "bound": float(bound)},
-        "contradicted: a counterexample to each lemma, computed when the book is built; reproduced: none found")
+        "contradicted: a counterexample to each lemma, computed when the book is built; reproduced: none found",
+        f"the greedy gain is {best - greedy:.3f} below the optimum and the purity {alpha - bound:.3f} above the "
+        "bound, computed on fixed numbers in double precision (rounding near 1e-16): no noise to weigh")
 
 
 def _taxonomy_row(root: Path) -> Verdict | None:
@@ -1073,11 +1193,12 @@ def _taxonomy_row(root: Path) -> Verdict | None:
                      for _, (_, t, k, _) in taxonomy.DATASETS.items()]
     every = np.concatenate(diffs)
     sign_changes = [bool((d > 0).any() and (d < 0).any()) for d in diffs]
-    ahead = [name for name, d in zip(names, diffs) if (d > 0).all()]
-    behind = [name for name, d in zip(names, diffs) if (d < 0).all()]
-    # reproduced: ahead on every seed of every table; close: ahead on every seed of some table;
-    # contradicted: the flat model ahead on every seed of every table; no consistent effect: otherwise
-    # (nowhere consistently ahead, and the sign changes with the seed on some table)
+    # a table counts for one model only where the mean difference over its seeds clears twice its
+    # standard error: a single seed just below zero does not make the flat model ahead
+    margins = [two_standard_errors(d) for d in diffs]
+    way = [_direction(float(d.mean()), m) for d, m in zip(diffs, margins)]
+    ahead = [name for name, w in zip(names, way) if w > 0]
+    behind = [name for name, w in zip(names, way) if w < 0]
     if len(ahead) == len(diffs):
         word = "reproduced"
     else:
@@ -1086,8 +1207,9 @@ def _taxonomy_row(root: Path) -> Verdict | None:
         how = "on every table the sign changes with the seed"
     else:
         how = f"the sign changes with the seed on {sum(sign_changes)} of {len(diffs)} tables"
-        how += f"; the flat model is ahead on every seed of {', '.join(behind)}" if behind else ""
-        how += f"; the taxonomy is ahead on every seed of {', '.join(ahead)}" if ahead else ""
+    how += f"; the flat model is ahead beyond the margin on {', '.join(behind)}" if behind else ""
+    how += f"; the taxonomy is ahead beyond the margin on {', '.join(ahead)}" if ahead else ""
+    margin_text = "; ".join(f"{name} {d.mean():+.1f} (margin {m:.1f})" for name, d, m in zip(names, diffs, margins))
     return Verdict(
         "A two-level softmax over the data's own taxonomy beats the flat softmax",
         f"Schuurmans & Frasincar: +{min(paper_margins):.1f} to +{max(paper_margins):.1f} macro-F1, one number per table",
@@ -1098,11 +1220,13 @@ def _taxonomy_row(root: Path) -> Verdict | None:
         "/notebooks/taxonomy_softmax",
         {"min": float(every.min()), "max": float(every.max()), "tables": float(len(diffs)),
          "tables_with_sign_change": float(sum(sign_changes)), "tables_flat_ahead": float(len(behind)),
-         "tables_taxonomy_ahead": float(len(ahead))},
-        "reproduced: the taxonomy's macro-F1 above the flat model's on every seed of every table; close: on "
-        "every seed of some table; contradicted: below it on every seed of every table; "
-        f"{NO_EFFECT}: otherwise (above it on every seed of no table, and not below it on every seed of every "
-        "table)")
+         "tables_taxonomy_ahead": float(len(ahead)),
+         **{f"{name}.mean": float(d.mean()) for name, d in zip(names, diffs)},
+         **{f"{name}.margin": m for name, m in zip(names, margins)}},
+        "per table, the taxonomy's macro-F1 minus the flat model's, averaged over the seeds, counts only beyond "
+        "the margin; reproduced: above it on every table; close: above it on some table; contradicted: below "
+        f"it on every table; {NO_EFFECT}: otherwise",
+        f"mean difference per table: {margin_text} (twice the standard error over the seeds)")
 
 
 def _sampling_row(root: Path) -> Verdict | None:
@@ -1122,15 +1246,24 @@ def _sampling_row(root: Path) -> Verdict | None:
     if not samplers or not others:
         return None
     worst_sampler, best_other = max(mean[m] for m in samplers), min(mean[m] for m in others)
-    word = "reproduced" if worst_sampler < best_other else "contradicted"
+    # every seed of both samplers against every seed of every other method (log10 distances)
+    separation = min(min(bias[m]) for m in others) - max(max(bias[m]) for m in samplers)
+    within = max(max(v) - min(v) for v in bias.values())
+    closest_sampler_seed = min(min(bias[m]) for m in samplers)
+    beaten_by = [m for m in others if max(bias[m]) < closest_sampler_seed]
+    word = "reproduced" if separation > 0 else "contradicted" if beaten_by else NO_EFFECT
     return Verdict(
         "Sampled normalisers that always include the target track the exact gradient more closely than "
         "ranking, BlackOut, NCE or negative sampling",
         "Barber & Botev, Fig. 2 (no number)", f"{10 ** (best_other - worst_sampler):.0f} times closer to the exact run "
         "than the best other method", word, "both samplers (importance, Bernoulli), as in the paper",
-        "/notebooks/sampling_softmax", {"factor": 10 ** (best_other - worst_sampler)},
-        "reproduced: both samplers' final distance to the exact run (mean over seeds) below every other "
-        "method's; contradicted: otherwise")
+        "/notebooks/sampling_softmax", {"factor": 10 ** (best_other - worst_sampler), "separation": separation,
+                                        "within": within},
+        "reproduced: every seed of both samplers ends closer to the exact run than every seed of every other "
+        "method; contradicted: another method ends closer than both samplers on every seed; "
+        f"{NO_EFFECT}: otherwise",
+        f"the farthest sampler seed is {10 ** separation:.0f} times closer than the closest seed of another "
+        f"method; one method's seeds differ by at most a factor of {10 ** within:.2f}")
 
 
 def verdicts(root: str | os.PathLike[str] | None = None) -> list[Verdict]:
@@ -1154,7 +1287,8 @@ def verdict_words_markdown() -> str:
 
 def verdict_rules_markdown(rows: Sequence[Verdict]) -> str:
     """How each verdict word was decided: one bullet per row, the claim then its rule."""
-    return "\n".join(f"- *{row.claim}*: {row.rule}." for row in rows) + "\n"
+    return "\n".join(f"- *{row.claim}*: {row.rule}." + (f" *Margin:* {row.margin}." if row.margin else "")
+                     for row in rows) + "\n"
 
 
 def verdict_table_markdown(rows: Sequence[Verdict], link: Callable[[str], str] | None = None) -> str:
