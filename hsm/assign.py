@@ -10,11 +10,12 @@ At a node ``n`` the algorithms rank every (label ``i``, child ``j``) pair by the
 and walk the pairs in decreasing score, giving label ``i`` to child ``j`` when ``i`` is still
 unassigned and ``j`` may still take labels. What "may take" means is the only difference:
 
-* **Algorithm 3** (depth constraint, ICML supplement; arXiv Algorithm 2): child ``j`` of a node at
-  depth ``d`` (root: d = 1) takes at most ``M**(D-d)`` labels, the leaves below it. The arXiv
-  pseudocode prints ``M**(D-d+1)``, which lets one child of the root take all ``M**D`` leaves'
-  worth of labels and so cannot produce a depth-``D`` tree (``capacity_rule="arxiv_printed"``
-  reproduces the failure).
+* **Algorithm 3** (depth constraint, ICML supplement; arXiv Algorithm 2): a node at depth ``d``
+  (the root at depth 0) takes at most ``M**(D-d)`` labels, the leaves below it. The papers write
+  the same exponent with the parent's depth, counted from 1 at the root. The arXiv pseudocode
+  prints ``M**(D-d+1)``, which lets one child of the root take all ``M**D`` leaves' worth of labels
+  and so cannot produce a depth-``D`` tree (``capacity_rule="arxiv_printed"`` reproduces the
+  failure).
 * **Algorithm 2** (well-formed trees, ICML): every child must end with a label count
   ``= 1 (mod M-1)``, none empty, so the tree stays a full M-ary tree. The printed CheckFull
   deadlocks for M = 2 and M >= 4 (the book's Algorithms chapter; ``rule="printed"`` reproduces it). The rule we
@@ -485,7 +486,7 @@ def assign_labels_depth_constrained(
     capacity_rule: Literal["icml", "arxiv_printed"] = "icml",
 ) -> Reassignment:
     """ICML supplement Algorithm 3 (arXiv Algorithm 2): re-assign every label top-down in a
-    fixed-depth tree. A child of a node at depth d (root d = 1) takes at most ``M**(D-d)`` labels.
+    fixed-depth tree. A node at depth d (the root at depth 0) takes at most ``M**(D-d)`` labels.
 
     All nodes of one depth are solved in one greedy pass (their problems are independent). Node
     ids are the heap positions, so they never move: the node parameters stay in place.
