@@ -89,6 +89,59 @@ def test_train_lm_records_every_epoch(output) -> None:
         assert res.reassignments == []
 
 
+def test_a_captured_training_step_trains_as_the_eager_one(monkeypatch) -> None:
+    """The CUDA-graph path of the training loop, run on the CPU with a stand-in for the capture that
+    keeps its contract: the warm-up steps run, the capture itself runs nothing, and every replay
+    copies the batch into the captured inputs and rewrites one result tensor in place."""
+    from hsm_lab.experiments.lm import training
+
+    corpus = _toy_corpus()
+    cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=2,
+                         learn_epochs=1, reassign_per_epoch=5)
+    eager = lm.train_lm(corpus, cfg, tree=lm.Tree.random(corpus.vocab_size, 4, 3, seed=0))
+    calls = {"captures": 0, "replays": 0}
+
+    def capture_on_the_cpu(step, *inputs, warmup=3):
+        calls["captures"] += 1
+        static = [x.clone() for x in inputs]
+        for _ in range(warmup):
+            step(*static)
+        result = torch.zeros(())
+
+        def replay(*batch):
+            calls["replays"] += 1
+            for held, new in zip(static, batch):
+                held.copy_(new)
+            return result.copy_(step(*static))
+
+        return replay
+
+    monkeypatch.setattr(training, "capture_step", capture_on_the_cpu)
+    monkeypatch.setattr(training, "captures_step", lambda device, output, cfg: True)
+    captured = lm.train_lm(corpus, cfg, tree=lm.Tree.random(corpus.vocab_size, 4, 3, seed=0))
+    windows = len(corpus.train) - cfg.context
+    full_batches = windows // cfg.batch_size
+    assert calls["captures"] == 1  # once per run, at the first full batch (its warm-up step is that batch's)
+    assert calls["replays"] == cfg.epochs * full_batches - 1
+    assert [e["train_nll"] for e in captured.epochs] == pytest.approx([e["train_nll"] for e in eager.epochs], rel=1e-6)
+    assert captured.test_perplexity == pytest.approx(eager.test_perplexity, rel=1e-6)
+    assert [r["moved_labels"] for r in captured.reassignments] == [r["moved_labels"] for r in eager.reassignments]
+
+
+def test_a_run_captures_its_step_only_on_a_gpu_for_a_tree_without_l2() -> None:
+    from hsm_lab.experiments.lm import training
+
+    from hsm_lab.output_layers import output_layer
+
+    tree_layer = output_layer("tree", 8, 40, tree=lm.Tree.random(40, 4, 3, seed=0))
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    plain, with_l2 = lm.LMRunConfig(output="learned"), lm.LMRunConfig(output="learned", l2=5e-5)
+    assert training.captures_step(cuda, tree_layer, plain)
+    assert not training.captures_step(cpu, tree_layer, plain)
+    assert not training.captures_step(cuda, tree_layer, with_l2)
+    assert not training.captures_step(cuda, torch.nn.Linear(8, 40), lm.LMRunConfig(output="flat"))
+
+
 def test_interrupted_run_resumes_to_the_same_result(tmp_path) -> None:
     corpus = _toy_corpus()
     tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)

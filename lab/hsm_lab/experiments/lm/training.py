@@ -25,6 +25,7 @@ import torch
 from hsm_lab import config as hsm_config
 from hsm_lab import results
 from hsm.atomic import atomic_write
+from hsm.engine import capture_step
 from hsm_lab.output_layers import output_layer
 from hsm_lab.data.lm import LMCorpus
 from hsm_lab.experiments import check_device
@@ -235,6 +236,12 @@ class _LossBlock:
         return time.perf_counter() - self.t0, value
 
 
+def captures_step(device: torch.device, output: torch.nn.Module, cfg: LMRunConfig) -> bool:
+    """Whether a training run replays its step from a CUDA graph (:func:`hsm.engine.capture_step`): on a
+    GPU, for a tree output without the L2 term."""
+    return device.type == "cuda" and isinstance(output, HierarchicalSoftmax) and cfg.l2 == 0
+
+
 class _Training:
     """One run while it trains: the model, its output layer, the optimiser, the tree learner (a
     learned tree, or a fixed tree whose J_n is tracked), the example-order generator and the result
@@ -278,6 +285,12 @@ class _Training:
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.earlier_reassignments: list[dict[str, Any]] = []
         self.t_start = 0.0
+        # On a GPU a tree output's whole step (model, layer on the static engine, Adagrad, Algorithm 1's
+        # statistics) is captured once in a CUDA graph and replayed per full batch: one launch instead
+        # of one per op. The L2 term coalesces sparse gradients (output sizes read from the device),
+        # so runs with it stay eager; so do the flat, adaptive and sampled outputs.
+        self.capture = captures_step(device, self.output, cfg)
+        self._replay: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def restore(self, state: dict[str, Any], log: Callable[[str], None]) -> None:
         """Continue from a checkpoint: after its epoch, or at the step after it within an epoch."""
@@ -406,17 +419,11 @@ class _Training:
         :meth:`train_epoch`). FloatingPointError when the representation diverged, or the loss
         before a re-assignment (which must not rebuild the tree from non-finite statistics)."""
         cfg, learner = self.cfg, self.learner
-        x, y = self.x_train[index], self.y_train[index]
-        self.optimizer.zero_grad(set_to_none=True)
         try:
-            loss = self.output(self.model(x), y).loss
+            loss = self._train_on(index)
         except NonFiniteInputError as exc:  # the representation diverged: the same report as a NaN loss
             raise FloatingPointError(f"{cfg.output}: non-finite representation at epoch {epoch} step {step} "
                                      f"(lr {cfg.lr} too large?): {exc}") from exc
-        loss.backward()
-        if cfg.l2 > 0:
-            _add_l2(self.parameters, cfg.l2)
-        self.optimizer.step()
         global_step = epoch * self.steps_per_epoch + step + 1
         if learner is not None and not self.tracking:
             if not learner.frozen and (learner.steps + 1) % learner.reassign_every == 0:
@@ -432,7 +439,37 @@ class _Training:
                                  "seconds": 0.0, "objective_by_depth": {
                                      str(k): v for k, v in learner.objective_by_depth().items()}})
             learner.statistics.on_reassign(self.output.tree)  # the same decay as a learned tree's statistics
+        return loss
+
+    def _optimiser_step(self, index: torch.Tensor) -> torch.Tensor:
+        """Forward, backward and the optimiser's update on the training windows ``index`` [B]; the
+        detached loss."""
+        x, y = self.x_train[index], self.y_train[index]
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = self.output(self.model(x), y).loss
+        loss.backward()
+        if self.cfg.l2 > 0:
+            _add_l2(self.parameters, self.cfg.l2)
+        self.optimizer.step()
         return loss.detach()
+
+    def _train_on(self, index: torch.Tensor) -> torch.Tensor:
+        """:meth:`_optimiser_step` on ``index``, replayed from a CUDA graph where :attr:`capture` holds
+        and the batch is full (an epoch's short last batch runs eagerly). The graph is captured at the
+        first full batch, whose one warm-up step is that batch's training step: no step runs twice."""
+        if not self.capture or index.numel() != self.cfg.batch_size:
+            return self._optimiser_step(index)
+        if self._replay is None:
+            eager_losses: list[torch.Tensor] = []
+
+            def step(rows: torch.Tensor) -> torch.Tensor:
+                loss = self._optimiser_step(rows)
+                eager_losses.append(loss)
+                return loss
+
+            self._replay = capture_step(step, index, warmup=1)
+            return eager_losses[0]  # the warm-up step: this batch's update (the capture itself runs nothing)
+        return self._replay(index)
 
     def end_epoch(self, epoch: int, total: float, files: RunFiles | None, log: Callable[[str], None]) -> None:
         """Record the epoch (train NLL; valid and test perplexity, the test pass timed after the last
