@@ -8,6 +8,8 @@ Checks, each reported on its own line (and with ``--json``, in that file with it
   ``torch.cuda.set_sync_debug_mode("error")``), and the op counts of :mod:`hsm._op_count`;
 * the engine's values against ``forward_reference``; three steps of the fused Triton kernels
   against the engine with ``RowSparseAdagrad``; five replays of a captured step against eager steps;
+* the language-model training loop with its step replayed from a CUDA graph against the same
+  run eager;
 * milliseconds per training step and per test step: the flat softmax (``nn.Linear`` +
   ``F.cross_entropy`` + ``torch.optim.Adagrad``), the engine eager, captured in a CUDA graph,
   fused (Triton), fused and captured.
@@ -231,11 +233,38 @@ def main(argv: list[str] | None = None) -> int:
             timed("fused_train_captured", capture_step(_step(layer, optimizer), h0, y0))
         return {name: round(ms, 4) if isinstance(ms, float) else ms for name, ms in out.items()}
 
+    def lm_loop_captured():
+        """The language-model training loop on the GPU, its step replayed from a CUDA graph, against the
+        same run eager: one epoch of a learned 16-ary tree on a synthetic corpus (the train NLL and
+        the test perplexity of both, and the ms per step)."""
+        if not cuda:
+            return "needs a GPU"
+        import numpy as np
+
+        from hsm_lab.data.lm import LMCorpus
+        from hsm_lab.experiments.lm import LMRunConfig, train_lm
+
+        rng = np.random.default_rng(0)
+        stream = torch.from_numpy(rng.zipf(1.3, 60_000) % 4_000)
+        words = ["<eos>", "<unk>"] + [f"w{i}" for i in range(3_998)]
+        corpus = LMCorpus(name="synthetic", vocab=words, train=stream[:50_000], valid=stream[50_000:55_000],
+                          test=stream[55_000:], counts=np.bincount(stream[:50_000].numpy(), minlength=4_000))
+        cfg = LMRunConfig(output="learned", context=3, dim=args.dim, arity=16, batch_size=args.batch,
+                          lr=0.05, epochs=1, learn_epochs=1, reassign_per_epoch=5)
+        tree = hsm.Tree.random(4_000, 16, 3, seed=0)
+        out = {}
+        for name, capture in (("captured", True), ("eager", False)):
+            result = train_lm(corpus, cfg, tree=tree, device=DEVICE, capture=capture)
+            out[name] = {"train_nll": result.epochs[-1]["train_nll"], "test_perplexity": result.test_perplexity,
+                         "train_ms_per_batch": result.train_ms_per_batch}
+        return out
+
     check("synchronisation", syncs)
     check("values", values)
     check("fused_equal", fused_equal)
     check("captured_equal", captured_equal)
     check("timings_ms", timings)
+    check("lm_loop_captured", lm_loop_captured)
     if args.json is not None:
         report["provenance"] = provenance(config={k: str(v) for k, v in vars(args).items()}, scale="full")
         atomic_write(args.json, json.dumps(report, indent=1, default=str) + "\n")

@@ -248,7 +248,7 @@ class _Training:
     so far; everything a checkpoint saves (:meth:`state_dict`) and restores (:meth:`restore`)."""
 
     def __init__(self, corpus: LMCorpus, cfg: LMRunConfig, tree: Tree | None, device: torch.device,
-                 warmup: int = 20) -> None:
+                 warmup: int = 20, capture: bool = True) -> None:
         self.cfg, self.device, self.warmup = cfg, device, warmup
         hsm_config.seed_everything(cfg.seed)
         self.model = LogBilinearLM(corpus.vocab_size, cfg.dim, cfg.context, sparse=True).to(device)
@@ -289,7 +289,7 @@ class _Training:
         # statistics) is captured once in a CUDA graph and replayed per full batch: one launch instead
         # of one per op. The L2 term coalesces sparse gradients (output sizes read from the device),
         # so runs with it stay eager; so do the flat, adaptive and sampled outputs.
-        self.capture = captures_step(device, self.output, cfg)
+        self.capture = capture and captures_step(device, self.output, cfg)
         self._replay: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     def restore(self, state: dict[str, Any], log: Callable[[str], None]) -> None:
@@ -520,6 +520,7 @@ def train_lm(
     log: Callable[[str], None] | None = None,
     checkpoint_seconds: float | None = None,
     keep_model: bool = False,
+    capture: bool = True,
 ) -> LMRunResult:
     """Train the log-bilinear LM with Adagrad and the output layer ``cfg.output``.
 
@@ -534,7 +535,9 @@ def train_lm(
     trained across runs that are each cut off after a few minutes (a job scheduler's time limit,
     say): a resumed run redraws the same example order and continues at the next step.
     ``keep_model`` (needs ``checkpoint_dir``) keeps the trained model beside the finished run, for
-    diagnostics that need more than the perplexities (:func:`load_trained_model`).
+    diagnostics that need more than the perplexities (:func:`load_trained_model`). ``capture``: on a
+    GPU a tree output's step is replayed from a CUDA graph (:func:`captures_step` says when);
+    False keeps every step eager (the same updates, one launch per op).
     """
     if keep_model and checkpoint_dir is None:
         raise ValueError("keep_model needs a checkpoint_dir: the model is kept in the run folder")
@@ -555,7 +558,7 @@ def train_lm(
                 warnings.warn(f"finished run {files.finished} trained on {finished.device}, not {device}: its "
                               f"ms/batch are {finished.device}'s (recorded per run as trained_on)", stacklevel=2)
             return finished
-    run = _Training(corpus, cfg, tree, device, warmup)
+    run = _Training(corpus, cfg, tree, device, warmup, capture)
     state = files.load_checkpoint() if files is not None else None
     if state is not None:
         try:
@@ -565,7 +568,7 @@ def train_lm(
             # dropped, or every rerun would stop on it; the fresh run is seeded as the first was
             warnings.warn(f"ignoring damaged checkpoint {files.checkpoint} ({results.restore_error(exc)}); "
                           "the run starts over", stacklevel=2)
-            run = _Training(corpus, cfg, tree, device, warmup)
+            run = _Training(corpus, cfg, tree, device, warmup, capture)
     run.start()
     for epoch in range(run.start_epoch, cfg.epochs):
         total = run.train_epoch(epoch, files, checkpoint_seconds, log)
