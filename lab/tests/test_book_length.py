@@ -23,6 +23,8 @@ WORDS_PER_MINUTE = 200
 MINUTES_PER_FIGURE = 0.5
 #: the reading time the main path must stay within
 BUDGET_MINUTES = 180
+#: the reading time each main-path page must stay within (an experiment chapter's main path)
+PAGE_BUDGET_MINUTES = 20
 
 #: tags whose cell input a reader does not see without opening it
 HIDDEN_INPUT = {"remove-cell", "remove-input", "hide-input", "hide-cell"}
@@ -143,3 +145,5 @@ def test_main_path_reads_within_budget():
     print("\n" + _table(pages))
     total = sum(p.minutes for p in pages)
     assert total <= BUDGET_MINUTES, f"the main path reads in {total:.0f} minutes, over {BUDGET_MINUTES}"
+    long = [f"{p.name} ({p.minutes:.1f} min)" for p in pages if p.minutes > PAGE_BUDGET_MINUTES]
+    assert not long, f"main-path pages over {PAGE_BUDGET_MINUTES} minutes: {', '.join(long)}"
