@@ -271,6 +271,9 @@ def test_every_committed_result_names_a_command_its_experiment_accepts() -> None
             continue  # a tree or a data summary, not a result file
         invocation = R.invocation_of(path, payload)
         _check_options(invocation)
+        # a file older than recorded commands carries the one its settings give, marked as such
+        assert payload["provenance"].get("invocation") == invocation, path.relative_to(root)
+        assert not invocation.get("inferred") or invocation["inferred_from"].startswith("provenance.config")
         seen += 1
     assert seen >= 60
 
