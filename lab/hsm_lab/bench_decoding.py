@@ -26,9 +26,10 @@ on their weights.
 Times are medians (``--repeats``, fewer when a call is slow: ``--budget``), in this process, with
 torch's threads (and the kernels') set to each of ``--threads`` in turn. The result file (default
 ``hsm-results/bench/decoding.json``, ``--json`` for another) holds one record per (V, threads,
-method, metric) with provenance (:mod:`hsm_lab.results`), as ``python -m hsm bench`` writes them, and
-each time's ratio to the flat and the adaptive layer's. ``--quick`` runs tiny sizes in seconds
-(sizes given explicitly are honoured). A bad option is one line on stderr and exit status 2.
+method, metric) with provenance (:mod:`hsm_lab.results`; its ``threads`` are the counts measured, not
+the process's own), as ``python -m hsm bench`` writes them, and each time's ratio to the flat and
+the adaptive layer's. ``--quick`` runs tiny sizes in seconds (sizes given explicitly are honoured).
+A bad option is one line on stderr and exit status 2.
 """
 from __future__ import annotations
 
@@ -254,8 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(format_table(result))
         config = {k: v for k, v in vars(args).items() if k != "json"}
-        written = write_results(path, to_records(result), provenance(config, time.perf_counter() - start,
-                                                                     scale=scale), force=args.force)
+        # the measurements ran on --threads; run_decoding has given torch's own count back by now
+        prov = provenance(config, time.perf_counter() - start, scale=scale, threads=args.threads)
+        written = write_results(path, to_records(result), prov, force=args.force)
     print(f"wrote {written}")
     return 0
 

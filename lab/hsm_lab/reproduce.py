@@ -94,7 +94,9 @@ def invocation_of(path: str | os.PathLike[str], payload: Mapping[str, Any]) -> d
     """The command recorded in a result file's provenance (``provenance.invocation``), or for a
     file written before commands were recorded, the one its settings determine
     (:func:`_inferred_invocation`: the language models, Barber & Botev's experiments, Schuurmans &
-    Frasincar's tables, ICML Tables 1 and 3 and the benchmarks).
+    Frasincar's tables, ICML Tables 1 and 3, the compiled trainer's experiments and the benchmarks).
+    The committed files of that age carry the inferred command in their provenance, marked
+    ``"inferred": true`` with the ``inferred_from`` it was read from.
 
     Raises:
         ReproduceError: the file records none (it was written before result files recorded their
@@ -127,6 +129,10 @@ def _option_text(value: Any) -> str:
 #: value those runs had (random-init embeddings came before the GloVe stand-ins were an option)
 _TAXONOMY_UNRECORDED = {"embeddings": "random"}
 
+#: ICML table settings that the compiled trainer's first result files do not record, with the value
+#: those runs had (the test time of one pass)
+_TABLE_UNRECORDED = {"timing_passes": 1}
+
 
 def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The command of a file written before results recorded theirs, where its settings determine it.
@@ -134,9 +140,10 @@ def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str,
     The language models store the experiment and the options that changed its preset
     (``config.overrides``, and the rows that ran, ``config.runs``); Barber & Botev's experiments and
     Schuurmans & Frasincar's tables store every setting, so the options are the settings that
-    differ from today's preset of the file's scale, and so do ICML Tables 1 and 3. Other files (the
-    benchmarks, the compiled trainer's ablations) give None. The result is marked
-    ``"inferred": True``."""
+    differ from today's preset of the file's scale, and so do ICML Tables 1 and 3 and the compiled
+    trainer's experiments (:func:`hsm_lab.experiments.classification_fast.option_settings`); a
+    benchmark's arguments are those of its settings that differ from the parser's defaults. Other
+    files give None. The result is marked ``"inferred": True``."""
     config = prov.get("config")
     if not isinstance(config, Mapping):
         return None
@@ -178,6 +185,14 @@ def _inferred_invocation(prov: Mapping[str, Any], records: Sequence[Mapping[str,
             experiment, preset = "taxonomy-tables", {**_settings(scale, config["data"], {}), "data": None}
             # settings older files do not record, at the value every run had before they existed
             config = {**_TAXONOMY_UNRECORDED, **config}
+        elif experiment in ("icml-fast-ablation", "fast-classifier-repeats", "fast-time-split"):
+            from hsm_lab.experiments.classification_fast import option_settings
+
+            # these record every setting under its own name: compared by the option that sets each
+            preset = option_settings(experiment, scale)
+            config = option_settings(experiment, scale, {**_TABLE_UNRECORDED, **config})
+            if set(preset) - set(config):
+                return None  # a setting the file does not record: its command cannot be told
         elif experiment == "lm-ptb-sampling":
             preset = LM_SETTINGS[scale]
         elif experiment is None and figure in ("fig1", "fig2"):
@@ -442,7 +457,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     same_scale = scale == recorded_scale
 
     if invocation.get("inferred"):
-        print(f"{args.result}: the file predates recorded commands; this one is rebuilt from its settings")
+        print(f"{args.result}: the file predates recorded commands; this one is inferred from its settings")
     commit, dirty = _CODE_AT_START
     made_by = str(prov.get("git_commit"))[:12] + (" plus uncommitted changes" if prov.get("git_dirty") else "")
     running = f"{str(commit)[:12]}{' plus uncommitted changes' if dirty else ''}"

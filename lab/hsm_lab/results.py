@@ -249,8 +249,22 @@ def machine_arithmetic(prov: Mapping[str, Any]) -> tuple[Any, ...] | None:
             prov.get("threads"), prov.get("torch"), prov.get("numpy"), prov.get("numba"), prov.get("cuda_device"))
 
 
+#: what ``provenance.threads_note`` says when a run's own ``config.threads`` differs from torch's
+#: threads and its writer gave no note of its own
+_THREADS_NOTE = ("config.threads is the run's own thread setting (a compiled trainer's or a library's threads); "
+                 "threads is torch's intra-op threads when the file was written")
+
+
+def _thread_count(value: Any) -> Any:
+    """A thread setting as ``provenance.threads`` records it: a list of one count is that count."""
+    if isinstance(value, (list, tuple)):
+        return int(value[0]) if len(value) == 1 else [int(v) for v in value]
+    return value
+
+
 def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | None = None,
-               scale: str | None = None) -> dict[str, Any]:
+               scale: str | None = None, *, threads: int | Sequence[int] | None = None,
+               threads_note: str | None = None) -> dict[str, Any]:
     """Where, when and with what a result was produced.
 
     Args:
@@ -261,6 +275,14 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
             None: ``HSM_SCALE`` (:func:`hsm_lab.config.scale`), for callers with no scale of their own.
             A label that qualifies the scale, ``"full, <what differs>"``, is recorded as given (its
             first word is the scale): the reproduction table lists it apart from the plain ``full`` rows.
+        threads: the torch threads the run computed on, for a run that set its own and gave the
+            caller's back before writing (a benchmark measured at each of several counts gives the
+            list; a list of one count is recorded as that count). None: ``torch.get_num_threads()``
+            now, the threads of a run that is still in its own setting.
+        threads_note: what ``config["threads"]`` counts when it is not torch's threads (a compiled
+            trainer's Hogwild threads, a library's), recorded as ``threads_note`` when the two
+            differ; a generic sentence stands in when it is None, so that no file holds two thread
+            counts without saying why.
 
     Returns:
         A dict with ``date_utc`` (ISO 8601), ``git_commit`` and ``git_dirty`` (the checkout's state
@@ -268,7 +290,8 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         outside a git checkout; ``git_commit_at_write`` too when HEAD moved while it ran), ``hostname``, ``cpu_model``, ``cpu_count``,
         ``cpu_vector_extensions`` (e.g. ``["sse4_2", "avx", "avx2", "fma"]``), ``cpu_capability``
         (the kernels torch dispatches to, e.g. ``"AVX2"``), ``threads`` (torch's intra-op threads,
-        which the compiled kernels use too), ``platform``, ``python``, ``torch``, ``numpy``,
+        which the compiled kernels use too; ``threads`` when given), ``threads_note`` (only when
+        ``config["threads"]`` differs from ``threads``), ``platform``, ``python``, ``torch``, ``numpy``,
         ``numba``, ``cuda_device`` (name of CUDA device 0, or None), ``hsm_scale`` (``scale``, else ``HSM_SCALE``: quick or full), ``config`` and
         ``wall_time_s``.
 
@@ -294,6 +317,8 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
     commit, dirty = _CODE_AT_START
     now = _code_state()
     cuda_device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    ran_on = _thread_count(threads) if threads is not None else torch.get_num_threads()
+    own = _thread_count(config.get("threads")) if config is not None and "threads" in config else ran_on
     return {
         "date_utc": _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z"),
         "git_commit": commit,
@@ -306,7 +331,8 @@ def provenance(config: Mapping[str, Any] | None = None, wall_time_s: float | Non
         "cpu_count": os.cpu_count(),
         "cpu_vector_extensions": _cpu_vector_extensions(),
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        "threads": torch.get_num_threads(),
+        "threads": ran_on,
+        **({"threads_note": threads_note or _THREADS_NOTE} if own != ran_on else {}),
         "platform": platform.platform(),
         "python": platform.python_version(),
         "torch": torch.__version__,

@@ -332,3 +332,11 @@ def test_a_full_scale_slice_is_labelled_reduced_with_the_whole_training_size(mon
     label = scale_label("full", sliced)
     n = len(C.load_classification_data("cooking").train_texts)
     assert label == f"full, reduced: train_limit=400, test_limit=150 (of {n:,} training examples)"
+
+
+def test_a_table_says_what_its_threads_option_counts_beside_torchs() -> None:
+    from hsm_lab.experiments.classification.commands import threads_note
+
+    fast = threads_note(C._parse_options("quick", {"trainer": "fast", "threads": "2"}))
+    assert "Hogwild" in fast and "fastText" in fast and "sets to 1" in fast
+    assert "unused by the PyTorch trainer" in threads_note(C._parse_options("quick", {}))

@@ -877,7 +877,8 @@ def test_the_learned_tree_model_is_kept_for_decoding_and_node_decisions(tmp_path
         assert config["lr_grid"] == [cfg.lr] and config["reassign_per_epoch"] == cfg.reassign_per_epoch
         assert config["description"].startswith("quick: the kept learned-tree model")
         assert config["training_seconds"] == pytest.approx(run.seconds)
-        assert all("2 epochs (learned tree: 1 learning the tree)" in r["scale_note"] for r in payload["records"])
+        assert all("2 epochs (learned tree: 1 learning the tree)" in r["scale_note"]
+                   and "statistics decay 1;" in r["scale_note"] for r in payload["records"])
     assert decoded["provenance"]["config"]["model_config"] == asdict(cfg)
     assert nodes["provenance"]["config"]["model_configs"] == {"learned": asdict(cfg)}
     with pytest.raises(ValueError, match="tree"):
@@ -965,3 +966,40 @@ def test_run_help_names_the_lm_options_and_the_prebuilt_corpus(capsys) -> None:
         assert stop.value.code == 0
         text = " ".join(capsys.readouterr().out.split())
         assert "-o checkpoint_minutes=N" in text and "-o runs=flat" in text and "HSM_PREBUILT_CORPUS=DIR" in text
+
+
+def test_the_scale_note_is_made_from_the_settings_the_file_records() -> None:
+    """The note of a file about a kept model (decoding, node decisions) says what that model
+    trained: its epochs, learning epochs, L2 and decay, not its experiment's preset."""
+    from hsm_lab.experiments.lm.report import scale_note
+
+    learned = replace(lm.SCALES["lm-gutenberg-offset"]["full"], epochs=2, learn_epochs=1, decay=1.0, l2=5e-5,
+                      description="the kept learned-tree model")
+    note = scale_note(learned, 1_000, 250)
+    assert note == ("gutenberg: 1,000 training tokens, vocabulary 250, 65-ary depth-3 trees, 2 epochs (learned tree: "
+                    "1 learning the tree), batch 128, L2 5e-05, learned-tree statistics decay 1; the kept learned-tree "
+                    "model")
+    assert "L2" not in scale_note(learned, 1_000, 250, settings=False)  # the ablation's variants differ in it
+
+
+def test_every_committed_language_model_note_says_what_its_configuration_says() -> None:
+    from hsm_lab.experiments.lm.report import scale_note
+
+    fields = lm.LMScale.__dataclass_fields__
+    root = Path(__file__).resolve().parents[2] / "results" / "lm"
+    checked = 0
+    for path, payload in results.iter_results(root):
+        config = payload["provenance"].get("config") or {}
+        records = [r for r in payload["records"] if "scale_note" in r]
+        if not records:
+            continue
+        sc = lm.LMScale(**{k: tuple(v) if isinstance(v, list) else v for k, v in config.items() if k in fields})
+        settings = config.get("experiment") != "lm-ptb-ablation"  # its variants differ in L2 and decay
+        for record in records:
+            sizes = (record["train_tokens"], record["vocab_size"])
+            allowed = {scale_note(sc, *sizes, settings)}
+            if sc.l2 == 0 and sc.decay == 0.5:  # notes written before they named the L2 leave out its "no L2"
+                allowed.add(scale_note(sc, *sizes, settings=False))
+            assert record["scale_note"] in allowed, path.name
+        checked += 1
+    assert checked >= 40

@@ -317,14 +317,19 @@ def test_regenerate_note_short_command_is_one_line_with_threads_and_note():
     assert "2 threads" in threaded
 
 
-def test_regenerate_note_without_a_recorded_command_names_the_experiment():
+def test_regenerate_note_without_a_recorded_command_names_the_experiment(tmp_path: Path):
     from hsm_lab.reproduce import ReproduceError, invocation_of
 
-    path = report.default_results_root() / "classification/fast-ablation-cooking.json"
+    # a file that records neither its command nor the settings to rebuild it
+    _write(tmp_path, "classification/old.json", [], experiment="icml-fast-ablation")
+    path = tmp_path / "classification/old.json"
+    payload = json.loads(path.read_text())
+    payload["provenance"]["wall_time_s"] = 221.5
+    path.write_text(json.dumps(payload))
     with pytest.raises(ReproduceError):
-        invocation_of(path, json.loads(path.read_text()))
-    text = report.regenerate_note("classification/fast-ablation-cooking.json")
-    assert text.startswith("*File:* `results/classification/fast-ablation-cooking.json`, made by "
+        invocation_of(path, payload)
+    text = report.regenerate_note("classification/old.json", root=tmp_path)
+    assert text.startswith("*File:* `results/classification/old.json`, made by "
                            "`icml-fast-ablation` (command not recorded; about ")
     assert "python -m hsm" not in text
 

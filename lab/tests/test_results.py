@@ -349,3 +349,57 @@ def test_committed_result_labels_say_what_ran() -> None:
         if config.get("train_limit") or config.get("test_limit"):
             assert "reduced" in label and "396,249" in label, where
         assert "846k" not in label, where
+
+
+def test_a_run_that_sets_its_own_threads_records_that_setting() -> None:
+    """``provenance.threads`` is what the run computed on: the setting a run gives (a benchmark that
+    measured at its own counts and gave torch's back before writing), else torch's count; a run whose
+    configuration counts other threads (a compiled trainer's) says why the two differ."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        prov = results.provenance(config={"threads": [1]}, scale="quick", threads=[1])
+        assert prov["threads"] == 1 and "threads_note" not in prov
+        assert results.provenance(config={"threads": [1, 2]}, scale="quick", threads=(1, 2))["threads"] == [1, 2]
+        assert "threads_note" not in results.provenance(config={"threads": 2}, scale="quick")
+        prov = results.provenance(config={"threads": 1}, scale="quick", threads_note="the trainer's threads")
+        assert prov["threads"] == 2 and prov["threads_note"] == "the trainer's threads"
+        assert "config.threads" in results.provenance(config={"threads": 1}, scale="quick")["threads_note"]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_benchmark_measured_on_one_thread_records_one_thread(tmp_path: Path) -> None:
+    import torch
+
+    from hsm_lab.bench_decoding import main
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        assert main(["--quick", "--vocab", "500", "--methods", "tree-d2", "flat", "--metrics", "top1",
+                     "--threads", "1", "--json", str(tmp_path / "d.json")]) == 0
+        assert torch.get_num_threads() == 2  # the caller's count is given back
+    finally:
+        torch.set_num_threads(before)
+    payload = results.load_results(tmp_path / "d.json")
+    assert payload["provenance"]["threads"] == 1 and payload["provenance"]["config"]["threads"] == [1]
+    assert {r["threads"] for r in payload["records"]} == {1} and "threads_note" not in payload["provenance"]
+
+
+def test_committed_results_say_why_their_two_thread_counts_differ() -> None:
+    """Where a run's own ``config.threads`` (a compiled trainer's, a library's) is not torch's
+    ``provenance.threads``, the file says what each counts."""
+    root = Path(__file__).resolve().parents[2] / "results"
+    differ = []
+    for path, payload in results.iter_results(root):
+        prov = payload["provenance"]
+        config = prov.get("config") or {}
+        if "threads" not in prov or "threads" not in config:
+            continue  # older files record one count, or none
+        if results._thread_count(config["threads"]) != prov["threads"]:
+            differ.append(path.name)
+            assert "config.threads" in str(prov.get("threads_note")), path.relative_to(root)
+    assert "decoding.json" not in differ  # its measurements ran on the one thread it records

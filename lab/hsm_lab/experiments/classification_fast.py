@@ -37,10 +37,12 @@ from hsm_lab.experiments import (check_device, check_scale, experiment, option_c
 from hsm_lab.experiments.classification import (OUTPUTS, TableConfig, _default_out, _parse_options, _subset_rows,
                                             encode_data, evaluate_bow, load_classification_data, load_table_data,
                                             run_table, train_bow)
+from hsm_lab.experiments.classification.commands import threads_note
+from hsm_lab.experiments.classification.config import _config_json
 from hsm_lab.results import ResumableParts, check_replace, provenance, write_results
 
-__all__ = ["ABLATION_VARIANTS", "REPEAT_CONFIGS", "fast_ablation", "fast_repeats", "fast_time_split", "split_time",
-           "summarise_ablation"]
+__all__ = ["ABLATION_VARIANTS", "REPEAT_CONFIGS", "fast_ablation", "fast_repeats", "fast_time_split", "option_settings",
+           "split_time", "summarise_ablation"]
 
 #: the tree-learning variants of the ablation, in the order they run: (statistics, schedule) crossed,
 #: then two changes to our statistics (TableConfig fields)
@@ -164,7 +166,7 @@ def fast_ablation(scale: str = "quick", device: str = "cpu", out: Path | str | N
     prov = provenance(config={**json.loads(json.dumps(config.__dict__, default=list)), "seeds": list(seeds),
                               "variants": {v: ABLATION_VARIANTS[v] for v in variants}, "arities": list(arities),
                               "experiment": "icml-fast-ablation"},
-                      wall_time_s=time.perf_counter() - start, scale=scale)
+                      wall_time_s=time.perf_counter() - start, scale=scale, threads_note=threads_note(config))
     path = write_results(out, records, prov, force=force)
     parts.finish()
     return path
@@ -254,25 +256,18 @@ def _watch(spec: dict[str, Any], timeout_s: float, log: Callable[[str], None], s
     return outcomes
 
 
-@experiment("fast-classifier-repeats", "The compiled trainer's threaded configurations run many times: "
-            "crashes, hangs, non-finite results and the P@1 spread", "results/classification/fast-repeats-cooking.json")
-def fast_repeats(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
-                 **options: Any) -> Path:
-    """Run each of :data:`REPEAT_CONFIGS` (``configs``, default all) ``repeats`` times (default 20;
-    quick 3) on ``threads`` Hogwild threads (default 2) in a watched worker process, on ``data``
-    (default cooking; quick: a 3,000-question slice), d = ``dim`` (50), rate ``lr`` (0.5, the
-    rate every tree row chose on cooking), ``epochs`` (5); a run without a result within
-    ``timeout_s`` (default 300; ``startup_s``, default 120, more for a worker's first run) is a hang. Records: one per run and one summary per configuration."""
+#: the options of ``fast-classifier-repeats``
+_REPEATS_OPTIONS = {"configs", "repeats", "threads", "data", "dim", "lr", "epochs", "timeout_s", "train_limit",
+                    "test_limit", "max_books", "seed", "startup_s"}
+
+
+def _repeats_settings(scale: str, options: dict[str, Any]) -> tuple[list[str], dict[str, Any], float, float]:
+    """(configurations, the workers' settings, timeout_s, startup_s) of ``fast-classifier-repeats``
+    from its options (:func:`fast_repeats`); ValueError naming an unknown or bad one."""
     quick = check_scale(scale) == "quick"
-    check_device(device)
-    if device != "cpu":
-        raise ValueError(f"the compiled trainer runs on the CPU, got device={device!r}")
-    options = dict(options)
-    known = {"configs", "repeats", "threads", "data", "dim", "lr", "epochs", "timeout_s", "train_limit", "test_limit",
-             "max_books", "seed", "startup_s"}
-    unknown = sorted(set(options) - known)
+    unknown = sorted(set(options) - _REPEATS_OPTIONS)
     if unknown:
-        raise ValueError(f"unknown option(s) {unknown}; known: {sorted(known)}")
+        raise ValueError(f"unknown option(s) {unknown}; known: {sorted(_REPEATS_OPTIONS)}")
     configs = option_choices("configs", options.get("configs", ",".join(REPEAT_CONFIGS)), tuple(REPEAT_CONFIGS))
     data = str(options.get("data", "cooking")).strip()
     if not data:
@@ -294,6 +289,24 @@ def fast_repeats(scale: str = "quick", device: str = "cpu", out: Path | str | No
     }
     timeout_s = option_float("timeout_s", options.get("timeout_s", 300), positive=True)
     startup_s = option_float("startup_s", options.get("startup_s", 120), minimum=0.0)
+    return list(configs), spec_base, timeout_s, startup_s
+
+
+@experiment("fast-classifier-repeats", "The compiled trainer's threaded configurations run many times: "
+            "crashes, hangs, non-finite results and the P@1 spread", "results/classification/fast-repeats-cooking.json")
+def fast_repeats(scale: str = "quick", device: str = "cpu", out: Path | str | None = None, force: bool = False,
+                 **options: Any) -> Path:
+    """Run each of :data:`REPEAT_CONFIGS` (``configs``, default all) ``repeats`` times (default 20;
+    quick 3) on ``threads`` Hogwild threads (default 2) in a watched worker process, on ``data``
+    (default cooking; quick: a 3,000-question slice), d = ``dim`` (50), rate ``lr`` (0.5, the
+    rate every tree row chose on cooking), ``epochs`` (5); a run without a result within
+    ``timeout_s`` (default 300; ``startup_s``, default 120, more for a worker's first run) is a hang. Records: one per run and one summary per configuration."""
+    check_scale(scale)
+    check_device(device)
+    if device != "cpu":
+        raise ValueError(f"the compiled trainer runs on the CPU, got device={device!r}")
+    configs, spec_base, timeout_s, startup_s = _repeats_settings(scale, options)
+    data = spec_base["data"]
     out = Path(out) if out is not None else _default_out("fast-repeats", scale, data)
     check_replace(out, scale, force)
     start = time.perf_counter()
@@ -318,7 +331,9 @@ def fast_repeats(scale: str = "quick", device: str = "cpu", out: Path | str | No
     prov = provenance(config={**spec_base, "scale": scale, "configs": {n: REPEAT_CONFIGS[n] for n in configs},
                               "timeout_s": timeout_s,
                               "startup_s": startup_s, "experiment": "fast-classifier-repeats"},
-                      wall_time_s=time.perf_counter() - start, scale=scale)
+                      wall_time_s=time.perf_counter() - start, scale=scale,
+                      threads_note="config.threads is the compiled trainer's Hogwild threads in the worker processes; "
+                                   "threads is torch's intra-op threads of the process that watched them")
     return write_results(out, records, prov, force=force)
 
 
@@ -334,6 +349,19 @@ def split_time(one_epoch_s: float, many_epochs_s: float, epochs: int) -> tuple[f
         raise ValueError(f"epochs must be >= 2 to separate the two parts, got {epochs}")
     per_epoch = (many_epochs_s - one_epoch_s) / (epochs - 1)
     return one_epoch_s - per_epoch, per_epoch
+
+
+def _time_split_settings(scale: str, options: dict[str, Any]) -> tuple[TableConfig, float]:
+    """(table config, rate) of ``fast-time-split`` from its options (:func:`fast_time_split`);
+    ValueError naming a bad one."""
+    options = dict(options)
+    lr = option_float("lr", options.pop("lr", 0.5), positive=True)
+    defaults = {"data": "gutenberg-books" if check_scale(scale) == "full" else "cooking", "dims": "50",
+                "threads": "2", "outputs": "huffman20,learned20", "peers": "fasttext-hs"}
+    config = _parse_options(scale, {**defaults, **options, "trainer": "fast"})
+    if config.epochs < 2:
+        raise ValueError(f"option epochs must be >= 2 to split the time, got {config.epochs}")
+    return config, lr
 
 
 @experiment("fast-time-split", "Where the training time goes: the compiled trainer and fastText at 1 and E "
@@ -354,13 +382,7 @@ def fast_time_split(scale: str = "quick", device: str = "cpu", out: Path | str |
     check_device(device)
     if device != "cpu":
         raise ValueError(f"the compiled trainer runs on the CPU, got device={device!r}")
-    options = dict(options)
-    lr = option_float("lr", options.pop("lr", 0.5), positive=True)
-    defaults = {"data": "gutenberg-books" if check_scale(scale) == "full" else "cooking", "dims": "50",
-                "threads": "2", "outputs": "huffman20,learned20", "peers": "fasttext-hs"}
-    config = _parse_options(scale, {**defaults, **options, "trainer": "fast"})
-    if config.epochs < 2:
-        raise ValueError(f"option epochs must be >= 2 to split the time, got {config.epochs}")
+    config, lr = _time_split_settings(scale, options)
     out = Path(out) if out is not None else _default_out("fast-time-split", scale, config.data)
     check_replace(out, scale, force)
     start = time.perf_counter()
@@ -410,5 +432,51 @@ def fast_time_split(scale: str = "quick", device: str = "cpu", out: Path | str |
                         "encode_seconds": None if output.startswith("fasttext") else encode_seconds})
     prov = provenance(config={**json.loads(json.dumps(config.__dict__, default=list)), "lr": lr,
                               "experiment": "fast-time-split", "encode_seconds": encode_seconds},
-                      wall_time_s=time.perf_counter() - start, scale=scale)
+                      wall_time_s=time.perf_counter() - start, scale=scale,
+                      threads_note="config.threads is the Hogwild threads of the compiled trainer and fastText's "
+                                   "-thread; threads is torch's intra-op threads, on which the test passes ran")
     return write_results(out, records, prov, force=force)
+
+
+# ====================================================================================== the settings as options
+#: the table settings each experiment sets itself, which its options may not change
+_FIXED = {"icml-fast-ablation": {"outputs", "peers", "trainer", "seed", *_VARIANT_FIELDS},
+          "fast-time-split": {"trainer"}, "fast-classifier-repeats": set()}
+
+
+def option_settings(name: str, scale: str, config: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The settings of a run of ``name`` (``icml-fast-ablation``, ``fast-classifier-repeats`` or
+    ``fast-time-split``) at ``scale``, keyed by the ``-o`` option that sets each, as JSON values:
+    those a result file's ``provenance.config`` records (``config``), or with None the experiment's
+    defaults at ``scale``. What the experiment sets itself (the ablation's outputs), and what a
+    file records beside its settings (times, the experiment's name), are left out: the options that
+    re-run a file are its settings that differ from the defaults (:mod:`hsm_lab.reproduce`).
+
+    Raises:
+        ValueError: ``name`` is not one of these experiments.
+    """
+    if name not in _FIXED:
+        raise ValueError(f"{name!r} is not an experiment of the compiled trainer; choose from {sorted(_FIXED)}")
+    if config is None:
+        if name == "icml-fast-ablation":
+            table, seeds, variants, arities = _ablation_config(scale, {})
+            config = {**_config_json(table), "seeds": list(seeds), "variants": variants, "arities": list(arities)}
+        elif name == "fast-classifier-repeats":
+            configs, spec, timeout_s, startup_s = _repeats_settings(scale, {})
+            config = {**spec, "configs": configs, "timeout_s": timeout_s, "startup_s": startup_s}
+        else:
+            table, lr = _time_split_settings(scale, {})
+            config = {**_config_json(table), "lr": lr}
+    settings = json.loads(json.dumps(dict(config), default=list))
+    if "seed_base" in settings:  # the repeats' first seed, set by the option seed
+        settings["seed"] = settings.pop("seed_base")
+    for key in ("variants", "configs"):  # recorded with what each name stands for; the option names them
+        if isinstance(settings.get(key), dict):
+            settings[key] = list(settings[key])
+    if name == "fast-classifier-repeats":
+        known = _REPEATS_OPTIONS
+    else:
+        known = set(TableConfig.__dataclass_fields__) | (
+            {"seeds", "variants", "arities"} if name == "icml-fast-ablation" else {"lr"})
+    return {key: value for key, value in settings.items() if key in known - _FIXED[name]}
+

@@ -54,6 +54,11 @@ DEFAULTS: dict[str, Any] = {"dim": 50, "arity": 20, "lr": 0.5, "epochs": 5, "hel
                             "local_steps": 20, "local_lr": 0.1}
 #: the quick scale: 40 books, one seed, 1 and 5 examples per new label
 QUICK: dict[str, Any] = {"max_books": 40, "seeds": (0,), "examples": (1, 5)}
+#: what the result file's two thread counts are: the configuration's is the classifiers' training
+#: threads, provenance.threads torch's, which the experiment leaves at the machine's default
+THREADS_NOTE = ("config.threads is the compiled trainer's Hogwild threads (1: a seed fixes each model); threads is "
+                "torch's intra-op threads, left at the machine's default, on which prediction and the probabilities "
+                "of the new labels' paths ran")
 
 
 def held_out_labels(num_labels: int, share: float, seed: int) -> np.ndarray:
@@ -333,7 +338,7 @@ def label_addition(scale: str = "quick", device: str = "cpu", out: Path | str | 
         rows += parts.run(f"seed{seed}", lambda seed=seed: _seed_rows(train, test, len(vocab), seed, examples, methods,
                                                                        settings, log))
     records = [dict(r, kind="run") for r in rows] + summarise(rows)
-    prov = provenance(config=config, wall_time_s=time.perf_counter() - start, scale=scale)
+    prov = provenance(config=config, wall_time_s=time.perf_counter() - start, scale=scale, threads_note=THREADS_NOTE)
     path = write_results(out, records, prov, force=force)
     parts.finish()
     return path

@@ -17,7 +17,7 @@ from hsm_lab.experiments.classification.config import TableConfig, _config_json,
 from hsm_lab.experiments.classification.data import _data_slug
 from hsm_lab.experiments.classification.table import run_table
 
-__all__ = ["icml_table1", "icml_table3", "scale_label"]
+__all__ = ["icml_table1", "icml_table3", "scale_label", "threads_note"]
 
 
 def _default_out(table: str, scale: str, data: str) -> Path:
@@ -40,8 +40,19 @@ def _run_command(table: str, scale: str, device: str, out: Path | str | None, op
     records = run_table(config, table, device=device, out=out)
     prov = provenance(config={**_config_json(config), "table": table, "device": device,
                               "torch_threads": torch.get_num_threads()},
-                      wall_time_s=time.perf_counter() - start, scale=scale_label(scale, config))
+                      wall_time_s=time.perf_counter() - start, scale=scale_label(scale, config),
+                      threads_note=threads_note(config))
     return write_results(out, records, prov, force=force)
+
+
+def threads_note(config: TableConfig) -> str:
+    """What a table's ``threads`` option counts beside torch's threads (``provenance.threads``),
+    which :func:`~.table.run_table` sets to 1: the file records both, and says why they differ."""
+    if config.trainer == "fast":
+        return ("config.threads is the compiled trainer's Hogwild threads, on which fastText's rows train too "
+                "(None: torch's count); threads is torch's intra-op threads, which the table sets to 1 for testing")
+    return ("config.threads is the compiled trainer's Hogwild threads, unused by the PyTorch trainer (None); the "
+            "rows train and test on torch's threads (threads, which the table sets to 1), fastText's rows on 1")
 
 
 def scale_label(scale: str, config: TableConfig) -> str:

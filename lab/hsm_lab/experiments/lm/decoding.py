@@ -106,7 +106,7 @@ def run_lm_gutenberg_decoding(scale: str = "quick", device: str = "cpu", out: Pa
     rows = decoder_agreement(output, hidden, targets, tuple(beams))
     # the file describes the model decoded (the learned one: two epochs, decay 1), not the preset
     sc = kept_model_scale(sc, cfg, scale)
-    common = dict(_common_fields(corpus, sc, scale, ", no L2"), model=model_name, run=tree,
+    common = dict(_common_fields(corpus, sc, scale), model=model_name, run=tree,
                   lr=run.config["lr"], epochs=run.config["epochs"], scored_tokens=int(len(targets)),
                   model_test_perplexity=run.test_perplexity)
     records = [make_record(None, row["agreement"], measure="agreement_with_exact", decoder=name,

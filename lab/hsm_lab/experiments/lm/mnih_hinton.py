@@ -109,7 +109,7 @@ def run_lm_gutenberg_mnih_hinton(scale: str = "quick", device: str = "cpu", out:
     corpus, run, cfg, files = kept_random_run(sc, device)
     model, _, _ = load_trained_model(files.model, device)
     new, tree_seconds = train_mnih_hinton(corpus, cfg, model, kind, device)
-    common = dict(_common_fields(corpus, sc, scale, ", no L2"), model="Mnih-Hinton tree", run="mnih-hinton",
+    common = dict(_common_fields(corpus, sc, scale), model="Mnih-Hinton tree", run="mnih-hinton",
                   word_vectors=kind, lr=new.config["lr"], epochs=new.config["epochs"], per_epoch=new.epochs,
                   wall_time_s=new.seconds, tree_seconds=tree_seconds,
                   random_tree_test_perplexity=run.test_perplexity,

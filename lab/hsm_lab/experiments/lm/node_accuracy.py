@@ -130,7 +130,7 @@ def run_lm_gutenberg_node_accuracy(scale: str = "quick", device: str = "cpu", ou
     # the file describes the models scored: with the learned model alone, the kept learned run's
     # settings (two epochs, decay 1), not the one-epoch random-tree preset the run folder belongs to
     model_sc = kept_model_scale(sc, cfg, scale)
-    common = dict(_common_fields(corpus, model_sc, scale, ", no L2"), lr=cfg.lr, scored_tokens=int(len(targets)))
+    common = dict(_common_fields(corpus, model_sc, scale), lr=cfg.lr, scored_tokens=int(len(targets)))
     model_configs = {}
     for name in models:
         model, output, model_cfg = load_trained_model(_kept_model(name, corpus, cfg, files, sc, device), device)

@@ -140,7 +140,7 @@ def _variant_words(sc) -> str:
 def _records(corpus: LMCorpus, run, books: list[dict[str, Any]], sc, scale: str, seconds: float
              ) -> list[dict[str, Any]]:
     stats = corpus.stats
-    common = dict(_common_fields(corpus, sc, scale, ", no L2"), model="Random Tree", run="random",
+    common = dict(_common_fields(corpus, sc, scale), model="Random Tree", run="random",
                   varied=_variant_words(sc), split=sc.split, split_seed=sc.split_seed, min_count=sc.min_count,
                   lr=run.config["lr"], epochs=run.config["epochs"], per_epoch=run.epochs, wall_time_s=run.seconds,
                   trained_on=run.device, valid_oov_rate=stats.get("valid_oov_rate"),

@@ -22,7 +22,7 @@ from hsm_lab.experiments.lm.presets import ABLATION_WHAT, ABLATION_VARIANTS, SCA
 
 __all__ = ["ablation_markdown", "ablation_rows", "best_epoch_markdown", "combine_parts", "leaf_table",
            "leaf_table_markdown", "load_tree_file", "plot_ablation", "plot_learning_evidence", "plot_per_epoch",
-           "read_runs", "RunRecord", "runs_of", "table_markdown"]
+           "read_runs", "RunRecord", "runs_of", "scale_note", "table_markdown"]
 
 
 _MODEL_NAMES = {"flat": "Flat soft-max", "random": "Random Tree", "clustering": "Clustering Tree",
@@ -31,16 +31,30 @@ _SLUGS = {"flat": "flat_soft_max", "random": "random_tree", "clustering": "clust
           "learned": "learned_tree"}
 
 
-def _common_fields(corpus: LMCorpus, sc: LMScale, scale: str, setting: str = "") -> dict[str, Any]:
+def scale_note(sc: LMScale, train_tokens: int, vocab_size: int, settings: bool = True) -> str:
+    """What a result file's runs trained, in words (the records' ``scale_note``): the data, the
+    trees, the epochs and the learned tree's learning epochs, the batch, with ``settings`` the L2
+    and a statistics decay other than ours (0.5), and the description. Everything in it comes from
+    ``sc``, which the file records as its ``provenance.config``, and the corpus' sizes, so the note
+    cannot say other than the configuration; ``settings`` False leaves the L2 and the decay out for
+    a file whose runs differ in them (the ablation's variants), where each record says its own."""
+    note = (f"{sc.dataset}: {train_tokens:,} training tokens, vocabulary {vocab_size:,}, {sc.arity}-ary depth-3 trees, "
+            f"{sc.epochs} epochs (learned tree: {sc.learn_epochs} learning the tree), batch {sc.batch_size}")
+    if settings:
+        note += (f", L2 {sc.l2:g}" if sc.l2 else ", no L2") + (
+            f", learned-tree statistics decay {sc.decay:g}" if sc.decay != 0.5 else "")
+    return note + "; " + sc.description
+
+
+def _common_fields(corpus: LMCorpus, sc: LMScale, scale: str, settings: bool = True) -> dict[str, Any]:
     """The fields every record of one result file shares: the data, the trees, the scale, and a
-    note of what was trained (``setting`` adds to it, e.g. the L2)."""
+    note of what was trained (:func:`scale_note`). ``sc`` is what the file records as its
+    configuration (:func:`_write`): a file about a model trained at other settings than its
+    experiment's preset passes that model's (:func:`~.tables.kept_model_scale`)."""
     return {"dataset": sc.dataset, "vocab_size": corpus.vocab_size, "train_tokens": int(corpus.train.numel()),
             "valid_tokens": int(corpus.valid.numel()), "test_tokens": int(corpus.test.numel()),
             "context": sc.context, "arity": sc.arity, "depth": 3, "scale": scale,
-            "scale_note": f"{sc.dataset}: {int(corpus.train.numel()):,} training tokens, vocabulary "
-                          f"{corpus.vocab_size:,}, {sc.arity}-ary depth-3 trees, {sc.epochs} epochs "
-                          f"(learned tree: {sc.learn_epochs} learning the tree), batch {sc.batch_size}"
-                          + setting + "; " + sc.description}
+            "scale_note": scale_note(sc, int(corpus.train.numel()), corpus.vocab_size, settings)}
 
 
 def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim_kind: str,
@@ -49,8 +63,7 @@ def _records(table: dict[str, Any], sc: LMScale, claim_prefix: str | None, claim
     paper's setting (the reduced Gutenberg runs carry no claim: see ``scale_note``)."""
     corpus: LMCorpus = table["corpus"]
     records = []
-    common = _common_fields(corpus, sc, scale, (f", L2 {sc.l2:g}" if sc.l2 else ", no L2")
-                            + (f", learned-tree statistics decay {sc.decay:g}" if sc.decay != 0.5 else ""))
+    common = _common_fields(corpus, sc, scale)
     for kind, run in table["runs"].items():
         learn = run.config.get("learn_epochs")
         model = _MODEL_NAMES.get(kind, f"Learned Tree (learn {learn:g} + fine-tune "
@@ -201,7 +214,7 @@ def _ablation_records(table: dict[str, Any], sc: LMScale, scale: str) -> list[di
     depth) and, for the learned trees, the mean share of words moved per rebuild in the last
     learning epoch; one ``random_seed_spread`` record."""
     corpus: LMCorpus = table["corpus"]
-    common = _common_fields(corpus, sc, scale)
+    common = _common_fields(corpus, sc, scale, settings=False)  # the variants differ in L2 and decay
     records = []
     for name, run in table["runs"].items():
         cfg = run.config
