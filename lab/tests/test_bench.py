@@ -179,6 +179,7 @@ def test_the_engine_check_dry_runs_on_the_cpu(tmp_path, capsys):
     assert report["values"]["max_abs_diff"] < 1e-4
     assert {"flat_train", "adaptive_train", "engine_train", "engine_test"} <= set(report["timings_ms"])
     assert report["provenance"]["config"]["device"] == "cpu"
+    assert report["lm_loop_captured"] == "needs a GPU"  # a CUDA graph: the dry run names what it skips
 
 
 def test_a_result_file_that_cannot_be_written_names_json_not_out(tmp_path, capsys):
