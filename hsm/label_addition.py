@@ -347,9 +347,11 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     slots above them, which trained labels below them share): the only case in which trained
     parameters change. ``rehearsal`` = (representations [R, d], labels [R]): examples of trained
     labels mixed into those steps, the ones whose paths pass through a node of a new label's path,
-    with as much weight as the new examples: the slots above a new label then learn to take its
+    every label weighted as much as a new one (each trained label among them as much as each new
+    label, however many examples it has): the slots above a new label then learn to take its
     examples without taking the trained labels' (without them, the steps raise the new path's
-    logits for every input).
+    logits for every input), and the trained labels, many against one new label, hold their ground
+    as they would in the full training loss.
 
     Raises TypeError / ValueError in one line, before anything changes, for a layer that is not a
     tree layer, no examples, a tensor of another width, an empty one or one with NaN / inf, names
@@ -482,9 +484,10 @@ def _check_rehearsal(rehearsal: Any, layer: Any) -> tuple[Tensor, Tensor]:
 
 def _local_steps(layer: Any, rows: list[Tensor], labels: np.ndarray, paths: list[list[tuple[int, int]]],
                  steps: int, lr: float, rehearsal: tuple[Tensor, Tensor] | None = None) -> None:
-    """Plain gradient steps on the new labels' mean NLL (each label's examples weighted equally),
-    plus, with ``rehearsal``, the mean NLL of the trained labels' examples that pass through a node
-    of a new path (weighted as much in total), on the slots of the new paths only (eq. 5 through
+    """Plain gradient steps on the new labels' NLL, each label weighted as much (its examples
+    share the label's weight), plus, with ``rehearsal``, the NLL of the trained labels' examples
+    that pass through a node of a new path, each of those trained labels weighted as much as a new
+    one, on the slots of the new paths only (eq. 5 through
     :meth:`HierarchicalSoftmax.forward_reference`)."""
     nodes, arity = layer.num_nodes, layer.arity
     allowed = torch.zeros(nodes, arity, dtype=layer.weight.dtype, device=layer.weight.device)
@@ -502,10 +505,14 @@ def _local_steps(layer: Any, rows: list[Tensor], labels: np.ndarray, paths: list
         path_nodes = np.where(tree.path_mask[old], tree.path_nodes[old], 0)
         shares = (on_new_paths[path_nodes] & tree.path_mask[old]).any(axis=1)
         if shares.any():
-            keep = torch.as_tensor(np.flatnonzero(shares))
-            h = torch.cat([h, rehearsal[0][keep].to(h.device)])
-            target = torch.cat([target, rehearsal[1][keep].to(h.device)])
-            weights = torch.cat([weights, torch.full((keep.numel(),), 1.0 / keep.numel(), dtype=h.dtype)])
+            keep = np.flatnonzero(shares)
+            kept_labels, inverse, counts = np.unique(old[keep], return_inverse=True, return_counts=True)
+            # per trained label, as much weight as one new label: the label's examples share it
+            kept_weights = torch.as_tensor(1.0 / (counts[inverse] * len(rows)), dtype=h.dtype)
+            keep_t = torch.as_tensor(keep)
+            h = torch.cat([h, rehearsal[0][keep_t].to(h.device)])
+            target = torch.cat([target, rehearsal[1][keep_t].to(h.device)])
+            weights = torch.cat([weights, kept_weights])
     with torch.enable_grad():
         for _ in range(steps):
             layer.zero_grad(set_to_none=True)
