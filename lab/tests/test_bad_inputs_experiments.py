@@ -115,8 +115,8 @@ def _expected_scale(path: Path, config: dict) -> str | None:
         return config["scale"]
     if family == "bench":
         return "quick" if config["quick"] else "full"
-    if config.get("experiment") == "label-addition":  # quick: a slice of the books
-        return "quick" if config["max_books"] else "full"
+    if config.get("experiment") == "label-addition":  # quick: a slice of the books, or of cooking's questions
+        return "quick" if config.get("max_books") or config.get("train_limit") else "full"
     if family == "classification" and "vw_lr_grid" not in config:  # fast-classifier-repeats: quick = a slice
         return "quick" if config["train_limit"] else "full"
     if family == "classification":  # quick preset: vw_lr_grid (0.5,), 40 books
