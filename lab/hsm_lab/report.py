@@ -489,9 +489,9 @@ SLOWER_HERE = "not reproduced (slower in our implementation)"
 VERDICT_MEANINGS: Mapping[str, str] = {
     "reproduced": "the same result, within the margin the row's rule states",
     "close": "the same direction, a different size, or the claim holds in part (the row's rule says which part)",
-    NO_EFFECT: "the claimed effect does not show consistently: our result lies within the spread of the "
-               "random seeds (or of the random trees), or its sign changes with the seed or between data "
-               "sets; the opposite does not hold throughout either",
+    NO_EFFECT: "the claimed effect does not show beyond the margin the row's rule states (the noise of "
+               "its seeds or random trees), or only on some of the data sets; the opposite does not show "
+               "beyond the margin throughout either",
     "contradicted": "our runs show the opposite of the claim, or a counterexample to it",
     SLOWER_HERE: "a claim of speed that our code does not meet on our hardware: it says how fast our "
                  "implementation is, not whether the method can be fast",
