@@ -63,6 +63,7 @@ __all__ = [
     "provenance",
     "recording_invocation",
     "check_code_committed",
+    "checkpoint_interval",
     "RESTORE_ERRORS",
     "restore_error",
     "scale_of_label",
@@ -498,6 +499,20 @@ def read_json_or_none(path: str | os.PathLike[str], what: str = "file") -> Any |
         warnings.warn(f"ignoring unreadable {what} {path} ({type(exc).__name__}: {exc}); it will be recomputed",
                       stacklevel=2)
         return None
+
+
+def checkpoint_interval(checkpoint_seconds: float | None = None) -> float:
+    """Seconds of training between two checkpoints within an epoch: ``checkpoint_seconds``, else
+    the environment variable ``HSM_CHECKPOINT_SECONDS``, else 300 (ValueError if not > 0)."""
+    if checkpoint_seconds is None:
+        raw = os.environ.get("HSM_CHECKPOINT_SECONDS", "300")
+        try:
+            checkpoint_seconds = float(raw)
+        except ValueError:
+            raise ValueError(f"HSM_CHECKPOINT_SECONDS must be a number of seconds, got {raw!r}") from None
+    if not checkpoint_seconds > 0:
+        raise ValueError(f"checkpoint_seconds must be > 0, got {checkpoint_seconds}")
+    return checkpoint_seconds
 
 
 def save_checkpoint(state: Any, path: str | os.PathLike[str]) -> Path:

@@ -318,19 +318,24 @@ def test_full_scale_random_reference_is_labelled_apart_from_the_papers_setting(t
     assert [m.scale for m in measurements(tmp_path)["sf2020.table1.trec.flat.f1"]] == [label]
 
 
+def _small_trec_run(monkeypatch, kind: str, epochs: int):
+    """A TREC slice small enough to train ``epochs`` epochs in seconds (the tree learned in all but
+    the last), and the run of ``kind`` on it never stopped: (cfg, data, validation split, vectors, result)."""
+    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
+    cfg, dataset, pretrained = E._prepare("quick", "trec", dict(
+        train_limit="80", test_limit="40", max_tokens="8", max_vocab="300", max_epochs=str(epochs),
+        patience=str(epochs), learn_tree_epochs=str(epochs - 1), reassign_per_epoch="4"))
+    valid = dataset.validation_split(cfg["valid_fraction"], seed=3)
+    return cfg, dataset, valid, pretrained, E.train_one(kind, dataset, valid, cfg, seed=3, pretrained=pretrained)
+
+
 @needs_data
 @pytest.mark.parametrize("kind", ["hierarchical", "learned"])
 def test_train_one_resumed_from_its_epoch_checkpoint_matches_a_run_never_stopped(tmp_path, monkeypatch, capsys, kind):
     """Stopped after its 2nd of 4 epochs (while Algorithm 1 still moves the learned tree) and run
     again, a model ends exactly as the run that was never stopped: weights, optimiser moments, tree,
     learner statistics, example order and dropout masks all come back from the checkpoint."""
-    monkeypatch.setenv("HSM_DATA_MIRROR", str(MIRROR))
-    cfg, dataset, pretrained = E._prepare("quick", "trec", dict(
-        train_limit="80", test_limit="40", max_tokens="8", max_vocab="300", max_epochs="4", patience="4",
-        learn_tree_epochs="3", reassign_per_epoch="4"))
-    valid = dataset.validation_split(cfg["valid_fraction"], seed=3)
-    never_stopped = E.train_one(kind, dataset, valid, cfg, seed=3, pretrained=pretrained)
-
+    cfg, dataset, valid, pretrained, never_stopped = _small_trec_run(monkeypatch, kind, epochs=4)
     ckpt = tmp_path / "run.pt"
     save = E.save_checkpoint
 
@@ -354,6 +359,36 @@ def test_train_one_resumed_from_its_epoch_checkpoint_matches_a_run_never_stopped
         assert resumed["moved_labels"] == never_stopped["moved_labels"]
         assert resumed["top_level_split"] == never_stopped["top_level_split"]
         assert resumed["ari_top_level_initial"] == never_stopped["ari_top_level_initial"]
+
+
+@needs_data
+@pytest.mark.parametrize("kind", ["flat", "learned"])
+def test_train_one_resumed_within_an_epoch_matches_a_run_never_stopped(tmp_path, monkeypatch, capsys, kind):
+    """Stopped after the 3rd batch of its 2nd epoch (checkpoints after every batch) and run again, a
+    model redraws that epoch's order, goes on at the 4th batch and ends as the run never stopped."""
+    cfg, dataset, valid, pretrained, never_stopped = _small_trec_run(monkeypatch, kind, epochs=3)
+    ckpt = tmp_path / "run.pt"
+    save = E.save_checkpoint
+
+    def save_then_stop(state, path):
+        save(state, path)
+        if state["epoch"] == 1 and state.get("step_in_epoch") == 3:
+            raise KeyboardInterrupt  # a session cut at its time limit, mid-epoch
+
+    monkeypatch.setattr(E, "save_checkpoint", save_then_stop)
+    with pytest.raises(KeyboardInterrupt):
+        E.train_one(kind, dataset, valid, cfg, seed=3, pretrained=pretrained, checkpoint=ckpt, checkpoint_seconds=1e-9)
+    capsys.readouterr()
+    resumed = E.train_one(kind, dataset, valid, cfg, seed=3, pretrained=pretrained, checkpoint=ckpt,
+                          checkpoint_seconds=1e-9)
+    assert "resuming in epoch 2 after 3 batches" in capsys.readouterr().err
+    assert not ckpt.exists()
+    assert resumed["test"] == never_stopped["test"] and resumed["best_epoch"] == never_stopped["best_epoch"]
+    # the interrupted epoch's mean loss is put together from its two sittings: equal to rounding
+    assert [h["train_loss"] for h in resumed["history"]] == pytest.approx(
+        [h["train_loss"] for h in never_stopped["history"]], rel=1e-12)
+    if kind == "learned":
+        assert resumed["moved_labels"] == never_stopped["moved_labels"]
 
 
 @needs_data

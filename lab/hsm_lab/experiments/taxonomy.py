@@ -32,6 +32,7 @@ no GPU, no network):
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import math
 import sys
@@ -51,8 +52,9 @@ from hsm_lab.experiments import (check_device, check_scale, experiment, option_b
                              option_int, option_ints)
 from hsm_lab.output_layers import output_layer
 from hsm.layers import HierarchicalSoftmax
-from hsm_lab.results import (RESTORE_ERRORS, ResumableParts, check_replace, load_checkpoint, make_record, output_path,
-                         provenance, restore_error, save_checkpoint, write_progress, write_results)
+from hsm_lab.results import (RESTORE_ERRORS, ResumableParts, check_replace, checkpoint_interval, load_checkpoint,
+                         make_record, output_path, provenance, restore_error, save_checkpoint, write_progress,
+                         write_results)
 from hsm.sequence_models import LSTMTextClassifier, TextVocabulary, classification_metrics, encode_texts
 from hsm.training import TreeLearner, train_epoch
 from hsm.tree import Tree
@@ -401,15 +403,17 @@ def _run_settings(cfg: dict[str, Any]) -> dict[str, Any]:
 
 def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
               pretrained: tuple[list[str], np.ndarray] | None = None, device: torch.device | str = "cpu",
-              checkpoint: Path | str | None = None) -> dict[str, Any]:
+              checkpoint: Path | str | None = None, checkpoint_seconds: float | None = None) -> dict[str, Any]:
     """Train one model with early stopping on validation macro-F1; test metrics of the best epoch.
 
     ``cfg["max_tokens_used"]`` is the document cap (an int, see :func:`resolve_max_tokens`);
     ``pretrained`` = ``(words, vectors)`` initialises the embeddings (:func:`pretrained_rows`),
-    None leaves them random. ``checkpoint``: a file the run is saved to after every epoch and
-    resumed from (when it was saved by the same kind, seed and ``cfg``), so a run stopped mid-way
-    (a time limit, a killed job) loses at most one epoch; a resumed run gives the same
-    result as one never stopped. The file is removed when the run finishes."""
+    None leaves them random. ``checkpoint``: a file the run is saved to after every epoch, and within
+    an epoch every ``checkpoint_seconds`` of training (default ``HSM_CHECKPOINT_SECONDS``, else 300:
+    :func:`hsm_lab.results.checkpoint_interval`), and resumed from (when it was saved by the same
+    kind, seed and ``cfg``), so a run stopped mid-way (a time limit, a killed job) loses at most
+    those seconds; a resumed run redraws the interrupted epoch's order, goes on at the next batch
+    and gives the same model as a run never stopped. The file is removed when the run finishes."""
     device = torch.device(device)
     vocab, train_x, train_y, model, layer, optimizer, learner, coverage = _build(kind, data, valid, cfg, seed,
                                                                                  pretrained, device)
@@ -424,6 +428,9 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
     history = []
     bad_epochs = 0
     first_epoch, seconds_before = 1, 0.0
+    # within an interrupted epoch: the batches done, their loss sum and count, the order's generator
+    step_in_epoch, epoch_loss_sum, epoch_count, epoch_generator = 0, 0.0, 0, None
+    interval = checkpoint_interval(checkpoint_seconds) if checkpoint is not None else None
     run_id = {"kind": kind, "seed": seed, "cfg": json.loads(json.dumps(_run_settings(cfg), default=str))}
     saved = None if checkpoint is None else load_checkpoint(checkpoint)
     if saved is not None and saved.get("run") != run_id:
@@ -445,23 +452,64 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
                 torch.cuda.set_rng_state(saved["cuda_rng"], device)
             best, history, bad_epochs = saved["best"], saved["history"], saved["bad_epochs"]
             first_epoch, seconds_before = saved["epoch"] + 1, saved["seconds"]
+            if saved.get("step_in_epoch"):  # saved within epoch first_epoch
+                step_in_epoch, epoch_generator = saved["step_in_epoch"], saved["epoch_generator"]
+                epoch_loss_sum, epoch_count = saved["epoch_loss_sum"], saved["epoch_count"]
         except RESTORE_ERRORS as exc:
             # the model is half loaded by now, so the run stops, naming the file and the fix,
             # rather than training from a mixture
             raise ValueError(f"checkpoint {checkpoint} cannot be resumed ({restore_error(exc)}): delete it and this "
                              f"run starts over") from None
-        print(f"[{cfg['data']}] {kind} seed {seed}: resuming after epoch {saved['epoch']} from {checkpoint}",
-              file=sys.stderr, flush=True)
+        where = (f"in epoch {first_epoch} after {step_in_epoch} batches" if step_in_epoch
+                 else f"after epoch {saved['epoch']}")
+        print(f"[{cfg['data']}] {kind} seed {seed}: resuming {where} from {checkpoint}", file=sys.stderr, flush=True)
     trained_layer = layer
     if cfg.get("class_weights", "none") == "balanced":
         trained_layer = _ClassWeightedLoss(layer, balanced_class_weights(train_y, len(data.label_names)).to(device))
     start = time.perf_counter() - seconds_before
+
+    def state(epoch_done: int, **within: Any) -> dict[str, Any]:
+        """The checkpoint after ``epoch_done`` whole epochs (and ``within`` the next one, if given)."""
+        return {"run": run_id, "epoch": epoch_done, "seconds": time.perf_counter() - start,
+                "model": model.state_dict(), "layer": layer.state_dict(),
+                "optimizers": [opt.state_dict() for opt in optimizer.optimizers],
+                "learner": learner.state_dict() if learner is not None else None,
+                "initial_tree": initial_tree.to_dict() if initial_tree is not None else None,
+                "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                "best": best, "history": history, "bad_epochs": bad_epochs, **within}
+
     for epoch in range(first_epoch, cfg["max_epochs"] + 1):
         if learner is not None and epoch > cfg["learn_tree_epochs"]:
             learner.freeze()
-        loss = train_epoch(model, trained_layer, _batches(train_x, train_y, cfg["batch_size"], gen, cfg["length_buckets"]),
-                           optimizer, learner=learner,
-                           device=device)
+        if epoch_generator is not None:  # the interrupted epoch: its order is drawn again
+            gen.set_state(epoch_generator)
+        order_state = gen.get_state()
+        sizes: list[int] = []  # targets per batch of this sitting (each document has its label)
+        losses: list[float] = []
+        last_save = time.perf_counter()
+
+        def counted(batches):
+            for x, y in batches:
+                sizes.append(len(y))
+                yield x, y
+
+        def on_step(step: int, batch_loss: float, epoch: int = epoch) -> None:
+            nonlocal last_save
+            losses.append(batch_loss)
+            if interval is not None and time.perf_counter() - last_save >= interval:
+                done = len(losses)
+                save_checkpoint(state(epoch - 1, step_in_epoch=step_in_epoch + done, epoch_generator=order_state,
+                                      epoch_loss_sum=epoch_loss_sum + sum(l * n for l, n in zip(losses, sizes)),
+                                      epoch_count=epoch_count + sum(sizes[:done])), checkpoint)
+                last_save = time.perf_counter()
+
+        batches = _batches(train_x, train_y, cfg["batch_size"], gen, cfg["length_buckets"])
+        loss = train_epoch(model, trained_layer, counted(itertools.islice(batches, step_in_epoch, None)),
+                           optimizer, learner=learner, device=device, on_step=on_step)
+        if step_in_epoch:  # this epoch's first batches ran before the interruption
+            loss = (epoch_loss_sum + loss * sum(sizes)) / (epoch_count + sum(sizes))
+        step_in_epoch, epoch_loss_sum, epoch_count, epoch_generator = 0, 0.0, 0, None
         valid_metrics = classification_metrics(valid_y, _predict(model, layer, valid_x, device=device))
         history.append({"epoch": epoch, "train_loss": loss, "valid_f1": valid_metrics["f1"],
                         "seconds": time.perf_counter() - start})
@@ -477,15 +525,7 @@ def train_one(kind: str, data, valid, cfg: dict[str, Any], seed: int,
             if bad_epochs >= cfg["patience"]:
                 break  # no checkpoint after the last epoch: a checkpoint always has epochs left to run
         if checkpoint is not None and epoch < cfg["max_epochs"]:
-            save_checkpoint({
-                "run": run_id, "epoch": epoch, "seconds": time.perf_counter() - start,
-                "model": model.state_dict(), "layer": layer.state_dict(),
-                "optimizers": [opt.state_dict() for opt in optimizer.optimizers],
-                "learner": learner.state_dict() if learner is not None else None,
-                "initial_tree": initial_tree.to_dict() if initial_tree is not None else None,
-                "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
-                "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                "best": best, "history": history, "bad_epochs": bad_epochs}, checkpoint)
+            save_checkpoint(state(epoch), checkpoint)
     model.load_state_dict(best["state"][0])
     if best["state"][2] is not None:
         layer.set_tree(best["state"][2])

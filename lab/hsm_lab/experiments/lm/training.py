@@ -146,20 +146,6 @@ def _check_run(corpus: LMCorpus, cfg: LMRunConfig, tree: Tree | None) -> None:
         raise ValueError(f"wrt must be 'logp' (eq. 12) or 'p' (eq. 10), got {cfg.wrt!r}")
 
 
-def _checkpoint_interval(checkpoint_seconds: float | None) -> float:
-    """Seconds of training between two checkpoints within an epoch: ``checkpoint_seconds``, else
-    the environment variable ``HSM_CHECKPOINT_SECONDS``, else 300 (ValueError if not > 0)."""
-    if checkpoint_seconds is None:
-        raw = os.environ.get("HSM_CHECKPOINT_SECONDS", "300")
-        try:
-            checkpoint_seconds = float(raw)
-        except ValueError:
-            raise ValueError(f"HSM_CHECKPOINT_SECONDS must be a number of seconds, got {raw!r}") from None
-    if not checkpoint_seconds > 0:
-        raise ValueError(f"checkpoint_seconds must be > 0, got {checkpoint_seconds}")
-    return checkpoint_seconds
-
-
 @dataclass(frozen=True)
 class RunFiles:
     """The files of one run in its run folder, all named by ``<output>-<key>-<corpus>-<tokens>``:
@@ -544,7 +530,7 @@ def train_lm(
     _check_run(corpus, cfg, tree)
     device = torch.device(check_device(device))
     log = log or (lambda message: None)
-    checkpoint_seconds = _checkpoint_interval(checkpoint_seconds)
+    checkpoint_seconds = results.checkpoint_interval(checkpoint_seconds)
     files = None
     if checkpoint_dir is not None:
         files = RunFiles.in_folder(checkpoint_dir, cfg, corpus)
