@@ -506,7 +506,7 @@ def _local_steps(layer: Any, rows: list[Tensor], labels: np.ndarray, paths: list
         shares = (on_new_paths[path_nodes] & tree.path_mask[old]).any(axis=1)
         if shares.any():
             keep = np.flatnonzero(shares)
-            kept_labels, inverse, counts = np.unique(old[keep], return_inverse=True, return_counts=True)
+            _, inverse, counts = np.unique(old[keep], return_inverse=True, return_counts=True)
             # per trained label, as much weight as one new label: the label's examples share it
             kept_weights = torch.as_tensor(1.0 / (counts[inverse] * len(rows)), dtype=h.dtype)
             keep_t = torch.as_tensor(keep)

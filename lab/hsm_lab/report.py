@@ -516,6 +516,12 @@ def _direction(effect: float, margin: float) -> int:
     return 1 if effect > margin else -1 if effect < -margin else 0
 
 
+def _direction_word(direction: int, ahead: str = "reproduced") -> str:
+    """The verdict word of a :func:`_direction`: ``ahead`` for the claim's direction, contradicted for
+    the opposite one, no consistent effect within the margin."""
+    return {1: ahead, -1: "contradicted", 0: NO_EFFECT}[direction]
+
+
 #: how the verdicts weigh seeds, printed under the landing page's table
 MARGIN_RULE = ("a direction counts only beyond the noise of the runs behind it: where several seeds ran, "
                "a mean difference must clear twice its standard error (the margin); where one run stands "
@@ -594,7 +600,7 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
         if direction > 0 and gap_best > 0 and off <= 2 and not differs:
             word = "reproduced"
         else:
-            word = {1: "close", -1: "contradicted", 0: NO_EFFECT}[direction]
+            word = _direction_word(direction, "close")
         spread = f"{min(seeds):.1f} to {max(seeds):.1f}" if len(seeds) > 1 else f"{seeds[0]:.1f}"
         learned_spread = (f"{min(learned_seeds):.1f} to {max(learned_seeds):.1f}" if len(learned_seeds) > 1
                           else f"{learned_seeds[0]:.1f}")
@@ -638,7 +644,7 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
         effect = float(np.mean(flat_gaps))
         direction = _direction(effect, margin)
         word = ("reproduced" if direction > 0 and abs(effect - gap_paper) <= max(2, margin)
-                else {1: "close", -1: "contradicted", 0: NO_EFFECT}[direction])
+                else _direction_word(direction, "close"))
         rows.append(Verdict(
             "PTB: the flat softmax is best, the learned tree close behind",
             f"arXiv Table 1: flat {p['flat_soft_max']:.0f}; learned {gap_paper:.0f} above it",
@@ -666,7 +672,7 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
         spread = _gutenberg_random_spread(found)
         direction = _direction(gap_ours, spread)
         word = ("reproduced" if direction > 0 and gap_ours >= gap_paper / 2
-                else {1: "close", -1: "contradicted", 0: NO_EFFECT}[direction])
+                else _direction_word(direction, "close"))
         rows.append(Verdict(
             "Gutenberg: the learned tree beats the random tree",
             f"ICML Table 2: random {g['random_tree']:.0f}, learned {g['learned_tree']:.0f} ({gap_paper:.0f} lower)",
@@ -708,8 +714,7 @@ def _lm_rows(found: Mapping[str, Sequence[Measurement]], root: Path) -> list[Ver
     if gut["clustering_tree"] and gut["random_tree"]:
         o = {m: x.value for m, x in gut.items()}
         spread = _gutenberg_random_spread(found)
-        word = {1: "reproduced", -1: "contradicted", 0: NO_EFFECT}[
-            _direction(o["clustering_tree"] - o["random_tree"], spread)]
+        word = _direction_word(_direction(o["clustering_tree"] - o["random_tree"], spread))
         rows.append(Verdict(
             "Gutenberg: a tree built by clustering word vectors is worse than a random one",
             f"ICML Table 2: clustering {g['clustering_tree']:.0f}, random {g['random_tree']:.0f}",
@@ -857,7 +862,7 @@ def _mnih_hinton_row(root: Path, found: Mapping[str, Sequence[Measurement]]) -> 
     record = next(r for r in load_results(path)["records"] if r.get("measure") == "test_perplexity")
     ours, epochs = float(record["value"]), int(record["epochs"])
     spread = _gutenberg_random_spread(found)
-    word = {1: "reproduced", -1: "contradicted", 0: NO_EFFECT}[_direction(ours - learned.value, spread)]
+    word = _direction_word(_direction(ours - learned.value, spread))
     return Verdict(
         "Gutenberg: a Mnih-Hinton tree, clustered from the model's own vectors, is much worse than the learned tree",
         "thesis §3: \"performs significantly worse than our method\" (no number)",
@@ -1030,7 +1035,7 @@ def _classification_rows(root: Path) -> list[Verdict]:
         # standard error: a single re-run moves a gain by more than a point, the mean of all of them less
         margin = two_standard_errors(every)
         direction = _direction(float(every.mean()), margin)
-        word = {1: "reproduced", -1: "contradicted", 0: NO_EFFECT}[direction]
+        word = _direction_word(direction)
         if direction > 0:
             why = f"learned ahead in {(every > 0).sum()} of {runs} (4 settings of d and M)"
         elif direction < 0:
@@ -1058,10 +1063,8 @@ def _larger_d_row(gains: Mapping[str, Mapping[tuple[int, int], np.ndarray]]) -> 
     paper_gain = {(d, m): paper.get(f"icml2017.table1.d{d}.learned_tree.arity{m}.p_at_1").value
                   - paper.get(f"icml2017.table1.d{d}.huffman_tree.arity{m}.p_at_1").value
                   for d in (50, 200) for m in (5, 20)}
-    settings = [(data, m) for data, g in gains.items() for m in (5, 20) if all((d, m) in g for d in (50, 200))]
-    complete = {data for data in gains if all((data, m) in settings for m in (5, 20))}
-    change = {data: {m: float(gains[data][(200, m)].mean() - gains[data][(50, m)].mean()) for m in (5, 20)}
-              for data in gains if data in complete}
+    change = {data: {m: float(g[(200, m)].mean() - g[(50, m)].mean()) for m in (5, 20)}
+              for data, g in gains.items() if all((d, m) in g for d in (50, 200) for m in (5, 20))}
     if not change:
         return None
     # a change counts only beyond twice the standard error of the difference of the two means
