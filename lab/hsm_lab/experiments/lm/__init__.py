@@ -60,7 +60,8 @@ The package, one module per job: :mod:`.presets` (what each experiment trains on
 clustering tree's word vectors; the tree itself is :func:`hsm.clustering.clustering_tree`),
 :mod:`.tables` (every run of a table or of the ablation), :mod:`.offset` (the split and vocabulary runs and
 their per-book perplexities), :mod:`.mnih_hinton` (the thesis' simple Mnih-Hinton baseline),
-:mod:`.node_accuracy` (the node decisions' accuracy and nats at each depth),
+:mod:`.node_accuracy` (the node decisions' accuracy and nats at each depth), :mod:`.new_words`
+(words added to a trained model's tree without retraining, against retraining),
 :mod:`.report` (result records, tables and plots for the notebooks) and :mod:`.commands` (the registered experiments and their
 options). Every name is re-exported here (``from hsm_lab.experiments import lm; lm.train_lm``).
 """
@@ -70,8 +71,8 @@ from hsm.clustering import kmeans_fill, clustering_tree, greedy_fill
 from hsm_lab.data.lm import UNK, LMCorpus
 from hsm.tree import Tree
 
-from hsm_lab.experiments.lm import (commands, config, data, decoding, embeddings, lemma31, mnih_hinton, node_accuracy, offset, presets,
-               report, tables, training)
+from hsm_lab.experiments.lm import (commands, config, data, decoding, embeddings, lemma31, mnih_hinton, new_words,
+               node_accuracy, offset, presets, report, tables, training)
 from hsm_lab.experiments.lm.commands import (_parse_options, _scale_for,
                        run_lm_gutenberg_65, run_lm_gutenberg_75, run_lm_ptb, run_lm_ptb_ablation, run_lm_ptb_schedules)
 from hsm_lab.experiments.lm.config import OUTPUT_KINDS, RANKING_SCORE, SAMPLED_KINDS, LMRunConfig, LMRunResult
@@ -83,6 +84,7 @@ from hsm_lab.experiments.lm.report import (ablation_markdown, ablation_rows, bes
                      plt_colours, read_runs, RunRecord, runs_of, table_markdown)
 from hsm_lab.experiments.lm.decoding import decoder_agreement, run_lm_gutenberg_decoding
 from hsm_lab.experiments.lm.lemma31 import mean_objective_by_depth, run_lm_ptb_lemma31
+from hsm_lab.experiments.lm.new_words import lm_new_words
 from hsm_lab.experiments.lm.mnih_hinton import run_lm_gutenberg_mnih_hinton, train_mnih_hinton, word_vectors
 from hsm_lab.experiments.lm.node_accuracy import (node_accuracy_markdown, node_accuracy_rows, node_decisions_by_depth,
                             run_lm_gutenberg_node_accuracy)
