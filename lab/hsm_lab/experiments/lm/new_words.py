@@ -34,7 +34,6 @@ import copy
 import hashlib
 import math
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
