@@ -31,9 +31,10 @@ and the sibling's bias minus :math:`\\alpha t`. At that node the new label then 
 by :math:`\\alpha (u \\cdot h - t)`: for inputs whose projection on :math:`u` exceeds :math:`t`,
 which is set below the examples' projections (:data:`THRESHOLD_SPREADS` standard deviations, at
 least :data:`THRESHOLD_SHARE` of their mean), and with :math:`\\alpha` chosen so that the mean
-example gets a margin of :data:`MARGIN` nats. Reference inputs (below) may raise the threshold,
-never closer to the mean than that share: the slope :math:`\\alpha` stays bounded, so every input
-keeps a probability a language model's perplexity can use.
+example gets a margin of :data:`MARGIN` nats. Reference inputs (below) may raise the threshold;
+the slope :math:`\\alpha` stays that of a threshold :data:`THRESHOLD_SHARE` of the mean below it
+(the examples then get less than :data:`MARGIN`), so every input keeps a probability a language
+model's perplexity can use.
 
 A slot without a bias (the fastText-style command line trains its layers without) cannot hold
 the threshold: its decision passes through the origin. Given reference inputs, its row adds the
@@ -72,8 +73,7 @@ MARGIN = 4.0
 THRESHOLD_SPREADS = 2.0
 #: and at least this share of the mean projection below it (one example has no spread)
 THRESHOLD_SHARE = 0.25
-#: with reference inputs, the threshold is at least this quantile of their projections (while it stays
-#: THRESHOLD_SHARE of the examples' mean below that mean)
+#: with reference inputs, the threshold is at least this quantile of their projections
 REFERENCE_QUANTILE = 0.99
 
 
@@ -341,9 +341,8 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
 
     ``reference`` [R, d]: representations of inputs the model already serves (a sample of its
     training data, any labels): the new slots' direction is measured from their mean, and each
-    threshold is kept above :data:`REFERENCE_QUANTILE` of their projections (up to
-    :data:`THRESHOLD_SHARE` of the examples' mean below it), so that few of them move to a new
-    label. Without it, the mean of all the new labels' examples stands for theirs
+    threshold is kept above :data:`REFERENCE_QUANTILE` of their projections, so that few of them
+    move to a new label. Without it, the mean of all the new labels' examples stands for theirs
     (0 for a single new label).
 
     ``local_steps`` > 0: after the placement, that many gradient steps (rate ``local_lr``) on the
@@ -457,15 +456,14 @@ def _initialise_slot(slots: NodeSlots, node: int, slot: int, used: np.ndarray, h
     mean_projection = float(projection.mean())
     spread = float(projection.std(ddof=1)) if h.shape[0] > 1 else 0.0
     floor = max(THRESHOLD_SHARE * abs(mean_projection), 1e-6)
-    gap = max(THRESHOLD_SPREADS * spread, floor)
+    threshold = mean_projection - max(THRESHOLD_SPREADS * spread, floor)
     if reference is not None:
         seen = np.asarray(reference @ u, dtype=np.float64).ravel() - shift
-        # raised to the reference's quantile, but never closer to the examples' mean than the floor:
-        # where the reference reaches past the mean, a threshold there would make alpha unbounded (a
-        # step, giving inputs on the other side a probability of exp(-1e7)) and the examples unreachable
-        gap = max(min(mean_projection - float(np.quantile(seen, REFERENCE_QUANTILE)), gap), floor)
-    threshold = mean_projection - gap
-    alpha = MARGIN / gap
+        threshold = max(threshold, float(np.quantile(seen, REFERENCE_QUANTILE)))
+    # the slope of a threshold within the floor of the mean (or past it, where the reference reaches
+    # beyond the examples) is the floor's: a smaller gap would make a step that gives the inputs on
+    # its other side a probability of exp(-1e7), which a language model's perplexity cannot take
+    alpha = MARGIN / max(mean_projection - threshold, floor)
     if not slots.has_bias and reference is not None:
         w = _separating_direction(np.asarray(h, dtype=np.float64), np.asarray(reference, dtype=np.float64))
         margin = float(_mean_row(h) @ w)
