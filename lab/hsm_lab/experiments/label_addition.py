@@ -61,7 +61,8 @@ from hsm_lab.data import Ragged
 from hsm_lab.experiments import check_device, check_scale, experiment, option_choice, option_float, option_int, option_ints
 from hsm_lab.results import ResumableParts, check_replace, output_path, provenance, write_results
 
-__all__ = ["DATA", "METHODS", "held_out_labels", "label_addition", "parse_options", "summarise"]
+__all__ = ["DATA", "METHODS", "held_out_labels", "label_addition", "parse_options", "path_and_slot_log_probs",
+           "summarise"]
 
 #: the ways labels reach the model: (how, the model trained on the trained labels it starts from)
 METHODS = {"objective": ("objective", "learned"), "random": ("random", "learned"), "huffman": ("objective", "huffman"),
@@ -144,27 +145,33 @@ def _top(clf: Any, docs: list[np.ndarray]) -> np.ndarray | None:
     return clf.predict(docs).labels[:, 0] if docs else None
 
 
-def _reach(clf: Any, docs: list[np.ndarray], labels: np.ndarray) -> tuple[float, float]:
-    """Where the new labels' test documents go, per (document, gold label) pair (``docs[i]`` with
-    ``labels[i]``): the mean probability of the path down to the label's node (the trained nodes'
-    routing), and the mean probability of the label's slot at that node (its own parameters);
-    their product is p(label | document)."""
+def path_and_slot_log_probs(layer: Any, h: Any, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per row of ``h`` [n, d] with its label ``labels[i]`` in the tree layer ``layer``: the log
+    probability of the path down to the label's node (the nodes above its slot) and of its slot at
+    that node; their sum is ``log p(label | h)``, float64."""
     import torch
 
-    layer = clf.layer
     tree = layer.tree
-    h = clf.representations(docs)
-    target = torch.as_tensor(labels)
+    labels = np.asarray(labels)
     with torch.no_grad():
-        log_p = layer(h, target).output.double().numpy()
-        last = tree.path_mask[labels].sum(axis=1) - 1  # the step to each gold label's leaf
+        log_p = layer(h, torch.as_tensor(labels)).output.double().numpy()
+        last = tree.path_mask[labels].sum(axis=1) - 1  # the step to each label's leaf
         node = torch.as_tensor(tree.path_nodes[labels, last])
         slot = torch.as_tensor(tree.path_children[labels, last])
         weight = layer.weight.view(tree.num_nodes, tree.arity, -1)[node]
         logits = torch.einsum("bd,bmd->bm", h, weight) + (layer.bias[node] if layer.bias is not None else 0.0)
         logits = logits.masked_fill(~torch.as_tensor(tree.slot_mask)[node], -math.inf)
         final = torch.log_softmax(logits.double(), dim=1).gather(1, slot[:, None])[:, 0].numpy()
-    return float(np.exp(log_p - final).mean()), float(np.exp(final).mean())
+    return log_p - final, final
+
+
+def _reach(clf: Any, docs: list[np.ndarray], labels: np.ndarray) -> tuple[float, float]:
+    """Where the new labels' test documents go, per (document, gold label) pair (``docs[i]`` with
+    ``labels[i]``): the mean probability of the path down to the label's node (the trained nodes'
+    routing), and the mean probability of the label's slot at that node (its own parameters);
+    their product is p(label | document)."""
+    log_path, log_slot = path_and_slot_log_probs(clf.layer, clf.representations(docs), labels)
+    return float(np.exp(log_path).mean()), float(np.exp(log_slot).mean())
 
 
 def _train(kind: str, docs: list[np.ndarray], labels: Any, num_words: int, num_labels: int, seed: int,
