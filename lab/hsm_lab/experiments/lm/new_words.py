@@ -43,7 +43,7 @@ import torch
 from hsm.tree import Tree
 from hsm_lab.data.lm import LMCorpus
 from hsm_lab.experiments import check_device, check_scale, experiment, option_choice, option_float, option_int, option_ints
-from hsm_lab.experiments.label_addition import held_out_labels
+from hsm_lab.experiments.label_addition import held_out_labels, path_and_slot_log_probs
 from hsm_lab.experiments.lm.config import LMRunConfig
 from hsm_lab.experiments.lm.presets import SCALES
 from hsm_lab.experiments.lm.tables import _run_dir, _table_corpus
@@ -128,6 +128,18 @@ def _perplexities(log_p: torch.Tensor, is_new: torch.Tensor) -> dict[str, float]
             "perplexity_all": ppl(log_p)}
 
 
+def _split(log_path: np.ndarray, log_slot: np.ndarray) -> dict[str, float]:
+    """The new words' perplexity as the product of two: reaching the word's node (the path) and its
+    slot there."""
+    return {"perplexity_new_path": math.exp(-float(np.mean(log_path))),
+            "perplexity_new_slot": math.exp(-float(np.mean(log_slot)))}
+
+
+@torch.no_grad()
+def _path_and_slot(model: Any, layer: Any, contexts: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
+    return _split(*path_and_slot_log_probs(layer, model(contexts.contiguous()), targets.numpy()))
+
+
 def _unk_shares(reduced: LMCorpus, words: np.ndarray, k: int) -> np.ndarray:
     """pi_w = k / U for every held-out word: its share of the ``U`` ``<unk>`` tokens of the reduced
     training text if it had occurred there ``k`` times (the counts the k-shot retrain trains on)."""
@@ -148,6 +160,7 @@ def _seed_rows(full: LMCorpus, cfg: LMRunConfig, seed: int, examples: tuple[int,
     x_test, _ = reduced.windows("test", cfg.context)
     _, y_full = full.windows("test", cfg.context)
     is_new = torch.from_numpy(np.isin(y_full.numpy(), words))
+    new_rows = torch.nonzero(is_new).flatten()
     # the targets of the grown layer: held-out words at their new ids, the rest as the reduced corpus has them
     y_grown = torch.from_numpy(np.where(new_id[y_full.numpy()] >= 0, new_id[y_full.numpy()], mapping[y_full.numpy()]))
     log_p_before = _log_probs(model, before, x_test, torch.from_numpy(mapping[y_full.numpy()]))
@@ -174,24 +187,26 @@ def _seed_rows(full: LMCorpus, cfg: LMRunConfig, seed: int, examples: tuple[int,
                                          local_steps=settings["local_steps"] if method == "objective-local" else 0,
                                          local_lr=settings["local_lr"], reference=reference,
                                          rehearsal=rehearsal if method == "objective-local" else None)
-                row.update(_perplexities(_log_probs(model, layer, x_test, y_grown), is_new),
+                row.update(**_perplexities(_log_probs(model, layer, x_test, y_grown), is_new),
+                           **_path_and_slot(model, layer, x_test[new_rows], y_grown[new_rows]),
                            seconds_per_word=added.seconds / len(words))
             elif method == "unk-share":
                 start = time.perf_counter()
                 shares = _unk_shares(reduced, words, k)
                 log_unk = _log_probs(model, before, x_test, torch.full_like(y_full, reduced.unk_id))
                 log_p = log_p_before.clone()
-                new_rows = torch.nonzero(is_new).flatten()
                 share_of = dict(zip(words.tolist(), np.log(shares).tolist()))
-                log_p[new_rows] = log_unk[new_rows] + torch.tensor([share_of[int(w)] for w in y_full[new_rows]],
-                                                                   dtype=torch.float64)
+                log_share = torch.tensor([share_of[int(w)] for w in y_full[new_rows]], dtype=torch.float64)
+                log_p[new_rows] = log_unk[new_rows] + log_share
+                row.update(_split(log_unk[new_rows].numpy(), log_share.numpy()))
                 own_unk = y_full == full.unk_id
                 log_p[own_unk] = log_unk[own_unk] + math.log1p(-float(shares.sum()))
                 row.update(_perplexities(log_p, is_new), seconds_per_word=(time.perf_counter() - start) / len(words))
             else:  # kshot-retrain
                 kshot_model, kshot_output, seconds = _trained(first_occurrences_only(full, words, k), cfg, run_dir, log)
                 x_full, _ = full.windows("test", cfg.context)
-                row.update(_perplexities(_log_probs(kshot_model, kshot_output, x_full, y_full), is_new),
+                row.update(**_perplexities(_log_probs(kshot_model, kshot_output, x_full, y_full), is_new),
+                           **_path_and_slot(kshot_model, kshot_output, x_full[new_rows], y_full[new_rows]),
                            train_seconds=seconds, seconds_per_word=seconds / len(words))
             log(f"seed {seed}, k={k}, {method}: perplexity on the new words {row['perplexity_new']:.0f}, "
                 f"on the others {row['perplexity_trained']:.1f} (before {rows[0]['perplexity_trained']:.1f})")
@@ -208,9 +223,11 @@ def _retrain_row(full: LMCorpus, cfg: LMRunConfig, words_of_seed: dict[int, np.n
     rows = []
     for seed, words in words_of_seed.items():
         is_new = torch.from_numpy(np.isin(y_test.numpy(), words))
+        new_rows = torch.nonzero(is_new).flatten()
         rows.append({"seed": seed, "held_out": len(words), "trained_words": full.vocab_size - len(words),
                      "test_new_tokens": int(is_new.sum()), "test_tokens": len(y_test), "method": "retrain",
-                     "examples": 0, "train_seconds": seconds, **_perplexities(log_p, is_new)})
+                     "examples": 0, "train_seconds": seconds, **_perplexities(log_p, is_new),
+                     **_path_and_slot(model, output, x_test[new_rows], y_test[new_rows])})
     return rows
 
 
@@ -231,6 +248,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                    "perplexity_new_mean": float(new.mean()),
                    "perplexity_new_sd": float(new.std(ddof=1)) if new.size > 1 else None,
                    "perplexity_trained_mean": mean("perplexity_trained"), "perplexity_all_mean": mean("perplexity_all"),
+                   "perplexity_new_path_mean": mean("perplexity_new_path"),
+                   "perplexity_new_slot_mean": mean("perplexity_new_slot"),
                    "trained_change_mean": float(np.mean([r["perplexity_trained"]
                                                          - by_seed[(r["seed"], "before", 0)]["perplexity_trained"]
                                                          for r in members])),
