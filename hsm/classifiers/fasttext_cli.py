@@ -249,7 +249,7 @@ def _add_labels_parser() -> _Parser:
         help="objective: the node objective's best child at each node; random: a random child (objective)")
     add("-localSteps", type=int, default=0,
         help="gradient steps on the new labels' lines after placing them, moving only the parameters on "
-             "their paths (0)")
+             "their paths: the new slots and the slots above them, which trained labels share (0)")
     add("-localLr", type=float, default=0.1, help="rate of those steps (0.1)")
     add("-seed", type=int, default=0, help="seed of -placement random (0)")
     add("-verbose", type=int, default=2, help="0: print nothing on stderr (2)")

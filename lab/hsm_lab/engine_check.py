@@ -5,7 +5,7 @@
 Checks, each reported on its own line (and with ``--json``, in that file with its provenance):
 
 * no host-device synchronisation in a training step and a test step (CUDA's own sync detector,
-  ``torch.cuda.set_sync_debug_mode("error")``), and the op counts of :mod:`hsm._op_count`;
+  ``torch.cuda.set_sync_debug_mode("error")``), and the op counts of :mod:`hsm.op_count`;
 * the engine's values against ``forward_reference``; three steps of the fused Triton kernels
   against the engine with ``RowSparseAdagrad``; five replays of a captured step against eager steps;
 * the language-model training loop with its step replayed from a CUDA graph against the same
