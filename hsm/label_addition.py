@@ -87,6 +87,11 @@ class LabelAddition:
     new_nodes: np.ndarray  #: internal nodes created (a leaf of a trained label split in two)
     seconds: float  #: wall time of the whole addition
     paths: list[list[tuple[int, int]]] = field(default_factory=list)  #: each new label's path
+    #: [m] nats by which each new label's slot beats the best other slot of its node on the mean of its
+    #: examples (:data:`MARGIN` as placed; below 0 where the reference set the threshold past the
+    #: examples, so that the label's own inputs mostly go elsewhere; inf where no other label shares its
+    #: node). Dense layers only (empty otherwise)
+    margins: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
 
 def _check_examples(examples: Any, dim: int, dtype: torch.dtype) -> list[Tensor]:
@@ -393,7 +398,24 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
     if local_steps:
         _local_steps(layer, rows, np.arange(old_k, old_k + added), paths, local_steps, local_lr, rehearsal)
     return LabelAddition(new_tree, np.arange(old_k, old_k + added), slots, new_nodes, time.perf_counter() - start,
-                         paths)
+                         paths, _slot_margins(layer, rows, slots))
+
+
+def _slot_margins(layer: Any, rows: list[Tensor], slots: np.ndarray) -> np.ndarray:
+    """:attr:`LabelAddition.margins`: at each new label's node, its slot's logit on the mean of its
+    examples minus the best other usable slot's."""
+    tree, arity = layer.tree, layer.arity
+    nodes = torch.as_tensor(slots[:, 0])
+    means = torch.stack([r.mean(dim=0) for r in rows]).to(layer.weight.device, layer.weight.dtype)
+    weight = layer.weight.detach().view(tree.num_nodes, arity, -1)[nodes]
+    logits = torch.einsum("md,mjd->mj", means, weight)
+    if layer.bias is not None:
+        logits = logits + layer.bias.detach().view(tree.num_nodes, arity)[nodes]
+    logits = logits.double().cpu().numpy()
+    own = logits[np.arange(len(slots)), slots[:, 1]]
+    others = np.where(tree.slot_mask[slots[:, 0]], logits, -np.inf)
+    others[np.arange(len(slots)), slots[:, 1]] = -np.inf
+    return own - others.max(axis=1)
 
 
 def check_placement(placement: Any, seed: Any = 0) -> str:

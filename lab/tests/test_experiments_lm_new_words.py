@@ -73,6 +73,9 @@ def test_one_seed_adds_the_words_and_every_method_gives_finite_perplexities(tmp_
         assert all(math.isfinite(r[key]) and r[key] > 1 for key in r if key.startswith("perplexity"))
         if r["method"] != "before":  # the new words' perplexity: reaching the node, times the slot there
             assert r["perplexity_new"] == pytest.approx(r["perplexity_new_path"] * r["perplexity_new_slot"], rel=1e-6)
+    for r in rows:
+        if r["method"] in ("objective", "random", "objective-local"):
+            assert 0 <= r["below_threshold"] <= 1
     before = rows[0]
     # unk-share leaves every trained word's probability as it was, bar <unk>'s own (which gives the shares)
     unk_share = next(r for r in rows if r["method"] == "unk-share")

@@ -26,7 +26,10 @@ held-out words keep ``<unk>``'s input embedding in the models of the additions, 
 the retrained ones. Test perplexity is read at three sets of positions: where the next word is a
 held-out one (``perplexity_new``), where it is not (``perplexity_trained``, compared with the model
 before the addition), and all of them (``perplexity_all``, PTB's usual perplexity over the 10k
-vocabulary). Every model trains on one thread with the same seed, so a seed fixes the run.
+vocabulary). The additions' rows also give the share of new words whose own examples fall below
+their slot's threshold (``below_threshold``: the calibration against the reference contexts put it
+past them; :attr:`hsm.label_addition.LabelAddition.margins`). Every model trains on one thread with
+the same seed, so a seed fixes the run.
 """
 from __future__ import annotations
 
@@ -189,7 +192,9 @@ def _seed_rows(full: LMCorpus, cfg: LMRunConfig, seed: int, examples: tuple[int,
                                          rehearsal=rehearsal if method == "objective-local" else None)
                 row.update(**_perplexities(_log_probs(model, layer, x_test, y_grown), is_new),
                            **_path_and_slot(model, layer, x_test[new_rows], y_grown[new_rows]),
-                           seconds_per_word=added.seconds / len(words))
+                           seconds_per_word=added.seconds / len(words),
+                           # where the reference put the threshold past the word's own examples
+                           below_threshold=float((added.margins < 0).mean()))
             elif method == "unk-share":
                 start = time.perf_counter()
                 shares = _unk_shares(reduced, words, k)
@@ -254,6 +259,8 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                                                          - by_seed[(r["seed"], "before", 0)]["perplexity_trained"]
                                                          for r in members])),
                    "seconds_per_word_max": float(max(r["seconds_per_word"] for r in members))}
+        if all("below_threshold" in r for r in members):
+            summary["below_threshold_mean"] = mean("below_threshold")
         if all((r["seed"], "kshot-retrain", k) in by_seed for r in members):
             summary["new_over_kshot_mean"] = float(np.mean(
                 [r["perplexity_new"] / by_seed[(r["seed"], "kshot-retrain", k)]["perplexity_new"] for r in members]))
