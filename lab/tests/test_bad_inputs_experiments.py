@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from hsm_lab import bench, results
-from hsm_lab.data.lm import LMCorpus
 from hsm_lab.experiments import check_device, check_scale, cli, lm
 from hsm_lab.experiments import classification as C
 from hsm_lab.experiments import lm_timing
+from toy_lm import toy_corpus
 from hsm_lab.experiments import sampling as S
 from hsm_lab.experiments import taxonomy as T
 
@@ -180,7 +180,7 @@ def test_experiment_functions_refuse_cuda_without_a_gpu(func, tmp_path) -> None:
 @pytest.mark.skipif(CUDA, reason="needs a machine without CUDA")
 def test_train_lm_and_bench_refuse_cuda_without_a_gpu(capsys) -> None:
     with pytest.raises(ValueError, match="CUDA is not available"):
-        lm.train_lm(_toy_corpus(), lm.LMRunConfig(output="flat", context=2, dim=4), device="cuda")
+        lm.train_lm(toy_corpus(vocab=30, tokens=1500, eval_tokens=200), lm.LMRunConfig(output="flat", context=2, dim=4), device="cuda")
     assert bench.main(["--device", "cuda", "--quick"]) == 2
     err = capsys.readouterr().err
     assert "CUDA is not available" in err and err.count("\n") == 1
@@ -343,21 +343,9 @@ def test_read_json_or_none_warns_about_an_unreadable_file(tmp_path) -> None:
         assert results.read_json_or_none(path, "partial-table file") is None
 
 
-def _toy_corpus(vocab: int = 30, tokens: int = 1500) -> LMCorpus:
-    rng = np.random.default_rng(0)
-    stream = np.empty(tokens + 400, dtype=np.int64)
-    stream[0] = 0
-    for t in range(1, len(stream)):
-        stream[t] = (stream[t - 1] * 7 + rng.integers(0, 3)) % vocab
-    words = ["<eos>", "<unk>"] + [f"w{i}" for i in range(vocab - 2)]
-    return LMCorpus(name="toy", vocab=words, train=torch.from_numpy(stream[:tokens]),
-                    valid=torch.from_numpy(stream[tokens:tokens + 200]), test=torch.from_numpy(stream[tokens + 200:]),
-                    counts=np.bincount(stream[:tokens], minlength=vocab).astype(np.int64))
-
-
 def _toy_run():
     torch.set_num_threads(1)
-    corpus = _toy_corpus()
+    corpus = toy_corpus(vocab=30, tokens=1500, eval_tokens=200)
     tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output="random", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=2)
     return corpus, tree, cfg
@@ -537,7 +525,7 @@ def test_a_damaged_checkpoint_is_ignored_with_a_warning_naming_it(tmp_path, dama
     over instead of failing with a traceback on every rerun."""
     import torch
 
-    corpus = _toy_corpus()
+    corpus = toy_corpus(vocab=30, tokens=1500, eval_tokens=200)
     tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=2)
     straight = lm.train_lm(corpus, cfg, tree=tree)

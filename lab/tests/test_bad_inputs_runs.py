@@ -137,7 +137,7 @@ def test_two_result_files_in_one_folder_keep_their_own_learned_trees(tmp_path, m
     real = C.table._run_ours
 
     def then_stop(*args, **kwargs):
-        row = real(*args, **kwargs)
+        real(*args, **kwargs)  # the row is computed (its trees written), then the stop
         raise KeyboardInterrupt
 
     monkeypatch.setattr(C.table, "_run_ours", then_stop)

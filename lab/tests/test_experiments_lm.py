@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hsm_lab import config, results
-from hsm_lab.data.lm import LMCorpus
 from hsm_lab.experiments import lm
+from toy_lm import toy_corpus
 
 MIRROR = config.data_mirror()
 needs_mirror = pytest.mark.skipif(MIRROR is None or not (MIRROR / "ptb").exists(),
@@ -29,23 +29,9 @@ def _cache(tmp_path, monkeypatch) -> None:
     torch.set_num_threads(threads)
 
 
-def _toy_corpus(vocab: int = 40, tokens: int = 3000, seed: int = 0) -> LMCorpus:
-    """Tokens from a tiny bigram model: word w is followed by (w * 7 + noise) % V, so context helps."""
-    rng = np.random.default_rng(seed)
-    stream = np.empty(tokens + 800, dtype=np.int64)
-    stream[0] = 0
-    for t in range(1, len(stream)):
-        stream[t] = (stream[t - 1] * 7 + rng.integers(0, 3)) % vocab
-    words = ["<eos>", "<unk>"] + [f"w{i}" for i in range(vocab - 2)]
-    train = torch.from_numpy(stream[:tokens])
-    return LMCorpus(name="toy", vocab=words, train=train, valid=torch.from_numpy(stream[tokens:tokens + 400]),
-                    test=torch.from_numpy(stream[tokens + 400:]),
-                    counts=np.bincount(stream[:tokens], minlength=vocab).astype(np.int64))
-
-
 # ---------------------------------------------------------------------------- data helpers
 def test_cap_vocabulary_keeps_unk_and_maps_the_rest_to_it() -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     capped = lm.cap_vocabulary(corpus, 10)
     assert capped.vocab_size == 10
     assert "<unk>" in capped.vocab
@@ -69,7 +55,7 @@ def test_the_clustering_tree_is_re_exported() -> None:
 # ---------------------------------------------------------------------------- training
 @pytest.mark.parametrize("output", ["flat", "random", "learned", "adaptive"])
 def test_train_lm_records_every_epoch(output) -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     tree = None if output in ("flat", "adaptive") else lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output=output, context=2, dim=16, arity=4, batch_size=64, lr=0.2, epochs=2, learn_epochs=1,
                          reassign_per_epoch=5)
@@ -95,7 +81,7 @@ def test_a_captured_training_step_trains_as_the_eager_one(monkeypatch) -> None:
     copies the batch into the captured inputs and rewrites one result tensor in place."""
     from hsm_lab.experiments.lm import training
 
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=2,
                          learn_epochs=1, reassign_per_epoch=5)
     eager = lm.train_lm(corpus, cfg, tree=lm.Tree.random(corpus.vocab_size, 4, 3, seed=0))
@@ -143,7 +129,7 @@ def test_a_run_captures_its_step_only_on_a_gpu_for_a_tree_without_l2() -> None:
 
 
 def test_interrupted_run_resumes_to_the_same_result(tmp_path) -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=3,
                          learn_epochs=2, reassign_per_epoch=4)
@@ -175,7 +161,7 @@ def test_interrupted_run_resumes_to_the_same_result(tmp_path) -> None:
 def test_run_interrupted_within_an_epoch_resumes_at_the_next_step(tmp_path, monkeypatch, output) -> None:
     """Within-epoch checkpoints (a Gutenberg epoch outlasts a GPU call): stop right after a save in
     the middle of epoch 2, resume, and get the uninterrupted run's result."""
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output=output, context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=3,
                          learn_epochs=2, reassign_per_epoch=4)
@@ -210,7 +196,7 @@ def test_run_interrupted_within_an_epoch_resumes_at_the_next_step(tmp_path, monk
 
 
 def test_train_lm_rejects_bad_setups() -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     with pytest.raises(ValueError, match="output"):
         lm.train_lm(corpus, lm.LMRunConfig(output="huffman"))
     with pytest.raises(ValueError, match="needs a tree"):
@@ -220,7 +206,7 @@ def test_train_lm_rejects_bad_setups() -> None:
 
 
 def test_diverging_learning_rate_is_reported() -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     cfg = lm.LMRunConfig(output="flat", context=2, dim=16, batch_size=64, lr=1e30, epochs=1)
     with pytest.raises(FloatingPointError, match="lr"):
         lm.train_lm(corpus, cfg)
@@ -282,7 +268,7 @@ def test_lm_gutenberg_65_tiny(tmp_path) -> None:
 
 
 def test_fractional_learn_epochs_freezes_mid_epoch() -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=1,
                          learn_epochs=0.5, reassign_per_epoch=8)
@@ -311,7 +297,7 @@ def test_config_fields_at_their_defaults_leave_the_checkpoint_key_unchanged() ->
 
 
 def test_tracking_a_fixed_tree_records_its_objective_without_moving_it() -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output="random", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=2, learn_epochs=1,
                          reassign_per_epoch=5, track_objective=True)
@@ -325,7 +311,7 @@ def test_tracking_a_fixed_tree_records_its_objective_without_moving_it() -> None
 
 @pytest.mark.parametrize("change", [{"prior_mode": "uniform"}, {"wrt": "p"}, {"decay": 0.0}])
 def test_learned_tree_options_reach_the_learner(change) -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output="learned", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=1, learn_epochs=1,
                          reassign_per_epoch=4, **change)
@@ -335,7 +321,7 @@ def test_learned_tree_options_reach_the_learner(change) -> None:
 
 def test_train_lm_rejects_an_unknown_ranking() -> None:
     with pytest.raises(ValueError, match="wrt"):
-        lm.train_lm(_toy_corpus(), lm.LMRunConfig(output="flat", wrt="q"))
+        lm.train_lm(toy_corpus(), lm.LMRunConfig(output="flat", wrt="q"))
 
 
 def test_unknown_ablation_variant_is_rejected() -> None:
@@ -401,7 +387,7 @@ def test_l2_adds_the_penalty_gradient_on_touched_rows_only() -> None:
 
 
 def test_l2_changes_training_and_is_validated() -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     tree = lm.Tree.random(corpus.vocab_size, 4, 3, seed=0)
     cfg = lm.LMRunConfig(output="random", context=2, dim=8, arity=4, batch_size=64, lr=0.2, epochs=1)
     plain = lm.train_lm(corpus, cfg, tree=tree)
@@ -464,7 +450,7 @@ def test_runs_option_is_checked() -> None:
 
 
 def test_learning_rate_trials_scored_on_a_validation_slice_keep_their_own_folder(tmp_path) -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     sc = replace(lm.SCALES["lm-ptb"]["quick"], lr_grid=(0.05, 0.1), select_steps=5, select_eval_tokens=100)
     base = lm.LMRunConfig(output="random", context=2, arity=7, epochs=1)
     tree = lm.Tree.random(corpus.vocab_size, 7, 3, seed=0)
@@ -480,7 +466,7 @@ def test_learning_rate_trials_scored_on_a_validation_slice_keep_their_own_folder
 
 def test_fasttext_embeddings_one_row_per_word_and_cached(monkeypatch) -> None:
     fasttext = pytest.importorskip("fasttext")
-    corpus = _toy_corpus(vocab=30, tokens=4000)
+    corpus = toy_corpus(vocab=30, tokens=4000)
     vectors = lm.fasttext_embeddings(corpus, dim=8, epochs=1, threads=1)
     assert vectors.shape == (30, 8) and vectors.dtype == np.float32 and np.isfinite(vectors).all()
     # bigram structure: w -> 7w+noise; vectors differ between words
@@ -497,7 +483,7 @@ def test_fasttext_embeddings_one_row_per_word_and_cached(monkeypatch) -> None:
 
 def test_fasttext_embeddings_with_character_ngrams_are_cached_apart(monkeypatch) -> None:
     pytest.importorskip("fasttext")
-    corpus = _toy_corpus(vocab=30, tokens=4000)
+    corpus = toy_corpus(vocab=30, tokens=4000)
     words = lm.fasttext_embeddings(corpus, dim=8, epochs=1, threads=1)
     ngrams = lm.fasttext_embeddings(corpus, dim=8, epochs=1, threads=1, char_ngrams=(3, 6))
     assert ngrams.shape == words.shape and not np.array_equal(ngrams, words)
@@ -507,7 +493,7 @@ def test_fasttext_embeddings_with_character_ngrams_are_cached_apart(monkeypatch)
 
 def test_fasttext_embeddings_refuse_words_fasttext_would_split() -> None:
     pytest.importorskip("fasttext")
-    corpus = _toy_corpus(vocab=30, tokens=500)
+    corpus = toy_corpus(vocab=30, tokens=500)
     corpus.vocab[5] = "two words"
     with pytest.raises(ValueError, match="white space"):
         lm.fasttext_embeddings(corpus, dim=4, epochs=1, threads=1)
@@ -651,7 +637,7 @@ def test_leaf_table_markdown_shows_tokens_literally() -> None:
 
 
 def test_kept_model_gives_the_recorded_perplexity(tmp_path) -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     cfg = lm.LMRunConfig(output="random", context=2, dim=16, arity=7, epochs=1)
     tree = lm.Tree.random(corpus.vocab_size, 7, 3, seed=0)
     with pytest.raises(ValueError, match="checkpoint_dir"):
@@ -757,7 +743,7 @@ def test_mean_objective_at_the_root_is_eq6_on_the_soft_estimates() -> None:
     from hsm.objective import node_objective
     from hsm.theory import continuous_estimates
 
-    corpus = _toy_corpus()
+    corpus = toy_corpus()
     torch.manual_seed(0)
     model = lm.lemma31.LogBilinearLM(corpus.vocab_size, 8, 2, sparse=True)
     output = lm.lemma31.HierarchicalSoftmax(8, lm.Tree.random(corpus.vocab_size, 4, 3, seed=1), sparse=True)

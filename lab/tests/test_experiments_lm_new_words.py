@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from hsm_lab.data.lm import LMCorpus
 from hsm_lab.experiments.lm import new_words
 from hsm_lab.experiments.lm.config import LMRunConfig
+from toy_lm import toy_corpus
 
 
 @pytest.fixture(autouse=True)
@@ -21,21 +21,8 @@ def _cache(tmp_path, monkeypatch) -> None:
     torch.set_num_threads(threads)
 
 
-def _toy_corpus(vocab: int = 40, tokens: int = 6000, seed: int = 0) -> LMCorpus:
-    """A bigram stream: word w is followed by (w * 7 + noise) % V, so the context tells the next word."""
-    rng = np.random.default_rng(seed)
-    stream = np.empty(tokens + 1600, dtype=np.int64)
-    stream[0] = 2
-    for t in range(1, len(stream)):
-        stream[t] = (stream[t - 1] * 7 + rng.integers(0, 3)) % vocab
-    words = ["<eos>", "<unk>"] + [f"w{i}" for i in range(vocab - 2)]
-    return LMCorpus(name="toy", vocab=words, train=torch.from_numpy(stream[:tokens]),
-                    valid=torch.from_numpy(stream[tokens:tokens + 800]), test=torch.from_numpy(stream[tokens + 800:]),
-                    counts=np.bincount(stream[:tokens], minlength=vocab).astype(np.int64))
-
-
 def test_held_out_words_are_frequent_ordinary_words_and_vanish_from_the_reduced_corpus() -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus(tokens=6000, eval_tokens=800)
     words = new_words.held_out_words(corpus, 0.1, seed=3, min_count=20)
     assert len(words) == 4 and corpus.unk_id not in words and corpus.eos_id not in words
     assert (corpus.counts[words] >= 20).all()
@@ -53,7 +40,7 @@ def test_held_out_words_are_frequent_ordinary_words_and_vanish_from_the_reduced_
 
 
 def test_unk_shares_give_each_word_k_of_the_unknown_tokens() -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus(tokens=6000, eval_tokens=800)
     words = new_words.held_out_words(corpus, 0.1, seed=3, min_count=20)
     reduced, _ = new_words.without_words(corpus, words)
     unknown = int(np.isin(corpus.train.numpy(), np.append(words, corpus.unk_id)).sum())
@@ -61,7 +48,7 @@ def test_unk_shares_give_each_word_k_of_the_unknown_tokens() -> None:
 
 
 def test_one_seed_adds_the_words_and_every_method_gives_finite_perplexities(tmp_path) -> None:
-    corpus = _toy_corpus()
+    corpus = toy_corpus(tokens=6000, eval_tokens=800)
     cfg = LMRunConfig(output="learned", context=2, dim=16, arity=4, depth=3, batch_size=64, lr=0.2, epochs=1,
                       learn_epochs=1, reassign_per_epoch=4)
     settings = {"held_out": 0.1, "min_count": 20, "reference": 200, "local_steps": 3, "local_lr": 0.1}
