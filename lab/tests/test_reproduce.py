@@ -207,6 +207,10 @@ def _check_options(invocation: dict) -> None:
                                 "eval_tokens"}, options
     elif name == "lm-gutenberg-node-accuracy":
         assert set(options) <= {"models", "tokens"}, options
+    elif name == "lm-new-words":
+        from hsm_lab.experiments.lm.new_words import parse_options
+
+        parse_options(scale, options)
     elif name.startswith("lm-") and name != "lm-ptb-sampling":
         from hsm_lab.experiments.lm.commands import _scale_for
 
