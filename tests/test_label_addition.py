@@ -334,6 +334,18 @@ def test_a_label_inside_the_reference_cloud_keeps_a_bounded_slope():
         log_p = layer.log_prob(torch.cat([reference[1000:], new]))
     assert float(log_p[:, label].min()) > -1e3
     assert float((log_p[:1000].argmax(dim=1) == label).float().mean()) <= 0.03
+    # the threshold past the examples' mean: their own slot loses at their mean, and says so
+    assert result.margins.shape == (1,) and result.margins[0] < 0
+
+
+def test_a_label_placed_apart_reports_the_margin_it_was_given():
+    from hsm.label_addition import MARGIN
+
+    layer, learner, centres = _trained(hsm.Tree.huffman(np.ones(12), 3), dim=8, steps=400)
+    direction = torch.zeros(8)
+    direction[0] = 12.0
+    result = learner.add_labels([direction + torch.randn(20, 8)])
+    assert result.margins == pytest.approx([MARGIN], abs=1e-3)
 
 
 def test_a_negative_seed_is_refused_by_name_before_any_work_on_every_path(tmp_path):
