@@ -404,18 +404,13 @@ def add_labels(layer: Any, examples: Sequence[Tensor], statistics: Any = None, s
 def _slot_margins(layer: Any, rows: list[Tensor], slots: np.ndarray) -> np.ndarray:
     """:attr:`LabelAddition.margins`: at each new label's node, its slot's logit on the mean of its
     examples minus the best other usable slot's."""
-    tree, arity = layer.tree, layer.arity
-    nodes = torch.as_tensor(slots[:, 0])
     means = torch.stack([r.mean(dim=0) for r in rows]).to(layer.weight.device, layer.weight.dtype)
-    weight = layer.weight.detach().view(tree.num_nodes, arity, -1)[nodes]
-    logits = torch.einsum("md,mjd->mj", means, weight)
-    if layer.bias is not None:
-        logits = logits + layer.bias.detach().view(tree.num_nodes, arity)[nodes]
-    logits = logits.double().cpu().numpy()
-    own = logits[np.arange(len(slots)), slots[:, 1]]
-    others = np.where(tree.slot_mask[slots[:, 0]], logits, -np.inf)
-    others[np.arange(len(slots)), slots[:, 1]] = -np.inf
-    return own - others.max(axis=1)
+    nodes = torch.as_tensor(slots[:, :1], device=layer.weight.device)  # [m, 1]
+    logits = layer.node_logits(means, nodes)[:, 0].double().cpu().numpy()  # [m, M], unusable at -inf
+    rows_at = np.arange(len(slots))
+    own = logits[rows_at, slots[:, 1]]
+    logits[rows_at, slots[:, 1]] = -np.inf
+    return own - logits.max(axis=1)
 
 
 def check_placement(placement: Any, seed: Any = 0) -> str:

@@ -476,10 +476,12 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         self.register_buffer("slot_penalty", penalty, persistent=False)
 
     # ------------------------------------------------------------------ node computations
-    def _node_logits(self, input: Tensor, nodes: Tensor) -> Tensor:
-        """Reference per-pair evaluation: logits of ``nodes`` [B, ...] for the rows of ``input``:
-        [B, ..., M] (masked slots at -inf). One weight block is copied per (row, node) pair; the
-        fast paths group pairs by node instead (:func:`_grouped_logits`)."""
+    def node_logits(self, input: Tensor, nodes: Tensor) -> Tensor:
+        """The logits ``W_n h + b_n`` of ``nodes`` [B, ...] for the rows ``h`` of ``input`` [B, d]:
+        [B, ..., M], unusable slots (no real label below them) at -inf, so that a ``log_softmax``
+        over the last dimension gives ``log p(child | node, h)`` (eq. 9). The reference per-pair
+        evaluation: one weight block is copied per (row, node) pair, where the fast paths group
+        pairs by node instead."""
         shape = nodes.shape
         flat = nodes.reshape(shape[0], math.prod(shape[1:]))  # [B, L] (no -1: B may be 0)
         weight = F.embedding(flat, self.weight, sparse=self.sparse)  # [B, L, M*d]
@@ -585,7 +587,7 @@ class HierarchicalSoftmax(_TreeInStateDict, nn.Module):
         nodes = self.path_nodes[target]  # [B, L]: n_1 .. n_L, the nodes on the path of y
         children = self.path_children[target]  # [B, L]: c_d, the child taken at n_d
         mask = self.path_mask[target]  # [B, L]: False past the end of a shorter path
-        log_probs = torch.log_softmax(self._node_logits(input, nodes), dim=-1)  # [B, L, M]: log softmax(W_n h + b_n)
+        log_probs = torch.log_softmax(self.node_logits(input, nodes), dim=-1)  # [B, L, M]: log softmax(W_n h + b_n)
         picked = log_probs.gather(-1, children.unsqueeze(-1)).squeeze(-1)  # [B, L]: its entry c_d
         output = torch.where(mask, picked, torch.zeros_like(picked)).sum(dim=1)  # [B]: the sum over the path
         return HSMOutput(output, -output.mean())

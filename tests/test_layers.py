@@ -224,7 +224,7 @@ def test_fast_forward_collects_the_same_statistics_as_the_reference():
         layer(h, y)
         expected = NodeStatistics(tree, dtype=torch.double)
         nodes, mask = layer.path_nodes[y], layer.path_mask[y]
-        probs = torch.softmax(layer._node_logits(h, nodes), dim=-1)
+        probs = torch.softmax(layer.node_logits(h, nodes), dim=-1)
         expected.accumulate(y, probs, mask)
         torch.testing.assert_close(layer.statistics.sum_probas, expected.sum_probas)
         torch.testing.assert_close(layer.statistics.path_counts, expected.path_counts)
@@ -253,7 +253,7 @@ def test_grouped_evaluation_in_chunks(monkeypatch):
 
     monkeypatch.setattr(backend_module, "PAIR_CHUNK", 37)
     torch.testing.assert_close(hsm.backend.pair_log_softmax(layer, h, example, node), whole)
-    expected = torch.log_softmax(layer._node_logits(h[example], torch.as_tensor(node)[:, None])[:, 0], -1)
+    expected = torch.log_softmax(layer.node_logits(h[example], torch.as_tensor(node)[:, None])[:, 0], -1)
     torch.testing.assert_close(whole, expected)
 
 

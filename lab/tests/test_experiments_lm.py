@@ -818,7 +818,7 @@ def test_node_decisions_by_depth_split_the_log_likelihood() -> None:
     assert sum(r["nats"] * r["words"] for r in rows) == pytest.approx(float(nll), rel=1e-5)
     # accuracy at the root: the path's first child is the root's most likely child
     with torch.no_grad():
-        root = layer._node_logits(hidden, torch.zeros(120, 1, dtype=torch.long))[:, 0].argmax(-1)
+        root = layer.node_logits(hidden, torch.zeros(120, 1, dtype=torch.long))[:, 0].argmax(-1)
     first = torch.from_numpy(tree.path_children[targets.numpy(), 0])
     assert rows[0]["accuracy"] == pytest.approx(float((root == first).double().mean()))
 

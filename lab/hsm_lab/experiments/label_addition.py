@@ -158,9 +158,7 @@ def path_and_slot_log_probs(layer: Any, h: Any, labels: np.ndarray) -> tuple[np.
         last = tree.path_mask[labels].sum(axis=1) - 1  # the step to each label's leaf
         node = torch.as_tensor(tree.path_nodes[labels, last])
         slot = torch.as_tensor(tree.path_children[labels, last])
-        weight = layer.weight.view(tree.num_nodes, tree.arity, -1)[node]
-        logits = torch.einsum("bd,bmd->bm", h, weight) + (layer.bias[node] if layer.bias is not None else 0.0)
-        logits = logits.masked_fill(~torch.as_tensor(tree.slot_mask)[node], -math.inf)
+        logits = layer.node_logits(h, node[:, None])[:, 0]  # [n, M], unusable slots at -inf
         final = torch.log_softmax(logits.double(), dim=1).gather(1, slot[:, None])[:, 0].numpy()
     return log_p - final, final
 

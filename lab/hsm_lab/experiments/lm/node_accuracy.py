@@ -64,7 +64,7 @@ def node_decisions_by_depth(output, hidden: torch.Tensor, targets: torch.Tensor,
     for start in range(0, len(targets), batch_size):
         h, y = hidden[start:start + batch_size], targets[start:start + batch_size]
         nodes, children, mask = output.path_nodes[y], output.path_children[y], output.path_mask[y]
-        log_probs = torch.log_softmax(output._node_logits(h, nodes), dim=-1)  # [B, L, M]
+        log_probs = torch.log_softmax(output.node_logits(h, nodes), dim=-1)  # [B, L, M]
         picked = log_probs.gather(-1, children.unsqueeze(-1)).squeeze(-1)  # [B, L]
         hit = (log_probs.argmax(-1) == children) & mask
         correct += hit.sum(0).double().numpy()
