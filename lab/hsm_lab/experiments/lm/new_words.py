@@ -143,11 +143,10 @@ def _path_and_slot(model: Any, layer: Any, contexts: torch.Tensor, targets: torc
     return _split(*path_and_slot_log_probs(layer, model(contexts.contiguous()), targets.numpy()))
 
 
-def _unk_shares(reduced: LMCorpus, words: np.ndarray, k: int) -> np.ndarray:
-    """pi_w = k / U for every held-out word: its share of the ``U`` ``<unk>`` tokens of the reduced
-    training text if it had occurred there ``k`` times (the counts the k-shot retrain trains on)."""
-    unknown = int((reduced.train == reduced.unk_id).sum())
-    return np.full(len(words), k / unknown)
+def _unk_share(reduced: LMCorpus, k: int) -> float:
+    """pi_w = k / U, the same for every held-out word: its share of the ``U`` ``<unk>`` tokens of the
+    reduced training text if it had occurred there ``k`` times (the counts the k-shot retrain trains on)."""
+    return k / int((reduced.train == reduced.unk_id).sum())
 
 
 def _seed_rows(full: LMCorpus, cfg: LMRunConfig, seed: int, examples: tuple[int, ...], methods: list[str],
@@ -161,7 +160,7 @@ def _seed_rows(full: LMCorpus, cfg: LMRunConfig, seed: int, examples: tuple[int,
     log(f"seed {seed}: {len(words)} held-out words, e.g. {', '.join(full.vocab[w] for w in words[:6])}")
     model, before, seconds = _trained(reduced, cfg, run_dir, log)
     x_test, _ = reduced.windows("test", cfg.context)
-    _, y_full = full.windows("test", cfg.context)
+    x_full, y_full = full.windows("test", cfg.context)
     is_new = torch.from_numpy(np.isin(y_full.numpy(), words))
     new_rows = torch.nonzero(is_new).flatten()
     # the targets of the grown layer: held-out words at their new ids, the rest as the reduced corpus has them
@@ -170,7 +169,10 @@ def _seed_rows(full: LMCorpus, cfg: LMRunConfig, seed: int, examples: tuple[int,
     base = {"seed": seed, "held_out": len(words), "trained_words": old_k, "test_new_tokens": int(is_new.sum()),
             "test_tokens": len(y_full)}
     rows = [dict(base, method="before", examples=0, train_seconds=seconds,
-                 perplexity_trained=math.exp(-float(log_p_before[~is_new].mean())))]
+                 perplexity_trained=_perplexities(log_p_before, is_new)["perplexity_trained"])]
+    # log p(<unk> | x) of the model before the addition, for the share of <unk> at every k
+    log_unk = (_log_probs(model, before, x_test, torch.full_like(y_full, reduced.unk_id))
+               if "unk-share" in methods else None)
     x_train, y_train = reduced.windows("train", cfg.context)
     rng = np.random.default_rng(_DRAW + seed)
     reference_at = torch.from_numpy(np.sort(rng.choice(len(y_train), settings["reference"], replace=False)))
@@ -197,19 +199,15 @@ def _seed_rows(full: LMCorpus, cfg: LMRunConfig, seed: int, examples: tuple[int,
                            below_threshold=float((added.margins < 0).mean()))
             elif method == "unk-share":
                 start = time.perf_counter()
-                shares = _unk_shares(reduced, words, k)
-                log_unk = _log_probs(model, before, x_test, torch.full_like(y_full, reduced.unk_id))
+                share = _unk_share(reduced, k)
                 log_p = log_p_before.clone()
-                share_of = dict(zip(words.tolist(), np.log(shares).tolist()))
-                log_share = torch.tensor([share_of[int(w)] for w in y_full[new_rows]], dtype=torch.float64)
-                log_p[new_rows] = log_unk[new_rows] + log_share
-                row.update(_split(log_unk[new_rows].numpy(), log_share.numpy()))
+                log_p[new_rows] = log_unk[new_rows] + math.log(share)
+                row.update(_split(log_unk[new_rows].numpy(), np.full(len(new_rows), math.log(share))))
                 own_unk = y_full == full.unk_id
-                log_p[own_unk] = log_unk[own_unk] + math.log1p(-float(shares.sum()))
+                log_p[own_unk] = log_unk[own_unk] + math.log1p(-share * len(words))
                 row.update(_perplexities(log_p, is_new), seconds_per_word=(time.perf_counter() - start) / len(words))
             else:  # kshot-retrain
                 kshot_model, kshot_output, seconds = _trained(first_occurrences_only(full, words, k), cfg, run_dir, log)
-                x_full, _ = full.windows("test", cfg.context)
                 row.update(**_perplexities(_log_probs(kshot_model, kshot_output, x_full, y_full), is_new),
                            **_path_and_slot(kshot_model, kshot_output, x_full[new_rows], y_full[new_rows]),
                            train_seconds=seconds, seconds_per_word=seconds / len(words))
